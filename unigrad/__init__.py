@@ -1,0 +1,23 @@
+"""unigrad: one automatic-differentiation interface over many engines.
+
+Write a function once; ask for ``vjp``, ``jvp``, ``grad``, ``jacobian``,
+``batched_jacobian``, ``hessian``, ``hvp`` or ``vmap``; run it on unigrad's own
+NumPy tape (the default) or on PyTorch, JAX, TensorFlow or a plugin backend.
+
+``import unigrad`` imports no framework: backends load when first asked for.
+"""
+
+from ._api import (asarray, batched_jacobian, check_batch_independence, grad, hessian, hvp, jacfwd, jacobian,
+                   jacrev, jvp, namespace, to_numpy, value_and_grad, vjp, vmap)
+from ._registry import backends, get_backend, register_backend, set_backend, unregister_backend, use_backend
+from .backend import Backend, Capabilities
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
+    "check_batch_independence", "hessian", "hvp", "vmap",
+    "namespace", "asarray", "to_numpy",
+    "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend",
+    "Backend", "Capabilities",
+]

@@ -1,0 +1,819 @@
+"""The public transforms.
+
+Everything user-facing happens here, once, for every backend: pytrees are
+flattened, ``argnums`` select what is differentiated, inputs are converted,
+shapes and dtypes are checked, and results are put back into the user's
+structure. Backends only see flat tuples of their own arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import optree
+
+from . import _registry
+from ._dtypes import COMPLEX, FLOATING, INEXACT, dtype_name
+from .backend import Backend
+
+__all__ = [
+    "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
+    "hessian", "hvp", "vmap", "namespace", "asarray", "to_numpy", "check_batch_independence",
+]
+
+_PY_SCALARS = (bool, int, float, complex)
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion and checks
+# ---------------------------------------------------------------------------------------------
+
+def _convert(b: Backend, x, what: str):
+    """``x`` as an array of backend ``b``, dtype kept (a Python float becomes float64)."""
+    if b.is_array(x):
+        return x
+    if isinstance(x, (np.ndarray, np.generic)) or isinstance(x, _PY_SCALARS):
+        return b.asarray(np.asarray(x))
+    owner = _registry._array_owner(x)
+    if owner is not None:  # another backend's array: through NumPy (adapters may use DLPack in asarray)
+        return b.asarray(x) if hasattr(x, "__dlpack__") and _try_dlpack(b, x) else b.asarray(
+            _registry.get_backend(owner).to_numpy(x))
+    if hasattr(x, "__array__"):
+        return b.asarray(np.asarray(x))
+    raise TypeError(f"{what} must be an array or a Python scalar; got {type(x).__name__}")
+
+
+def _try_dlpack(b, x) -> bool:
+    return getattr(b, "accepts_dlpack", False)
+
+
+def _keep_or_convert(b: Backend, x):
+    """Non-differentiated leaves: NumPy arrays and foreign arrays become backend arrays; the rest stays."""
+    if isinstance(x, np.ndarray) and not b.is_array(x):
+        return b.asarray(x)
+    if isinstance(x, _PY_SCALARS) or x is None or isinstance(x, (str, bytes)) or b.is_array(x):
+        return x
+    if _registry._array_owner(x) is not None:
+        return _convert(b, x, "argument")
+    return x
+
+
+def _leaf_names(tree, prefix: str) -> list[str]:
+    """Readable names of the leaves of ``tree``: ``x``, ``argument 1['w'][0]``..."""
+    paths, _, _ = optree.tree_flatten_with_path(tree)
+    return [prefix + "".join(f"[{p!r}]" for p in path) for path in paths]
+
+
+def _check_inexact(b: Backend, leaves, names_fn, fname: str, role: str):
+    for k, x in enumerate(leaves):
+        name = b.dtype(x)
+        if name not in INEXACT:
+            raise TypeError(
+                f"{fname}: {names_fn()[k]} has dtype {name}; only floating-point or complex {role} can be "
+                f"differentiated (cast it, e.g. to float64, or leave it out of argnums)")
+
+
+def _check_like(b: Backend, value, reference, what: str, fname: str):
+    """One policy for cotangents and tangents: the reference's shape exactly; a floating dtype
+    (complex too for a complex reference) cast to the reference's dtype; anything else is an error."""
+    if isinstance(value, _PY_SCALARS) and not isinstance(value, bool):
+        value = np.asarray(value)
+        if value.dtype.kind == "i":
+            value = value.astype(np.float64)
+    try:
+        value = _convert(b, value, what)
+    except TypeError as exc:
+        raise TypeError(f"{fname}: {exc}") from None
+    want_shape, got_shape = b.shape(reference), b.shape(value)
+    want_dtype, got_dtype = b.dtype(reference), b.dtype(value)
+    if got_shape != want_shape:
+        raise ValueError(f"{fname}: {what} has shape {got_shape}; expected {want_shape} "
+                         f"(the shape of the value it pairs with; it is never broadcast)")
+    if got_dtype not in INEXACT or (got_dtype in COMPLEX and want_dtype not in COMPLEX):
+        raise ValueError(f"{fname}: {what} has dtype {got_dtype}; expected {want_dtype} "
+                         f"(a floating{' or complex' if want_dtype in COMPLEX else ''} dtype is cast to it)")
+    if got_dtype != want_dtype:
+        value = b.cast(value, want_dtype)
+    return value
+
+
+def _normalize_argnums(argnums, nargs: int, fname: str):
+    single = isinstance(argnums, int) and not isinstance(argnums, bool)
+    seq = (argnums,) if single else argnums
+    if not isinstance(seq, (tuple, list)) or not seq or not all(
+            isinstance(a, int) and not isinstance(a, bool) for a in seq):
+        raise TypeError(f"{fname}: argnums must be an int or a non-empty tuple of ints; got {argnums!r}")
+    out = []
+    for a in seq:
+        if not -nargs <= a < nargs:
+            raise ValueError(f"{fname}: argnums={argnums!r} is out of range for a function called with "
+                             f"{nargs} positional argument{'s' if nargs != 1 else ''}")
+        a = a % nargs
+        if a in out:
+            raise ValueError(f"{fname}: argnums={argnums!r} repeats argument {a}")
+        out.append(a)
+    return single, tuple(out)
+
+
+class _Traced:
+    """One call of a transform: the backend, the differentiated leaves and the flat function."""
+
+    __slots__ = ("backend", "leaves", "treedef", "flat_f", "out_tree", "aux_tree", "fname", "names_fn")
+
+    def __init__(self, f, args, argnums, has_aux, backend, fname, all_args=False):
+        self.fname = fname
+        if all_args:  # vjp / jvp: every primal is differentiated
+            single, argnums = False, tuple(range(len(args)))
+            diff = tuple(args)
+        else:
+            if not args:
+                raise TypeError(f"{fname}: the function must be called with at least one positional argument")
+            single, argnums = _normalize_argnums(argnums, len(args), fname)
+            diff = args[argnums[0]] if single else tuple(args[i] for i in argnums)
+        raw_leaves, self.treedef = optree.tree_flatten(diff)
+        others = [a for i, a in enumerate(args) if i not in argnums]
+        b = self.backend = _registry.resolve(backend, raw_leaves + optree.tree_leaves(others))
+
+        def names_fn():
+            if all_args:
+                return _leaf_names(diff, "primals")
+            if single:
+                return _leaf_names(diff, f"argument {argnums[0]}")
+            return [n.replace("argument (", "argument ", 1) for n in _leaf_names(diff, "argument")]
+        self.names_fn = names_fn
+        leaves = []
+        for k, x in enumerate(raw_leaves):
+            leaves.append(_convert(b, x, names_fn()[k] if not b.is_array(x) else ""))
+        self.leaves = tuple(leaves)
+        _check_inexact(b, self.leaves, names_fn, fname, "inputs")
+        rest = list(args)
+        for i in range(len(rest)):
+            if i not in argnums:
+                rest[i] = optree.tree_map(lambda v: _keep_or_convert(b, v), rest[i], none_is_leaf=True)
+        self.out_tree = self.aux_tree = None
+        treedef, positions = self.treedef, argnums
+
+        def flat_f(*diff_leaves):
+            tree = optree.tree_unflatten(treedef, diff_leaves)
+            call = list(rest)
+            if single:
+                call[positions[0]] = tree
+            else:
+                for k, i in enumerate(positions):
+                    call[i] = tree[k]
+            result = f(*call)
+            if has_aux:
+                if not (isinstance(result, (tuple, list)) and len(result) == 2):
+                    raise TypeError(f"{fname}: with has_aux=True the function must return a pair "
+                                    f"(output, aux); got {type(result).__name__}")
+                result, aux = result
+            out_leaves, self.out_tree = optree.tree_flatten(result)
+            if not out_leaves:
+                raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
+            out_leaves = tuple(_check_output(b, o, k, fname, self) for k, o in enumerate(out_leaves))
+            if has_aux:
+                aux_leaves, self.aux_tree = optree.tree_flatten(aux)
+                return out_leaves, tuple(aux_leaves)
+            return out_leaves
+
+        self.flat_f = flat_f
+
+    def output(self, leaves):
+        return optree.tree_unflatten(self.out_tree, list(leaves))
+
+    def aux(self, leaves):
+        return optree.tree_unflatten(self.aux_tree, list(leaves))
+
+    def inputs_like(self, leaves):
+        return optree.tree_unflatten(self.treedef, list(leaves))
+
+    def jacobian_tree(self, jac):
+        """jac[i][j] -> the output structure, each leaf replaced by the input structure."""
+        return self.output([self.inputs_like(row) for row in jac])
+
+    def output_names(self):
+        return _leaf_names(self.output(range(self.out_tree.num_leaves)), "output")
+
+
+def _check_output(b: Backend, o, k, fname, traced):
+    if not b.is_array(o):
+        if isinstance(o, (float, complex)) and not isinstance(o, bool):
+            o = b.asarray(np.asarray(o))
+        else:
+            raise TypeError(f"{fname}: the function must return arrays (or a pytree of arrays); "
+                            f"output leaf {k} is {type(o).__name__}")
+    name = b.dtype(o)
+    if name not in INEXACT:
+        raise TypeError(f"{fname}: output leaf {k} has dtype {name}; only floating-point or complex outputs "
+                        f"can be differentiated")
+    return o
+
+
+# ---------------------------------------------------------------------------------------------
+# vjp / jvp
+# ---------------------------------------------------------------------------------------------
+
+def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
+    """Evaluate ``f(*primals)`` and return its vector-Jacobian product function.
+
+    Args:
+      f: function of ``len(primals)`` arguments returning an array or a pytree of arrays
+        (``(output, aux)`` with ``has_aux``).
+      *primals: the point; arrays or pytrees of arrays (NumPy arrays and Python scalars are converted).
+      has_aux: ``f`` returns ``(output, aux)``; aux is returned as is, not differentiated.
+      backend: backend name or object; default by selection order.
+
+    Returns:
+      ``(output, vjp_fn)`` or ``(output, vjp_fn, aux)``. ``vjp_fn(cotangent)`` takes a pytree like
+      ``output`` and returns a tuple with one cotangent per primal, shaped like the primal.
+
+    Example:
+      >>> out, vjp_fn = unigrad.vjp(lambda x: x ** 2, np.arange(3.0))
+      >>> vjp_fn(np.ones(3))
+      (array([0., 2., 4.]),)
+    """
+    t = _Traced(f, primals, None, has_aux, backend, "vjp", all_args=True)
+    b = t.backend
+    outputs, vjp_flat, aux = b.vjp(t.flat_f, t.leaves, has_aux=has_aux)
+    out_tree = t.out_tree
+
+    def vjp_fn(cotangent):
+        try:
+            cts = out_tree.flatten_up_to(cotangent)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"vjp_fn: the cotangent must have the structure of the output, {out_tree}; "
+                             f"got {optree.tree_structure(cotangent, none_is_leaf=True)} ({exc})") from None
+        names = None
+        checked = []
+        for k, (c, o) in enumerate(zip(cts, outputs)):
+            if not (b.is_array(c) and b.shape(c) == b.shape(o) and b.dtype(c) == b.dtype(o)):
+                names = names or _leaf_names(optree.tree_unflatten(out_tree, list(range(len(cts)))), "cotangent")
+                c = _check_like(b, c, o, f"{names[k]} (for an output of shape {b.shape(o)}, "
+                                         f"dtype {b.dtype(o)})", "vjp_fn")
+            checked.append(c)
+        grads = vjp_flat(tuple(checked))
+        return t.inputs_like(grads)
+
+    out = optree.tree_unflatten(out_tree, list(outputs))
+    if has_aux:
+        return out, vjp_fn, t.aux(aux)
+    return out, vjp_fn
+
+
+def jvp(f: Callable, primals, tangents, has_aux: bool = False, backend=None):
+    """Evaluate ``f(*primals)`` and its Jacobian-vector product with ``tangents``.
+
+    Args:
+      f: function of ``len(primals)`` arguments.
+      primals: tuple (or list) of arguments; pytrees allowed.
+      tangents: same structure, shapes and (floating) dtypes as ``primals``.
+      has_aux: ``f`` returns ``(output, aux)``.
+      backend: backend name or object.
+
+    Returns:
+      ``(output, tangent_out)`` or ``(output, tangent_out, aux)``.
+
+    Example:
+      >>> unigrad.jvp(lambda x: x ** 2, (np.arange(3.0),), (np.ones(3),))[1]
+      array([0., 2., 4.])
+    """
+    if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
+        raise TypeError(f"jvp: primals and tangents must be tuples or lists; got {type(primals).__name__} and "
+                        f"{type(tangents).__name__}")
+    if len(primals) != len(tangents):
+        raise ValueError(f"jvp: primals and tangents must have the same length; got {len(primals)} and "
+                         f"{len(tangents)}")
+    t = _Traced(f, tuple(primals), None, has_aux, backend, "jvp", all_args=True)
+    b = t.backend
+    try:
+        tan_leaves = t.treedef.flatten_up_to(tuple(tangents))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"jvp: tangents must have the structure of primals, {t.treedef}; ({exc})") from None
+    names = t.names_fn
+    tan_leaves = tuple(
+        tl if (b.is_array(tl) and b.shape(tl) == b.shape(p) and b.dtype(tl) == b.dtype(p))
+        else _check_like(b, tl, p, "tangent for " + names()[k], "jvp")
+        for k, (tl, p) in enumerate(zip(tan_leaves, t.leaves)))
+    outputs, tangents_out, aux = b.jvp(t.flat_f, t.leaves, tan_leaves, has_aux=has_aux)
+    result = (t.output(outputs), t.output(tangents_out))
+    return result + (t.aux(aux),) if has_aux else result
+
+
+# ---------------------------------------------------------------------------------------------
+# grad / value_and_grad
+# ---------------------------------------------------------------------------------------------
+
+def _scalar_check(b, t, outputs, fname):
+    if len(outputs) != 1 or b.shape(outputs[0]) != ():
+        shapes = [b.shape(o) for o in outputs]
+        raise TypeError(f"{fname} requires a function with one scalar (shape ()) output; got "
+                        f"{'outputs of shapes ' + str(shapes) if len(shapes) != 1 else 'shape ' + str(shapes[0])}. "
+                        f"Use vjp or jacobian for non-scalar outputs")
+    if b.dtype(outputs[0]) in COMPLEX:
+        raise TypeError(f"{fname} requires a real-valued output; got dtype {b.dtype(outputs[0])}. "
+                        f"Use vjp with an explicit cotangent for complex outputs")
+
+
+def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None) -> Callable:
+    """A function returning ``(f(*args), gradient)`` of a scalar-valued ``f``.
+
+    Args:
+      f: returns a real scalar (shape ``()``), or ``(scalar, aux)`` with ``has_aux``.
+      argnums: int or tuple of ints: which positional arguments to differentiate.
+      has_aux: return ``((value, aux), gradient)``.
+      backend: backend name or object.
+
+    Returns:
+      A function of the same arguments; the gradient has the structure of
+      ``args[argnums]`` (a tuple of those when argnums is a tuple).
+
+    Example:
+      >>> unigrad.value_and_grad(lambda x: (x ** 2).sum())(np.arange(3.0))
+      (array(5.), array([0., 2., 4.]))
+    """
+
+    def value_and_grad_f(*args, **kwargs):
+        g = f if not kwargs else (lambda *a: f(*a, **kwargs))
+        t = _Traced(g, args, argnums, has_aux, backend, "grad")
+        b = t.backend
+        outputs, vjp_flat, aux = b.vjp(t.flat_f, t.leaves, has_aux=has_aux)
+        _scalar_check(b, t, outputs, "grad")
+        grads = t.inputs_like(vjp_flat((b.namespace().ones_like(outputs[0]),)))
+        value = t.output(outputs)
+        return ((value, t.aux(aux)), grads) if has_aux else (value, grads)
+
+    _wraps(value_and_grad_f, f, "value_and_grad")
+    return value_and_grad_f
+
+
+def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None) -> Callable:
+    """The gradient of a scalar-valued ``f`` (reverse mode, one backward pass).
+
+    Args:
+      f: returns a real scalar, or ``(scalar, aux)`` with ``has_aux``.
+      argnums: int or tuple of ints.
+      has_aux: return ``(gradient, aux)``.
+      backend: backend name or object.
+
+    Example:
+      >>> unigrad.grad(lambda x: (x ** 2).sum())(np.arange(3.0))
+      array([0., 2., 4.])
+    """
+    vg = value_and_grad(f, argnums, has_aux, backend)
+
+    def grad_f(*args, **kwargs):
+        (value, grads) = vg(*args, **kwargs)
+        return (grads, value[1]) if has_aux else grads
+
+    _wraps(grad_f, f, "grad")
+    return grad_f
+
+
+# ---------------------------------------------------------------------------------------------
+# Jacobians
+# ---------------------------------------------------------------------------------------------
+
+_MODES = ("auto", "rev", "fwd")
+
+
+def _check_mode(mode, fname):
+    if mode not in _MODES:
+        raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
+
+
+def _check_chunk(chunk_size, fname):
+    if chunk_size is not None and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool)
+                                   or chunk_size < 1):
+        raise ValueError(f"{fname}: chunk_size must be a positive int or None; got {chunk_size!r}")
+
+
+def _signature(b, leaves, args):
+    try:
+        key = tuple((b.shape(x), b.dtype(x)) for x in leaves)
+        others = tuple(x if isinstance(x, (*_PY_SCALARS, str, type(None))) else
+                       (type(x).__name__, tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
+                       for x in optree.tree_leaves(args, none_is_leaf=True))
+        hash(others)
+        return key, others
+    except TypeError:
+        return None
+
+
+class _ModeCache:
+    """Output sizes per input signature, so ``mode="auto"`` evaluates ``f`` only on a new signature."""
+
+    def __init__(self, maxsize=64):
+        self.sizes, self.maxsize = {}, maxsize
+
+    def out_sizes(self, t, args, per_example):
+        b = t.backend
+        key = _signature(b, t.leaves, args)
+        if key is not None and key in self.sizes:
+            return self.sizes[key]
+        outputs = t.flat_f(*t.leaves)  # one plain forward evaluation
+        if isinstance(outputs, tuple) and len(outputs) == 2 and isinstance(outputs[0], tuple):
+            outputs = outputs[0]
+        sizes = tuple(math.prod(b.shape(o)[1:] if per_example else b.shape(o)) for o in outputs)
+        if key is not None:
+            if len(self.sizes) >= self.maxsize:
+                self.sizes.pop(next(iter(self.sizes)))
+            self.sizes[key] = sizes
+        return sizes
+
+
+def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
+             has_aux: bool = False, backend=None) -> Callable:
+    """The Jacobian of ``f`` with respect to ``args[argnums]``.
+
+    Args:
+      f: function returning an array or a pytree of arrays.
+      argnums: int or tuple of ints.
+      mode: ``"rev"`` (one VJP per output element, vectorised), ``"fwd"`` (one JVP per input
+        element, vectorised) or ``"auto"``: forward when the inputs have fewer elements than the
+        outputs, else reverse (decided once per input signature).
+      chunk_size: at most this many basis vectors at a time, to bound memory.
+      has_aux: return ``(jacobian, aux)``.
+      backend: backend name or object.
+
+    Returns:
+      A function; for an output of shape ``O`` and an input of shape ``I`` the block has shape
+      ``O + I``; pytrees nest as the output's structure around the input's structure.
+
+    Example:
+      >>> unigrad.jacobian(lambda x: x ** 2)(np.arange(3.0))
+      array([[0., 0., 0.],
+             [0., 2., 0.],
+             [0., 0., 4.]])
+    """
+    _check_mode(mode, "jacobian")
+    _check_chunk(chunk_size, "jacobian")
+    cache = _ModeCache()
+
+    def jacobian_f(*args):
+        t = _Traced(f, args, argnums, has_aux, backend, "jacobian")
+        b = t.backend
+        chosen = mode
+        if chosen == "auto":
+            n_in = sum(math.prod(b.shape(x)) for x in t.leaves)
+            n_out = sum(cache.out_sizes(t, args, per_example=False))
+            chosen = "fwd" if n_in < n_out else "rev"
+        method = b.jacrev if chosen == "rev" else b.jacfwd
+        _, jac, aux = method(t.flat_f, t.leaves, chunk_size=chunk_size, has_aux=has_aux)
+        result = t.jacobian_tree(jac)
+        return (result, t.aux(aux)) if has_aux else result
+
+    _wraps(jacobian_f, f, "jacobian")
+    return jacobian_f
+
+
+def jacrev(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None) -> Callable:
+    """``jacobian(f, argnums, mode="rev")``: best when outputs have fewer elements than inputs."""
+    return jacobian(f, argnums, mode="rev", chunk_size=chunk_size, has_aux=has_aux, backend=backend)
+
+
+def jacfwd(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None) -> Callable:
+    """``jacobian(f, argnums, mode="fwd")``: best when inputs have fewer elements than outputs."""
+    return jacobian(f, argnums, mode="fwd", chunk_size=chunk_size, has_aux=has_aux, backend=backend)
+
+
+_INDEPENDENCE = ("once", "always", "never")
+
+
+def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
+                     has_aux: bool = False, check_independence: str = "once", backend=None) -> Callable:
+    """Per-example Jacobians of ``f``, which maps a batch to a batch with independent rows.
+
+    Every input and output has the batch on axis 0 (size B). The work is vectorised over B:
+    the per-example Jacobians come from one sweep with a batch of cotangents (or tangents) the
+    size of one example's output (or input), never from a Python loop over B.
+
+    Args:
+      f: function from batched arrays to batched arrays; row b of the output may depend only on
+        row b of the inputs.
+      argnums: int or tuple of ints.
+      mode: ``"rev"``, ``"fwd"`` or ``"auto"`` (by per-example sizes).
+      chunk_size: at most this many basis vectors at a time.
+      has_aux: return ``(jacobians, aux)``.
+      check_independence: ``"once"`` (default) probes, on the first call for each input signature,
+        that the rows are independent -- one JVP with a random tangent on one example; ``"always"``
+        probes on every call; ``"never"`` trusts the caller. A dependent ``f`` (batch norm,
+        ``x - x.mean(0)``) raises ValueError instead of returning wrong Jacobians.
+      backend: backend name or object.
+
+    Returns:
+      A function; each block has shape ``(B, *out_shape[1:], *in_shape[1:])``.
+
+    Example:
+      >>> x = np.ones((4, 3))
+      >>> unigrad.batched_jacobian(lambda x: x ** 2)(x).shape
+      (4, 3, 3)
+    """
+    _check_mode(mode, "batched_jacobian")
+    _check_chunk(chunk_size, "batched_jacobian")
+    if check_independence not in _INDEPENDENCE:
+        raise ValueError(f"batched_jacobian: check_independence must be one of {_INDEPENDENCE}; "
+                         f"got {check_independence!r}")
+    cache = _ModeCache()
+    probed = set()
+
+    def batched_jacobian_f(*args):
+        t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian")
+        b = t.backend
+        batch = _batch_size(b, t.leaves, t.names_fn, "batched_jacobian", "input")
+        if batch == 0:
+            return _empty_batched_jacobian(t, has_aux)
+        if check_independence != "never":
+            key = _signature(b, t.leaves, args)
+            if check_independence == "always" or key is None or key not in probed:
+                _probe_independence(t, batch, has_aux)
+                if key is not None:
+                    probed.add(key)
+        chosen = mode
+        if chosen == "auto":
+            n_in = sum(math.prod(b.shape(x)[1:]) for x in t.leaves)
+            n_out = sum(cache.out_sizes(t, args, per_example=True))
+            chosen = "fwd" if n_in < n_out else "rev"
+        outputs, jac, aux = b.batched_jacobian(t.flat_f, t.leaves, mode=chosen, chunk_size=chunk_size,
+                                               has_aux=has_aux)
+        _batch_size(b, outputs, t.output_names, "batched_jacobian", "output", expected=batch)
+        result = t.jacobian_tree(jac)
+        return (result, t.aux(aux)) if has_aux else result
+
+    _wraps(batched_jacobian_f, f, "batched_jacobian")
+    return batched_jacobian_f
+
+
+def _batch_size(b, arrays, names_fn, fname, role, expected=None):
+    sizes = set()
+    for k, x in enumerate(arrays):
+        shape = b.shape(x)
+        if not shape:
+            raise ValueError(f"{fname}: {names_fn()[k]} is 0-d; every {role} needs a leading batch axis")
+        if expected is not None and shape[0] != expected:
+            raise ValueError(f"{fname}: {names_fn()[k]} has batch size {shape[0]} (shape {shape}); expected "
+                             f"{expected}, the inputs' batch size: f must map a batch to a batch")
+        sizes.add(shape[0])
+    if len(sizes) > 1:
+        raise ValueError(f"{fname}: the inputs' leading (batch) axes differ: "
+                         + ", ".join(f"{n} has {b.shape(x)[0]}" for n, x in zip(names_fn(), arrays)))
+    return sizes.pop() if sizes else 0
+
+
+def _empty_batched_jacobian(t, has_aux):
+    b = t.backend
+    result = t.flat_f(*t.leaves)
+    outputs, aux = (result if has_aux else (result, None))
+    _batch_size(b, outputs, t.output_names, "batched_jacobian", "output", expected=0)
+    xp = b.namespace()
+    jac = tuple(tuple(xp.zeros((0, *b.shape(o)[1:], *b.shape(x)[1:]), dtype=o.dtype, device=b.device(o))
+                      for x in t.leaves) for o in outputs)
+    out = t.jacobian_tree(jac)
+    return (out, t.aux(tuple(b.stop_gradient(a) if b.is_array(a) else a for a in aux))) if has_aux else out
+
+
+def _probe_independence(t, batch, has_aux=False, seed=0):
+    """Raise ValueError if perturbing one example changes another example's outputs."""
+    if batch < 2:
+        return
+    b = t.backend
+    rng = np.random.default_rng(seed + batch)
+    k = int(rng.integers(batch))
+    tangents = []
+    for x in t.leaves:
+        shape = b.shape(x)
+        v = np.zeros(shape, dtype=np.complex128 if b.dtype(x) in COMPLEX else np.float64)
+        v[k] = rng.standard_normal(shape[1:])
+        tangents.append(b.asarray(v, dtype=b.dtype(x), device=b.device(x)))
+    outputs, tangents_out, _ = b.jvp(t.flat_f, t.leaves, tuple(tangents), has_aux=has_aux)
+    for i, (o, to) in enumerate(zip(outputs, tangents_out)):
+        d = np.abs(b.to_numpy(to)).astype(np.float64)
+        if d.ndim == 0 or d.shape[0] != batch:
+            continue
+        d = d.reshape(batch, -1).max(axis=1, initial=0.0)
+        own, d[k] = d[k], 0.0
+        j = int(np.argmax(d))
+        eps = np.finfo(np.float64 if b.dtype(o) in ("float64", "complex128") else np.float32).eps
+        if d[j] > 100 * eps * max(own, 1.0):
+            raise ValueError(
+                f"batched_jacobian: the rows of f are not independent: perturbing example {k} changes output "
+                f"{i} of example {j} (|d out/d in| up to {d[j]:.3g}); per-example Jacobians would be wrong. "
+                f"Use jacobian() for the full Jacobian (does f normalise over the batch, e.g. batch norm or "
+                f"x - x.mean(0)?), or pass check_independence='never' if this is intended")
+
+
+def check_batch_independence(f: Callable, *args, argnums=0, backend=None, seed: int = 0) -> None:
+    """Probe whether ``f``'s rows (axis 0) are independent; raise ValueError if not.
+
+    One JVP with a random tangent on one example: any change to another example's outputs
+    means ``batched_jacobian`` would be wrong for ``f``.
+    """
+    t = _Traced(f, args, argnums, False, backend, "check_batch_independence")
+    batch = _batch_size(t.backend, t.leaves, t.names_fn, "check_batch_independence", "input")
+    _probe_independence(t, batch, False, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Second order
+# ---------------------------------------------------------------------------------------------
+
+def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=None) -> Callable:
+    """The Hessian of ``f`` (forward over reverse: ``jacfwd(jacrev(f))``).
+
+    Args:
+      f: function; for a scalar output the result is ``H[j][k]`` of shape ``in_j + in_k``;
+        for a non-scalar output of shape ``O`` the blocks have shape ``O + in_j + in_k``.
+      argnums: int or tuple of ints.
+      chunk_size: bound on the tangents pushed at a time.
+      backend: backend name or object.
+
+    Example:
+      >>> unigrad.hessian(lambda x: (x ** 3).sum())(np.array([1.0, 2.0]))
+      array([[ 6.,  0.],
+             [ 0., 12.]])
+    """
+    _check_chunk(chunk_size, "hessian")
+
+    def hessian_f(*args):
+        t = _Traced(f, args, argnums, False, backend, "hessian")
+        b = t.backend
+        n = len(t.leaves)
+        outputs = None
+
+        def gradient(*p):
+            nonlocal outputs
+            outs, jac, _ = b.jacrev(t.flat_f, p)
+            outputs = outs
+            return tuple(block for row in jac for block in row)
+
+        _, jac2, _ = b.jacfwd(gradient, t.leaves, chunk_size=chunk_size)
+        # jac2[i * n + j][k]: d/d in_k of (d out_i / d in_j)
+        n_out = len(jac2) // n
+        return t.output([t.inputs_like([t.inputs_like([jac2[i * n + j][k] for k in range(n)])
+                                        for j in range(n)]) for i in range(n_out)])
+
+    _wraps(hessian_f, f, "hessian")
+    return hessian_f
+
+
+def hvp(f: Callable, primals, tangents, backend=None):
+    """Hessian-vector product of a scalar-valued ``f`` at ``primals`` along ``tangents``.
+
+    Forward over reverse: the cost of a few gradients, never the Hessian.
+
+    Args:
+      f: function of ``len(primals)`` arguments returning a real scalar.
+      primals: tuple of arguments (pytrees allowed).
+      tangents: same structure, shapes and dtypes.
+      backend: backend name or object.
+
+    Returns:
+      A tuple, one entry per primal, shaped like the primal: ``H @ tangents``.
+
+    Example:
+      >>> unigrad.hvp(lambda x: (x ** 3).sum(), (np.array([1.0, 2.0]),), (np.ones(2),))
+      (array([ 6., 12.]),)
+    """
+    if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
+        raise TypeError("hvp: primals and tangents must be tuples or lists")
+    t = _Traced(f, tuple(primals), None, False, backend, "hvp", all_args=True)
+    b = t.backend
+    try:
+        tan_leaves = t.treedef.flatten_up_to(tuple(tangents))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"hvp: tangents must have the structure of primals, {t.treedef}; ({exc})") from None
+    names = t.names_fn
+    tan_leaves = tuple(_check_like(b, tl, p, "tangent for " + names()[k], "hvp")
+                       for k, (tl, p) in enumerate(zip(tan_leaves, t.leaves)))
+    outputs = t.flat_f(*t.leaves)
+    _scalar_check(b, t, outputs, "hvp")
+    return t.inputs_like(b.hvp(t.flat_f, t.leaves, tan_leaves))
+
+
+# ---------------------------------------------------------------------------------------------
+# vmap
+# ---------------------------------------------------------------------------------------------
+
+def vmap(f: Callable, in_axes=0, out_axes: int = 0, *, chunk_size: int | None = None,
+         backend=None) -> Callable:
+    """Map ``f`` over an axis of its arguments.
+
+    Args:
+      f: function of arrays.
+      in_axes: int, None, or a tuple with one entry (int, None or a pytree prefix) per positional
+        argument: the mapped axis of each, None for unmapped.
+      out_axes: the axis of the outputs that holds the map.
+      chunk_size: map at most this many at a time (bounds memory).
+      backend: backend name or object.
+
+    Example:
+      >>> unigrad.vmap(lambda x: (x ** 2).sum())(np.ones((4, 3)))
+      array([3., 3., 3., 3.])
+    """
+    _check_chunk(chunk_size, "vmap")
+    if not isinstance(out_axes, int) or isinstance(out_axes, bool):
+        raise TypeError(f"vmap: out_axes must be an int; got {out_axes!r}")
+
+    def vmapped(*args):
+        if isinstance(in_axes, (tuple, list)):
+            if len(in_axes) != len(args):
+                raise ValueError(f"vmap: in_axes has {len(in_axes)} entries but the function was called with "
+                                 f"{len(args)} positional arguments")
+            prefix = tuple(in_axes)
+        else:
+            prefix = (in_axes,) * len(args)
+        leaves, treedef = optree.tree_flatten(tuple(args), none_is_leaf=False)
+        axes = optree.broadcast_prefix(prefix, tuple(args), none_is_leaf=True)
+        b = _registry.resolve(backend, leaves)
+        leaves = [_convert(b, x, "vmap argument") for x in leaves]
+        flat_axes = []
+        size = None
+        for x, ax in zip(leaves, axes):
+            if ax is None:
+                flat_axes.append(None)
+                continue
+            nd = len(b.shape(x))
+            if not isinstance(ax, int) or not -nd <= ax < max(nd, 1) or nd == 0:
+                raise ValueError(f"vmap: in_axes entry {ax!r} is out of range for an argument of shape "
+                                 f"{b.shape(x)}")
+            ax %= nd
+            flat_axes.append(ax)
+            if size is None:
+                size = b.shape(x)[ax]
+            elif b.shape(x)[ax] != size:
+                raise ValueError(f"vmap: mapped axes have different sizes ({size} and {b.shape(x)[ax]})")
+        if size is None:
+            raise ValueError("vmap: at least one argument must be mapped (in_axes are all None)")
+        store = {}
+
+        def flat_f(*xs):
+            result = f(*optree.tree_unflatten(treedef, list(xs)))
+            out_leaves, store["tree"] = optree.tree_flatten(result)
+            return tuple(out_leaves)
+
+        outs = b.vmap(flat_f, flat_axes, out_axes, chunk_size)(*leaves)
+        return optree.tree_unflatten(store["tree"], list(outs))
+
+    _wraps(vmapped, f, "vmap")
+    return vmapped
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays
+# ---------------------------------------------------------------------------------------------
+
+def namespace(*arrays):
+    """The Array API namespace for ``arrays`` (NumPy arrays and scalars: the tape's namespace).
+
+    Example:
+      >>> def loss(w, x):
+      ...     xp = unigrad.namespace(w, x)
+      ...     return xp.sum(xp.tanh(x @ w) ** 2)
+    """
+    owner = None
+    for x in arrays:
+        name = _registry._array_owner(x)
+        if name is not None:
+            if owner is not None and owner != name:
+                raise TypeError(f"namespace: arrays of backends {owner!r} and {name!r} are mixed")
+            owner = name
+    return _registry.get_backend(owner or _registry.DEFAULT).namespace()
+
+
+def asarray(x, backend=None, dtype=None, device=None):
+    """``x`` as an array of ``backend`` (default: by selection order), dtype kept unless given.
+
+    Args:
+      x: NumPy array, Python scalar or nested list, or another backend's array.
+      backend: backend name or object.
+      dtype: dtype name (``"float32"``) or the backend's dtype object.
+      device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"gpu"``.
+    """
+    b = _registry.resolve(backend, [x])
+    if not b.is_array(x):
+        owner = _registry._array_owner(x)
+        x = _registry.get_backend(owner).to_numpy(x) if owner else np.asarray(x)
+    if dtype is not None and not isinstance(dtype, str):
+        dtype = dtype_name(dtype)
+    return b.asarray(x, dtype=dtype, device=device)
+
+
+def to_numpy(x) -> np.ndarray:
+    """A NumPy array with the values of any backend's array (or a pytree of them)."""
+    def one(v):
+        if isinstance(v, np.ndarray):
+            return v
+        owner = _registry._array_owner(v)
+        if owner is None:
+            return np.asarray(v)
+        return _registry.get_backend(owner).to_numpy(v)
+    return optree.tree_map(one, x)
+
+
+def _wraps(wrapper, f, kind):
+    name = getattr(f, "__name__", type(f).__name__)
+    wrapper.__name__ = f"{kind}({name})"
+    wrapper.__qualname__ = wrapper.__name__
+    wrapper.__doc__ = getattr(f, "__doc__", None)
+    wrapper.__wrapped__ = f

@@ -1,0 +1,29 @@
+"""Framework-neutral dtype names, read without importing any framework."""
+
+from __future__ import annotations
+
+FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
+COMPLEX = frozenset({"complex64", "complex128"})
+INEXACT = FLOATING | COMPLEX
+
+# The real dtype paired with each complex dtype, and the reverse.
+REAL_OF_COMPLEX = {"complex64": "float32", "complex128": "float64"}
+
+
+def dtype_name(dtype) -> str:
+    """Canonical name of a NumPy, torch, JAX or TensorFlow dtype ("float32", "int64", "bool"...)."""
+    name = getattr(dtype, "name", None)
+    if not isinstance(name, str):  # torch.dtype has no .name; its str is "torch.float32"
+        name = str(dtype)
+    if name.startswith("torch."):
+        name = name[6:]
+    return {"double": "float64", "float": "float32", "half": "float16", "cfloat": "complex64",
+            "cdouble": "complex128", "bool_": "bool", "long": "int64", "int": "int32"}.get(name, name)
+
+
+def is_inexact(name: str) -> bool:
+    return name in INEXACT
+
+
+def is_complex(name: str) -> bool:
+    return name in COMPLEX

@@ -1,0 +1,255 @@
+"""Backend discovery, registration and selection.
+
+Backends come from the ``unigrad.backends`` entry-point group (the NumPy tape
+included) and from :func:`register_backend`. Entry points are loaded lazily:
+a broken plugin does not break the others, and its import error is raised
+when someone asks for it by name. The current backend lives in contextvars.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import sys
+import threading
+from importlib import metadata
+from typing import Callable, Iterator
+
+from .backend import Backend
+
+__all__ = ["backends", "get_backend", "set_backend", "use_backend", "register_backend"]
+
+ENTRY_POINT_GROUP = "unigrad.backends"
+DEFAULT = "numpy"
+# The pip extra that installs each first-party backend, for error messages.
+_EXTRAS = {"torch": "unigrad[torch]", "jax": "unigrad[jax]", "tensorflow": "unigrad[tensorflow]"}
+
+_context_backend: contextvars.ContextVar = contextvars.ContextVar("unigrad_use_backend", default=None)
+_default_backend: contextvars.ContextVar = contextvars.ContextVar("unigrad_set_backend", default=None)
+
+_lock = threading.RLock()
+_factories: dict[str, Callable[[], Backend]] = {}  # runtime registrations
+_entry_points: dict[str, metadata.EntryPoint] | None = None
+_instances: dict[str, Backend] = {}
+_errors: dict[str, BaseException] = {}
+
+
+def _discover() -> dict[str, metadata.EntryPoint]:
+    global _entry_points
+    if _entry_points is None:
+        with _lock:
+            if _entry_points is None:
+                found = {}
+                for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                    found.setdefault(ep.name, ep)
+                _entry_points = found
+    return _entry_points
+
+
+def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool = False) -> None:
+    """Register a backend at run time.
+
+    Args:
+      name: the name users select it by.
+      factory: a zero-argument callable (usually the Backend subclass) returning the backend.
+        A class attribute ``array_modules`` on it lets unigrad infer the backend from inputs.
+      replace: allow replacing an existing registration of the same name.
+
+    Example:
+      >>> unigrad.register_backend("mine", MyBackend)           # doctest: +SKIP
+      >>> unigrad.grad(f, backend="mine")(x)                    # doctest: +SKIP
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"register_backend: name must be a non-empty string; got {name!r}")
+    if not callable(factory):
+        raise TypeError(f"register_backend: factory must be callable; got {type(factory).__name__}")
+    with _lock:
+        if not replace and (name in _factories or name in _instances):
+            raise ValueError(f"register_backend: a backend named {name!r} is already registered; pass replace=True")
+        _factories[name] = factory
+        _instances.pop(name, None)
+        _errors.pop(name, None)
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a runtime registration (entry-point backends come back on the next lookup)."""
+    with _lock:
+        _factories.pop(name, None)
+        _instances.pop(name, None)
+        _errors.pop(name, None)
+
+
+def _names() -> list[str]:
+    names = list(_discover())
+    for n in _factories:
+        if n not in names:
+            names.append(n)
+    return names
+
+
+def _factory(name: str):
+    if name in _factories:
+        return _factories[name]
+    ep = _discover().get(name)
+    if ep is None:
+        return None
+    return ep.load()
+
+
+def get_backend(name: str | Backend | None = None) -> Backend:
+    """The backend object for ``name`` (or the current one when ``name`` is None).
+
+    Raises:
+      ValueError: unknown name; the message lists the available backends and the extra to install.
+      ImportError: the backend is installed but failed to import (the original error is chained).
+    """
+    if isinstance(name, Backend):
+        return name
+    if name is None:
+        name = current_backend_name()
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a backend name or a Backend instance; got {type(name).__name__}")
+    inst = _instances.get(name)
+    if inst is not None:
+        return inst
+    with _lock:
+        inst = _instances.get(name)
+        if inst is not None:
+            return inst
+        try:
+            factory = _factory(name)
+            if factory is None:
+                available = ", ".join(sorted(_names())) or "none"
+                hint = f" Install it with `pip install '{_EXTRAS[name]}'`." if name in _EXTRAS else ""
+                raise ValueError(f"unknown backend {name!r}; available backends: {available}.{hint}")
+            inst = factory()
+        except ValueError:
+            raise
+        except Exception as exc:  # a broken plugin: remember and report it, do not poison the others
+            _errors[name] = exc
+            hint = f" (install with `pip install '{_EXTRAS[name]}'`)" if name in _EXTRAS else ""
+            raise ImportError(f"backend {name!r} is registered but could not be loaded{hint}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(inst, Backend):
+            raise TypeError(f"backend factory for {name!r} returned {type(inst).__name__}, not a unigrad.Backend")
+        _instances[name] = inst
+        _errors.pop(name, None)
+        return inst
+
+
+def backends(*, load: bool = True) -> dict[str, dict]:
+    """What is installed: one entry per backend name.
+
+    Each entry has ``available`` (bool), ``version``, ``devices``,
+    ``capabilities`` (dict) and ``error`` (why it is unavailable, or None).
+    With ``load=False`` nothing is imported and only names are listed.
+    """
+    report = {}
+    for name in _names():
+        entry = {"available": None, "version": None, "devices": None, "capabilities": None, "error": None}
+        if load:
+            try:
+                b = get_backend(name)
+                entry.update(available=True, version=b.version(), devices=list(b.devices()),
+                             capabilities=dict(b.capabilities.__dict__))
+            except Exception as exc:
+                entry.update(available=False, error=f"{type(exc).__name__}: {exc}")
+        report[name] = entry
+    return report
+
+
+def set_backend(name: str | Backend | None) -> None:
+    """Set the default backend of the current context (thread or async task and what it starts later).
+
+    Below ``use_backend`` and ``backend=`` in precedence; ``None`` clears it.
+    New threads start from an empty context on Python < 3.14: call it there too, or pass ``backend=``.
+    """
+    if name is not None:
+        get_backend(name)  # fail now, not at the first transform
+    _default_backend.set(name)
+
+
+@contextlib.contextmanager
+def use_backend(name: str | Backend) -> Iterator[Backend]:
+    """Context manager selecting a backend for the code inside it (contextvars: thread- and async-safe).
+
+    Example:
+      >>> with unigrad.use_backend("numpy"):
+      ...     g = unigrad.grad(f)(x)          # doctest: +SKIP
+    """
+    b = get_backend(name)
+    token = _context_backend.set(b)
+    try:
+        yield b
+    finally:
+        _context_backend.reset(token)
+
+
+def current_backend_name() -> str:
+    for var in (_context_backend, _default_backend):
+        v = var.get()
+        if v is not None:
+            return v if isinstance(v, str) else v.name
+    return os.environ.get("UNIGRAD_BACKEND") or DEFAULT
+
+
+def _array_owner(x) -> str | None:
+    """Name of the registered backend whose ``array_modules`` own type(x), without importing anything."""
+    t = type(x)
+    mod = t.__module__.partition(".")[0]
+    if mod in ("builtins", "numpy"):
+        return None
+    for name in _names():
+        cls = _factories.get(name)
+        if cls is None:
+            inst = _instances.get(name)
+            if inst is not None:
+                cls = inst
+            else:
+                ep = _discover().get(name)
+                if ep is None:
+                    continue
+                # Only load a plugin whose framework is already imported: an array of it can exist.
+                root = ep.value.partition(":")[0].partition(".")[0]
+                modules = _KNOWN_MODULES.get(root)
+                if modules and not any(m in sys.modules for m in modules):
+                    continue
+                try:
+                    cls = _factory(name)
+                except Exception:
+                    continue
+        for m in getattr(cls, "array_modules", ()):
+            if m == mod:
+                return name
+    return None
+
+
+# First-party adapters and the frameworks they wrap, so inference never loads an adapter whose
+# framework is not even imported (a TensorFlow import costs seconds). Third-party plugins are
+# loaded (cheaply: only their module) when an unknown array type shows up.
+_KNOWN_MODULES = {"unigrad_torch": ("torch",), "unigrad_jax": ("jax", "jaxlib"),
+                  "unigrad_tensorflow": ("tensorflow",), "unigrad": ()}
+
+
+def resolve(explicit, leaves) -> Backend:
+    """Selection order: explicit > use_backend > set_backend > UNIGRAD_BACKEND > input arrays > numpy."""
+    if explicit is not None:
+        return get_backend(explicit)
+    for var in (_context_backend, _default_backend):
+        v = var.get()
+        if v is not None:
+            return get_backend(v)
+    env = os.environ.get("UNIGRAD_BACKEND")
+    if env:
+        return get_backend(env)
+    owner = None
+    for x in leaves:
+        name = _array_owner(x)
+        if name is None:
+            continue
+        if owner is None:
+            owner = name
+        elif owner != name:
+            raise TypeError(f"inputs mix arrays of backends {owner!r} and {name!r}; pass backend= to choose one")
+    return get_backend(owner or DEFAULT)

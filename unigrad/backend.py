@@ -1,0 +1,373 @@
+"""The backend contract.
+
+A backend works on *flat tuples of its own arrays*. The core (``unigrad._api``)
+owns pytrees, ``argnums``, ``has_aux`` bookkeeping, conversion of inputs and
+every user-facing error; a backend only differentiates.
+
+Conventions every method follows:
+
+* ``f`` is a flat function: ``f(*primals) -> tuple of arrays``; when
+  ``has_aux`` is true it returns ``(tuple_of_outputs, tuple_of_aux)``.
+* ``vjp_fn(cotangents)`` takes a tuple with one cotangent per output, each of
+  exactly the output's shape and dtype (the core has checked and cast them),
+  and returns one cotangent per primal -- zeros, never ``None``, for a primal
+  the outputs do not use.
+* Jacobians are returned as ``jac[i][j]`` with shape
+  ``outputs[i].shape + primals[j].shape``.
+
+Required: ``name``, ``namespace``, ``asarray``, ``to_numpy``, ``is_array``,
+``devices``, ``vjp``, ``jvp``. Everything else has a generic default here,
+built from the required methods; adapters override it with native fast
+paths and say what they support in ``capabilities`` instead of raising
+``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ._dtypes import dtype_name
+
+__all__ = ["Backend", "Capabilities"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend supports natively.
+
+    Attributes:
+      forward_mode: ``jvp`` is true forward mode (not emulated by two VJPs).
+      vmap: ``vmap`` vectorises instead of looping in Python.
+      compile: ``compile`` returns a compiled function (jit / tf.function).
+      higher_order: transforms nest (``hessian``, ``hvp``, ``check_grads(order=2)``).
+      complex: complex inputs and outputs are differentiated.
+      float64: float64 is computed in float64.
+    """
+
+    forward_mode: bool = True
+    vmap: bool = False
+    compile: bool = False
+    higher_order: bool = True
+    complex: bool = True
+    float64: bool = True
+
+
+class Backend:
+    """Base class of every backend; subclass it and register the subclass.
+
+    Class attribute ``array_modules`` names the top-level modules whose array
+    types the backend owns (``("torch",)``); the core uses it to infer the
+    backend from input arrays without importing anything.
+    """
+
+    name: str = "abstract"
+    array_modules: tuple[str, ...] = ()
+    capabilities: Capabilities = Capabilities()
+
+    # ------------------------------------------------------------------ required
+    def namespace(self):
+        """The Array API namespace for this backend's arrays."""
+        raise NotImplementedError
+
+    def asarray(self, x, dtype=None, device=None):
+        """Convert ``x`` (NumPy array, Python scalar, own array) to an own array."""
+        raise NotImplementedError
+
+    def to_numpy(self, x):
+        """A NumPy copy (or view) of an own array."""
+        raise NotImplementedError
+
+    def is_array(self, x) -> bool:
+        """True for own arrays, including the values ``f`` sees inside a transform."""
+        raise NotImplementedError
+
+    def devices(self) -> tuple[str, ...]:
+        """Device names this backend can place arrays on (``"cpu"``, ``"cuda:0"``...)."""
+        return ("cpu",)
+
+    def vjp(self, f, primals, *, has_aux=False):
+        """Returns ``(outputs, vjp_fn, aux)``; ``aux`` is ``None`` without ``has_aux``."""
+        raise NotImplementedError
+
+    def jvp(self, f, primals, tangents, *, has_aux=False):
+        """Returns ``(outputs, tangents_out, aux)``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+    def version(self) -> str:
+        return ""
+
+    def shape(self, x) -> tuple[int, ...]:
+        return tuple(int(d) for d in x.shape)
+
+    def dtype(self, x) -> str:
+        """Canonical dtype name of an own array (``"float32"``...)."""
+        return dtype_name(x.dtype)
+
+    def device(self, x):
+        """The device object of an own array, as the namespace's creation functions take it."""
+        from array_api_compat import device
+
+        return device(x)
+
+    def cast(self, x, dtype: str):
+        """``x`` converted to the dtype named ``dtype``."""
+        xp = self.namespace()
+        return xp.astype(x, getattr(xp, dtype))
+
+    def zeros_like(self, x):
+        return self.namespace().zeros_like(x)
+
+    def stop_gradient(self, x):
+        """``x`` detached from any transform (used for ``aux`` values)."""
+        return x
+
+    # ------------------------------------------------------------------ optional
+    def vmap(self, f, in_axes: Sequence[int | None], out_axes: int = 0, chunk_size=None):
+        """Map flat ``f`` over axis ``in_axes[k]`` of argument ``k`` (None: not mapped).
+
+        Generic default: a Python loop over the mapped axis, stacked on
+        ``out_axes``. Backends with a vectorising map override it.
+        """
+        xp = self.namespace()
+
+        def mapped(*args):
+            sizes = {self.shape(a)[ax] for a, ax in zip(args, in_axes) if ax is not None}
+            if len(sizes) != 1:
+                raise ValueError(f"vmap: mapped axes must all have one size; got sizes {sorted(sizes)}")
+            (size,) = sizes
+            rows = []
+            for i in range(size):
+                row_args = [a if ax is None else _take(xp, a, i, ax) for a, ax in zip(args, in_axes)]
+                rows.append(f(*row_args))
+            if size == 0:
+                raise ValueError("vmap: the generic (looping) vmap cannot map over an axis of size 0")
+            return tuple(xp.stack([r[k] for r in rows], axis=out_axes) for k in range(len(rows[0])))
+
+        return mapped
+
+    def jacrev(self, f, primals, *, chunk_size=None, has_aux=False):
+        """Reverse-mode Jacobian: returns ``(outputs, jac, aux)``.
+
+        Generic default: one VJP, pulled back over the identity basis of the
+        outputs -- vectorised with ``vmap`` when the backend has one, in
+        chunks of ``chunk_size`` rows.
+        """
+        outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
+        rows = self._pull_basis(vjp_fn, outputs, chunk_size)  # per primal: (n_out, *primal.shape)
+        jac = self._split_rows(rows, outputs, primals, rows_are_outputs=True)
+        return outputs, jac, aux
+
+    def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
+        """Forward-mode Jacobian: returns ``(outputs, jac, aux)``; pushes the input basis through ``jvp``."""
+        xp = self.namespace()
+        sizes = [math.prod(self.shape(p)) for p in primals]
+        n_in = sum(sizes)
+        outputs = aux = None
+        columns = None  # per output: list of (chunk, *out.shape)
+        for start, stop in _chunks(n_in, chunk_size):
+            basis = self._basis(primals, start, stop)  # per primal: (chunk, *primal.shape)
+            if self.capabilities.vmap:
+                push = self.vmap(lambda *t: self.jvp(f, primals, t)[1], [0] * len(primals))
+                outs_t = push(*basis)
+            else:
+                per_row = [self.jvp(f, primals, tuple(b[r] for b in basis))[1] for r in range(stop - start)]
+                outs_t = tuple(xp.stack([row[i] for row in per_row]) for i in range(len(per_row[0]))) if per_row else None
+            if outputs is None:
+                outputs, _, aux = self.jvp(f, primals, tuple(self.zeros_like(p) for p in primals), has_aux=has_aux)
+            if outs_t is None:
+                continue
+            if columns is None:
+                columns = [[] for _ in outputs]
+            for i, t in enumerate(outs_t):
+                columns[i].append(t)
+        if outputs is None:  # no inputs at all (every primal has size 0)
+            outputs, _, aux = self.jvp(f, primals, tuple(self.zeros_like(p) for p in primals), has_aux=has_aux)
+        cols = []
+        for i, out in enumerate(outputs):
+            if columns is None:
+                cols.append(xp.zeros((0, *self.shape(out)), dtype=out.dtype, device=self.device(out)))
+            else:
+                cols.append(xp.concat(columns[i], axis=0) if len(columns[i]) > 1 else columns[i][0])
+        jac = self._split_rows(cols, primals, outputs, rows_are_outputs=False)
+        return outputs, jac, aux
+
+    def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
+        """Per-example Jacobians of ``f`` mapping a batch to a batch, rows independent.
+
+        Returns ``(outputs, jac, aux)`` with ``jac[i][j]`` of shape
+        ``(B, *out_i.shape[1:], *primal_j.shape[1:])``. Generic default: the
+        sum trick -- for independent rows, pulling back the k-th unit cotangent
+        *of every example at once* gives all B rows k in one VJP (reverse), or
+        pushing forward the k-th unit tangent of every example gives all
+        columns k in one JVP (forward). The work loops (or vmaps) over the
+        per-example size, never over B.
+        """
+        xp = self.namespace()
+        if mode == "fwd":
+            outputs, _, aux = self.jvp(f, primals, tuple(self.zeros_like(p) for p in primals), has_aux=has_aux)
+            per = [self._example_basis(p) for p in primals]  # (n_j, *primal.shape)
+            jac = [[None] * len(primals) for _ in outputs]
+            for j, basis in enumerate(per):
+                n_j = self.shape(basis)[0]
+                tangents_j = lambda t, j=j: tuple(t if k == j else self.zeros_like(p) for k, p in enumerate(primals))
+                pushed = self._map_rows(lambda t: self.jvp(f, primals, tangents_j(t))[1], basis, n_j, chunk_size,
+                                        [(self.shape(o), o.dtype, self.device(o)) for o in outputs])
+                for i, out in enumerate(outputs):
+                    # pushed[i]: (n_j, B, *out[1:]) -> (B, *out[1:], *in_j[1:])
+                    t = pushed[i]
+                    out_tail, in_tail = self.shape(out)[1:], self.shape(primals[j])[1:]
+                    t = xp.reshape(t, (n_j, self.shape(out)[0], math.prod(out_tail)))
+                    t = xp.permute_dims(t, (1, 2, 0))
+                    jac[i][j] = xp.reshape(t, (self.shape(out)[0], *out_tail, *in_tail))
+            return outputs, tuple(tuple(r) for r in jac), aux
+        outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
+        jac = [[None] * len(primals) for _ in outputs]
+        for i, out in enumerate(outputs):
+            basis = self._example_basis(out)  # (m_i, *out.shape)
+            m_i = self.shape(basis)[0]
+            cot = lambda g, i=i: tuple(g if k == i else self.zeros_like(o) for k, o in enumerate(outputs))
+            pulled = self._map_rows(lambda g: vjp_fn(cot(g)), basis, m_i, chunk_size,
+                                    [(self.shape(p), p.dtype, self.device(p)) for p in primals])
+            for j, p in enumerate(primals):
+                g = pulled[j]  # (m_i, B, *in_j[1:])
+                out_tail, in_tail = self.shape(out)[1:], self.shape(p)[1:]
+                g = xp.permute_dims(g, (1, 0, *range(2, 2 + len(in_tail))))
+                jac[i][j] = xp.reshape(g, (self.shape(out)[0], *out_tail, *in_tail))
+        return outputs, tuple(tuple(r) for r in jac), aux
+
+    def hessian(self, f, primals, *, chunk_size=None):
+        """Hessian of a scalar-output flat ``f``: ``jac[j][k]`` of shape ``primal_j.shape + primal_k.shape``.
+
+        Generic default: forward-over-reverse, ``jacfwd(jacrev(f))``.
+        """
+
+        def gradient(*p):
+            _, jac, _ = self.jacrev(f, p)
+            return tuple(jac[0])
+
+        _, jac, _ = self.jacfwd(gradient, primals, chunk_size=chunk_size)
+        return jac
+
+    def hvp(self, f, primals, tangents):
+        """Hessian-vector product of a scalar-output flat ``f`` (forward over reverse): one per primal."""
+
+        def gradient(*p):
+            outputs, vjp_fn, _ = self.vjp(f, p)
+            return tuple(vjp_fn((self.namespace().ones_like(outputs[0]),)))
+
+        _, hv, _ = self.jvp(gradient, primals, tangents)
+        return hv
+
+    def compile(self, fn: Callable) -> Callable:
+        """A compiled version of ``fn`` (same signature); the default compiles nothing."""
+        return fn
+
+    # ------------------------------------------------------------------ internals
+    def _basis(self, arrays, start, stop):
+        """Rows ``start:stop`` of the identity over the concatenated, flattened ``arrays``.
+
+        Returns one array per input, shaped ``(stop - start, *array.shape)``.
+        """
+        xp = self.namespace()
+        n = stop - start
+        out, offset = [], 0
+        for a in arrays:
+            shape = self.shape(a)
+            size = math.prod(shape)
+            # row r is global index start + r; column c is offset + c: ones where c = r + start - offset
+            block = xp.eye(n, size, k=start - offset, dtype=a.dtype, device=self.device(a))
+            out.append(xp.reshape(block, (n, *shape)))
+            offset += size
+        return tuple(out)
+
+    def _example_basis(self, x):
+        """``(m, *x.shape)``: the m = prod(x.shape[1:]) unit vectors of one example, repeated over the batch."""
+        xp = self.namespace()
+        shape = self.shape(x)
+        m = math.prod(shape[1:])
+        eye = xp.eye(m, dtype=x.dtype, device=self.device(x))  # (m, m)
+        eye = xp.reshape(eye, (m, 1, m))
+        eye = xp.broadcast_to(eye, (m, shape[0], m))
+        return xp.reshape(eye, (m, *shape))
+
+    def _map_rows(self, fn, rows, n, chunk_size, out_specs):
+        """Apply ``fn`` (one array in, tuple out) to each of the ``n`` leading rows of ``rows``, stacked."""
+        xp = self.namespace()
+        if n == 0:
+            return tuple(xp.zeros((0, *s), dtype=d, device=dev) for s, d, dev in out_specs)
+        pieces = []
+        for start, stop in _chunks(n, chunk_size):
+            block = rows[start:stop]
+            if self.capabilities.vmap:
+                pieces.append(self.vmap(fn, [0])(block))
+            else:
+                results = [fn(block[r]) for r in range(stop - start)]
+                pieces.append(tuple(xp.stack([r[k] for r in results]) for k in range(len(out_specs))))
+        if len(pieces) == 1:
+            return pieces[0]
+        return tuple(xp.concat([p[k] for p in pieces], axis=0) for k in range(len(out_specs)))
+
+    def _pull_basis(self, vjp_fn, outputs, chunk_size):
+        xp = self.namespace()
+        n_out = sum(math.prod(self.shape(o)) for o in outputs)
+        pieces = []
+        for start, stop in _chunks(n_out, chunk_size):
+            basis = self._basis(outputs, start, stop)
+            if self.capabilities.vmap:
+                pieces.append(self.vmap(lambda *g: tuple(vjp_fn(g)), [0] * len(outputs))(*basis))
+            else:
+                per_row = [vjp_fn(tuple(b[r] for b in basis)) for r in range(stop - start)]
+                pieces.append(tuple(xp.stack([row[j] for row in per_row]) for j in range(len(per_row[0]))))
+        return pieces
+
+    def _split_rows(self, rows, row_owners, col_owners, rows_are_outputs):
+        """Turn stacked basis results into ``jac[i_out][j_in]`` blocks of shape out.shape + in.shape."""
+        xp = self.namespace()
+        if rows_are_outputs:
+            # rows: list of chunks; each chunk is a tuple over primals (cols) of (chunk, *primal.shape)
+            outputs, primals = row_owners, col_owners
+            if rows:
+                per_primal = [xp.concat([c[j] for c in rows], axis=0) if len(rows) > 1 else rows[0][j]
+                              for j in range(len(primals))]
+            else:
+                per_primal = [xp.zeros((0, *self.shape(p)), dtype=p.dtype, device=self.device(p)) for p in primals]
+            jac, offset = [], 0
+            for out in outputs:
+                oshape = self.shape(out)
+                size = math.prod(oshape)
+                jac.append(tuple(xp.reshape(per_primal[j][offset:offset + size], (*oshape, *self.shape(p)))
+                                 for j, p in enumerate(primals)))
+                offset += size
+            return tuple(jac)
+        # forward: rows: per output, (n_in, *out.shape); split n_in over primals, move to the end
+        cols_per_output, primals, outputs = rows, row_owners, col_owners
+        jac = []
+        for i, out in enumerate(outputs):
+            oshape = self.shape(out)
+            t = xp.reshape(cols_per_output[i], (-1, math.prod(oshape)))
+            t = xp.permute_dims(t, (1, 0))  # (out_size, n_in)
+            blocks, offset = [], 0
+            for p in primals:
+                pshape = self.shape(p)
+                size = math.prod(pshape)
+                blocks.append(xp.reshape(t[:, offset:offset + size], (*oshape, *pshape)))
+                offset += size
+            jac.append(tuple(blocks))
+        return tuple(jac)
+
+
+def _chunks(n: int, chunk_size: int | None):
+    if chunk_size is None or chunk_size >= n:
+        return [(0, n)] if n else []
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer or None; got {chunk_size!r}")
+    return [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
+
+
+def _take(xp, a, i, axis):
+    index = [slice(None)] * len(a.shape)
+    index[axis] = i
+    return a[tuple(index)]

@@ -1,0 +1,176 @@
+"""The NumPy reference tape: unigrad's embedded default backend (``numpy``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backend import Backend, Capabilities, _chunks
+from . import _core
+from . import _namespace as namespace_module
+from ._core import Tracer, backward, push, record
+
+__all__ = ["NumpyBackend"]
+
+# Bound on the elements of all batched intermediates of one sweep when no chunk_size is given.
+_SWEEP_BUDGET = 2 ** 26
+
+
+class NumpyBackend(Backend):
+    """Reverse and forward mode over NumPy, nestable to any order, Jacobians as batched sweeps."""
+
+    name = "numpy"
+    array_modules = ("unigrad",)  # the tape's traced values; plain NumPy arrays are the default anyway
+    capabilities = Capabilities(forward_mode=True, vmap=False, compile=False, higher_order=True,
+                                complex=True, float64=True)
+
+    def namespace(self):
+        return namespace_module
+
+    def version(self):
+        return np.__version__
+
+    def asarray(self, x, dtype=None, device=None):
+        if device not in (None, "cpu") and str(device) != "cpu":
+            raise ValueError(f"the numpy backend has only the 'cpu' device; got device={device!r}")
+        if isinstance(x, Tracer):
+            return x if dtype is None else namespace_module.astype(x, dtype)
+        return np.asarray(x, dtype=dtype)
+
+    def to_numpy(self, x):
+        if isinstance(x, Tracer):
+            x = x.primal_value()
+        return np.asarray(x)
+
+    def is_array(self, x):
+        return isinstance(x, (np.ndarray, Tracer))
+
+    def devices(self):
+        return ("cpu",)
+
+    def device(self, x):
+        return "cpu"
+
+    def dtype(self, x):
+        return np.dtype(x.dtype).name
+
+    def shape(self, x):
+        return tuple(x.shape)
+
+    def cast(self, x, dtype):
+        return namespace_module.astype(x, np.dtype(dtype))
+
+    def zeros_like(self, x):
+        return np.zeros(x.shape, dtype=x.dtype)
+
+    def stop_gradient(self, x):
+        return x.primal_value() if isinstance(x, Tracer) else x
+
+    # ---------------------------------------------------------------- the two required transforms
+    def vjp(self, f, primals, *, has_aux=False):
+        trace, outs, out_idx, aux = record(f, primals, has_aux)
+        n = len(primals)
+
+        def vjp_fn(cotangents):
+            return backward(trace, out_idx, cotangents, n, primals)
+
+        return outs, vjp_fn, (aux if has_aux else None)
+
+    def jvp(self, f, primals, tangents, *, has_aux=False):
+        outs, tans, aux = push(f, primals, tangents, has_aux)
+        return outs, tans, (aux if has_aux else None)
+
+    # ---------------------------------------------------------------- batched sweeps
+    def _chunk(self, chunk_size, n_rows, trace_elems):
+        if chunk_size is not None:
+            return chunk_size
+        return max(1, min(n_rows, _SWEEP_BUDGET // max(1, trace_elems)))
+
+    def jacrev(self, f, primals, *, chunk_size=None, has_aux=False):
+        trace, outs, out_idx, aux = record(f, primals, has_aux)
+        n_out = sum(math.prod(np.shape(o)) for o in outs)
+        chunk = self._chunk(chunk_size, n_out, _tape_elements(trace) + sum(math.prod(np.shape(p)) for p in primals))
+        pieces = []
+        for start, stop in _chunks(n_out, chunk):
+            basis = self._basis(outs, start, stop)
+            pieces.append(backward(trace, out_idx, basis, len(primals), primals, batch_shape=(stop - start,)))
+        jac = self._split_rows(pieces, outs, primals, rows_are_outputs=True)
+        return outs, jac, (aux if has_aux else None)
+
+    def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
+        n_in = sum(math.prod(np.shape(p)) for p in primals)
+        chunk = chunk_size or max(1, min(n_in, _SWEEP_BUDGET // max(1, 64 * n_in)))
+        outs = aux = None
+        columns = None
+        for start, stop in _chunks(n_in, chunk):
+            basis = self._basis(primals, start, stop)
+            outs, tans, aux = push(f, primals, basis, has_aux, batch_shape=(stop - start,))
+            if columns is None:
+                columns = [[] for _ in outs]
+            for i, t in enumerate(tans):
+                columns[i].append(t)
+        if outs is None:
+            outs, _, aux = push(f, primals, tuple(np.zeros((0, *np.shape(p)), p.dtype) for p in primals), has_aux,
+                                batch_shape=(0,))
+            columns = [[np.zeros((0, *np.shape(o)), dtype=o.dtype)] for o in outs]
+        cols = [namespace_module.concat(c, axis=0) if len(c) > 1 else c[0] for c in columns]
+        jac = self._split_rows(cols, primals, outs, rows_are_outputs=False)
+        return outs, jac, (aux if has_aux else None)
+
+    def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
+        xp = namespace_module
+        if mode == "fwd":
+            outs = aux = None
+            jac_cols = []  # per primal j: per output i: (B, *out[1:], *in_j[1:])
+            for j, p in enumerate(primals):
+                basis = self._example_basis(p)  # (n_j, *p.shape)
+                n_j = basis.shape[0]
+                pieces = []
+                for start, stop in _chunks(n_j, chunk_size):
+                    tangents = tuple(basis[start:stop] if k == j else
+                                     np.zeros((stop - start, *np.shape(q)), dtype=q.dtype)
+                                     for k, q in enumerate(primals))
+                    outs, tans, aux = push(f, primals, tangents, has_aux, batch_shape=(stop - start,))
+                    pieces.append(tans)
+                if outs is None:
+                    outs, _, aux = push(f, primals, tuple(np.zeros((0, *np.shape(q)), q.dtype) for q in primals),
+                                        has_aux, batch_shape=(0,))
+                    pieces = [tuple(np.zeros((0, *np.shape(o)), o.dtype) for o in outs)]
+                blocks = []
+                for i, o in enumerate(outs):
+                    t = xp.concat([pc[i] for pc in pieces], axis=0) if len(pieces) > 1 else pieces[0][i]
+                    out_tail, in_tail = o.shape[1:], p.shape[1:]
+                    t = xp.reshape(t, (n_j, o.shape[0], math.prod(out_tail)))
+                    t = xp.permute_dims(t, (1, 2, 0))
+                    blocks.append(xp.reshape(t, (o.shape[0], *out_tail, *in_tail)))
+                jac_cols.append(blocks)
+            jac = tuple(tuple(jac_cols[j][i] for j in range(len(primals))) for i in range(len(outs)))
+            return outs, jac, (aux if has_aux else None)
+        trace, outs, out_idx, aux = record(f, primals, has_aux)
+        jac = []
+        for i, o in enumerate(outs):
+            basis = self._example_basis(o)  # (m_i, *o.shape)
+            m_i = basis.shape[0]
+            pieces = []
+            for start, stop in _chunks(m_i, chunk_size):
+                cts = tuple(basis[start:stop] if k == i else np.zeros((stop - start, *np.shape(q)), dtype=q.dtype)
+                            for k, q in enumerate(outs))
+                pieces.append(backward(trace, out_idx, cts, len(primals), primals, batch_shape=(stop - start,)))
+            row = []
+            for j, p in enumerate(primals):
+                g = xp.concat([pc[j] for pc in pieces], axis=0) if len(pieces) > 1 else (
+                    pieces[0][j] if pieces else np.zeros((0, *np.shape(p)), p.dtype))
+                in_tail = p.shape[1:]
+                g = xp.permute_dims(g, (1, 0, *range(2, 2 + len(in_tail))))
+                row.append(xp.reshape(g, (o.shape[0], *o.shape[1:], *in_tail)))
+            jac.append(tuple(row))
+        return outs, tuple(jac), (aux if has_aux else None)
+
+
+def _tape_elements(trace):
+    total = 0
+    for entry in trace.tape:
+        if entry is not None:
+            total += math.prod(_core._shape(entry[3]))
+    return total

@@ -1,0 +1,391 @@
+"""The tape's engine: traces, tracers, ``bind`` and the forward and backward sweeps.
+
+How it works, in one page:
+
+* A transform opens a *trace* one level above the current depth (a contextvar,
+  so threads and async tasks never see each other's traces, and the depth is
+  restored when ``f`` raises). Its inputs are wrapped in tracers of that trace.
+* Every operation is a :class:`Primitive`. ``bind`` finds the highest-level
+  tracer among the arguments and lets that trace process the call; the trace
+  unwraps its own tracers and binds again one level down, so traces nest to any
+  depth and in any mix of forward and reverse.
+* A reverse trace appends each traced call to its tape (a list, in execution
+  order, which is a topological order); the backward sweep walks it once from
+  the end -- iteratively, no recursion limit.
+* A forward trace carries a tangent beside each value and applies the JVP rules
+  as it goes.
+* Rules are written with the traced operations themselves, so the backward
+  sweep can be traced again (hessians, hvps, third derivatives).
+* Batches: a cotangent (or tangent) may carry extra *leading* axes -- a batch
+  of basis vectors. That is how a Jacobian is one sweep rather than a loop over
+  rows. Rules stay batch-agnostic because every axis parameter is stored as a
+  negative number (counted from the end), and broadcasting is undone (reverse)
+  or aligned (forward) here, centrally, for primitives flagged ``broadcasts``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+
+import numpy as np
+
+_depth: contextvars.ContextVar[int] = contextvars.ContextVar("unigrad_tape_depth", default=0)
+_trace_ids = itertools.count(1)
+
+
+class LeakedTracerError(RuntimeError):
+    """A traced value escaped the transform that created it and was used later."""
+
+
+class Primitive:
+    """One operation of the tape: its NumPy implementation and its derivative rules.
+
+    ``vjps[i](g, ans, *args, **params)`` is the cotangent of argument i;
+    ``jvps[i](t, ans, *args, **params)`` the tangent contribution of argument i.
+    ``None`` as a rule means a zero derivative; ``vjps=None`` marks a
+    primitive whose outputs are not differentiable (comparisons, argmax...).
+    ``jvp_joint(tangents, ans, *args, **params)`` replaces the per-argument JVP
+    rules where one formula is simpler (tangents hold None for constants).
+    """
+
+    __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "__weakref__")
+
+    def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False):
+        self.name, self.impl = name, impl
+        self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
+
+    def __call__(self, *args, **params):
+        return bind(self, args, params)
+
+    def __repr__(self):
+        return f"<primitive {self.name}>"
+
+
+def bind(prim: Primitive, args, params):
+    top = None
+    for a in args:
+        if isinstance(a, Tracer):
+            tr = a.trace
+            if top is None or tr.level > top.level:
+                top = tr
+    if top is None:
+        return prim.impl(*args, **params)
+    return top.process(prim, args, params)
+
+
+class Trace:
+    __slots__ = ("level", "active", "id")
+
+    def __init__(self):
+        self.level = _depth.get() + 1
+        self.active = True
+        self.id = next(_trace_ids)
+
+    def _leaked(self, prim):
+        raise LeakedTracerError(
+            f"a traced value from a finished unigrad transform was passed to {prim.name}: values computed "
+            f"inside f must not be kept and reused after the transform returns (return them instead)")
+
+
+class ReverseTrace(Trace):
+    __slots__ = ("tape",)
+
+    def __init__(self):
+        super().__init__()
+        self.tape = []  # entries: None for an input, else (prim, parents, args, ans, params)
+
+    def new_input(self, value):
+        self.tape.append(None)
+        return RTracer(self, value, len(self.tape) - 1)
+
+    def process(self, prim, args, params):
+        if not self.active:
+            self._leaked(prim)
+        vals, parents = [], []
+        for i, a in enumerate(args):
+            if isinstance(a, Tracer) and a.trace.level == self.level:
+                if a.trace is not self:
+                    a.trace._leaked(prim)
+                vals.append(a.value)
+                parents.append((i, a.index))
+            else:
+                vals.append(a)
+        ans = bind(prim, vals, params)
+        if prim.vjps is None:
+            return ans
+        parents = [(i, j) for i, j in parents if prim.vjps[i] is not None]
+        if not parents:
+            return ans
+        tape = self.tape
+        tape.append((prim, parents, vals, ans, params))
+        return RTracer(self, ans, len(tape) - 1)
+
+
+class ForwardTrace(Trace):
+    __slots__ = ("batch_shape",)
+
+    def __init__(self, batch_shape=()):
+        super().__init__()
+        self.batch_shape = batch_shape
+
+    def process(self, prim, args, params):
+        if not self.active:
+            self._leaked(prim)
+        vals, tans = [], []
+        for a in args:
+            if isinstance(a, Tracer) and a.trace.level == self.level:
+                if a.trace is not self:
+                    a.trace._leaked(prim)
+                vals.append(a.value)
+                tans.append(a.tangent)
+            else:
+                vals.append(a)
+                tans.append(None)
+        ans = bind(prim, vals, params)
+        if prim.vjps is None:
+            return ans
+        if prim.jvp_joint is not None:
+            t_out = prim.jvp_joint(tans, ans, *vals, **params)
+        else:
+            t_out = None
+            for i, t in enumerate(tans):
+                if t is None:
+                    continue
+                rule = prim.jvps[i]
+                if rule is None:
+                    continue
+                if prim.broadcasts:
+                    t = _align(t, vals[i], ans)
+                c = rule(t, ans, *vals, **params)
+                t_out = c if t_out is None else t_out + c
+        if t_out is None:
+            return ans
+        want = tuple(self.batch_shape) + tuple(np.shape(ans) if not isinstance(ans, Tracer) else ans.shape)
+        if tuple(t_out.shape) != want:
+            t_out = broadcast_to(t_out, want)
+        return FTracer(self, ans, t_out)
+
+
+def _align(t, x, ans):
+    """Reshape a batched tangent of ``x`` so it broadcasts against ``ans``: (*batch, 1.., *x.shape)."""
+    xnd, and_ = np.ndim(x) if not isinstance(x, Tracer) else x.ndim, _ndim(ans)
+    if and_ <= xnd:
+        return t
+    nb = t.ndim - xnd
+    shape = tuple(t.shape)
+    return reshape(t, shape[:nb] + (1,) * (and_ - xnd) + shape[nb:])
+
+
+def _ndim(x):
+    return x.ndim if isinstance(x, Tracer) else np.ndim(x)
+
+
+def _shape(x):
+    return tuple(x.shape) if isinstance(x, Tracer) else np.shape(x)
+
+
+def unbroadcast(c, shape, nb):
+    """Sum a batched cotangent ``c`` (``nb`` leading batch axes) down to ``(*batch, *shape)``."""
+    cshape = _shape(c)
+    if cshape[nb:] == tuple(shape):
+        return c
+    lead = len(cshape) - nb - len(shape)
+    nd = len(cshape)
+    axes = [nb + k - nd for k in range(lead)]
+    axes += [nb + lead + k - nd for k, s in enumerate(shape) if s == 1 and cshape[nb + lead + k] != 1]
+    if axes:
+        c = reduce_sum(c, axis=tuple(axes), keepdims=True)
+    return reshape(c, cshape[:nb] + tuple(shape))
+
+
+class Tracer:
+    """A value being traced by one trace. Behaves like an array (operators, shape, dtype, .T)."""
+
+    __slots__ = ("trace", "value")
+    __array_ufunc__ = None  # make NumPy defer to our reflected operators
+    __array_priority__ = 1000
+
+    @property
+    def shape(self):
+        v = self.value
+        return v.shape if isinstance(v, Tracer) else np.shape(v)
+
+    @property
+    def dtype(self):
+        v = self.value
+        return v.dtype if isinstance(v, Tracer) else np.result_type(v)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def device(self):
+        return "cpu"
+
+    def __len__(self):
+        s = self.shape
+        if not s:
+            raise TypeError("len() of a 0-d traced array")
+        return s[0]
+
+    def primal_value(self):
+        """The concrete NumPy value under every level of tracing."""
+        v = self.value
+        while isinstance(v, Tracer):
+            v = v.value
+        return v
+
+    def __bool__(self):
+        return bool(self.primal_value())
+
+    def __float__(self):
+        return float(self.primal_value())
+
+    def __int__(self):
+        return int(self.primal_value())
+
+    def __complex__(self):
+        return complex(self.primal_value())
+
+    def __index__(self):
+        return int(self.primal_value())
+
+    def __repr__(self):
+        return f"Traced<{type(self).__name__} level={self.trace.level}>({self.primal_value()!r})"
+
+    def __hash__(self):
+        return id(self)
+
+    def __array_namespace__(self, api_version=None):
+        from . import _namespace
+        return _namespace
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "a traced array cannot be converted to a NumPy array inside a unigrad transform (that would drop "
+            "its derivative); use unigrad.namespace(x) functions instead of np.* on traced values")
+
+
+class RTracer(Tracer):
+    __slots__ = ("index",)
+
+    def __init__(self, trace, value, index):
+        self.trace, self.value, self.index = trace, value, index
+
+
+class FTracer(Tracer):
+    __slots__ = ("tangent",)
+
+    def __init__(self, trace, value, tangent):
+        self.trace, self.value, self.tangent = trace, value, tangent
+
+
+def zeros(shape, dtype):
+    return np.zeros(shape, dtype=dtype)
+
+
+def _lower(x, trace):
+    """The value of ``x`` one level below ``trace`` (x itself if it is not traced by it)."""
+    if isinstance(x, Tracer) and x.trace is trace:
+        return x.value
+    return x
+
+
+# ------------------------------------------------------------------------------- reverse sweep
+
+def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_values, batch_shape=()):
+    """Pull ``cotangents`` (each with ``batch_shape`` leading axes) back to the first ``n_inputs`` tape entries."""
+    tape = trace.tape
+    cts = {}
+    for idx, g in zip(out_indices, cotangents):
+        if idx is None:
+            continue
+        old = cts.get(idx)
+        cts[idx] = g if old is None else old + g
+    nb = len(batch_shape)
+    start = max((i for i in out_indices if i is not None), default=-1)
+    for idx in range(start, n_inputs - 1, -1):
+        g = cts.pop(idx, None)
+        if g is None:
+            continue
+        prim, parents, vals, ans, params = tape[idx]
+        vjps = prim.vjps
+        for i, pidx in parents:
+            c = vjps[i](g, ans, *vals, **params)
+            if prim.broadcasts:
+                c = _real_like(unbroadcast(c, _shape(vals[i]), nb), vals[i])
+            old = cts.get(pidx)
+            cts[pidx] = c if old is None else old + c
+    grads = []
+    for i in range(n_inputs):
+        g = cts.get(i)
+        if g is None:
+            v = input_values[i]
+            g = np.zeros(tuple(batch_shape) + _shape(v), dtype=v.dtype)
+        grads.append(g)
+    return tuple(grads)
+
+
+def record(f, primals, has_aux):
+    """Run ``f`` under a new reverse trace. Returns (trace, out_values, out_indices, aux)."""
+    trace = ReverseTrace()
+    token = _depth.set(trace.level)
+    try:
+        inputs = [trace.new_input(p) for p in primals]
+        result = f(*inputs)
+    finally:
+        _depth.reset(token)
+        trace.active = False
+    outs, aux = result if has_aux else (result, ())
+    out_values, out_indices = [], []
+    for o in outs:
+        if isinstance(o, RTracer) and o.trace is trace:
+            out_values.append(o.value)
+            out_indices.append(o.index)
+        else:
+            out_values.append(o)
+            out_indices.append(None)
+    aux = tuple(_strip(a, trace) for a in aux)
+    return trace, tuple(out_values), out_indices, aux
+
+
+def _strip(a, trace):
+    while isinstance(a, Tracer) and a.trace.level >= trace.level:
+        a = a.value
+    return a
+
+
+def push(f, primals, tangents, has_aux, batch_shape=()):
+    """Run ``f`` under a new forward trace. Returns (out_values, out_tangents, aux)."""
+    trace = ForwardTrace(batch_shape)
+    token = _depth.set(trace.level)
+    try:
+        inputs = [FTracer(trace, p, t) for p, t in zip(primals, tangents)]
+        result = f(*inputs)
+    finally:
+        _depth.reset(token)
+        trace.active = False
+    outs, aux = result if has_aux else (result, ())
+    values, tans = [], []
+    for o in outs:
+        if isinstance(o, FTracer) and o.trace is trace:
+            values.append(o.value)
+            tans.append(o.tangent)
+        else:
+            values.append(o)
+            tans.append(np.zeros(tuple(batch_shape) + _shape(o), dtype=o.dtype))
+    return tuple(values), tuple(tans), tuple(_strip(a, trace) for a in aux)
+
+
+# These two are used by the engine itself; the rule table defines them (import cycle broken at the end).
+from ._primitives import _real_like, broadcast_to, reduce_sum, reshape  # noqa: E402

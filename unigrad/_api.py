@@ -66,6 +66,12 @@ def _leaf_names(tree, prefix: str) -> list[str]:
     return [prefix + "".join(f"[{p!r}]" for p in path) for path in paths]
 
 
+def _arg_names(args_tuple, positions, word="argument") -> list[str]:
+    """Leaf names of a tuple of arguments: ``argument 0``, ``argument 1['w'][0]``..."""
+    paths, _, _ = optree.tree_flatten_with_path(tuple(args_tuple))
+    return [f"{word} {positions[p[0]]}" + "".join(f"[{q!r}]" for q in p[1:]) for p in paths]
+
+
 def _check_inexact(b: Backend, leaves, names_fn, fname: str, role: str):
     for k, x in enumerate(leaves):
         name = b.dtype(x)
@@ -138,10 +144,10 @@ class _Traced:
 
         def names_fn():
             if all_args:
-                return _leaf_names(diff, "primals")
+                return _arg_names(diff, argnums, "primal")
             if single:
                 return _leaf_names(diff, f"argument {argnums[0]}")
-            return [n.replace("argument (", "argument ", 1) for n in _leaf_names(diff, "argument")]
+            return _arg_names(diff, argnums)
         self.names_fn = names_fn
         leaves = []
         for k, x in enumerate(raw_leaves):

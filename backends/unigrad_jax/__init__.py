@@ -1,0 +1,1 @@
+"""unigrad's jax backend (being written)."""

@@ -1,0 +1,1 @@
+"""unigrad's tensorflow backend (being written)."""

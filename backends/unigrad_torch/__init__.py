@@ -1,0 +1,1 @@
+"""unigrad's torch backend (being written)."""

@@ -169,7 +169,11 @@ class _Traced:
             else:
                 for k, i in enumerate(positions):
                     call[i] = tree[k]
-            result = f(*call)
+            token = _registry.active_backend.set(b)
+            try:
+                result = f(*call)
+            finally:
+                _registry.active_backend.reset(token)
             if has_aux:
                 if not (isinstance(result, (tuple, list)) and len(result) == 2):
                     raise TypeError(f"{fname}: with has_aux=True the function must return a pair "
@@ -777,6 +781,10 @@ def namespace(*arrays):
       ...     xp = unigrad.namespace(w, x)
       ...     return xp.sum(xp.tanh(x @ w) ** 2)
     """
+    active = _registry.active_backend.get()
+    if active is not None and any(active.is_array(x) for x in arrays) and all(
+            active.is_array(x) or isinstance(x, _PY_SCALARS) for x in arrays):
+        return active.namespace()
     owner = None
     for x in arrays:
         name = _registry._array_owner(x)

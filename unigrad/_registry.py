@@ -28,6 +28,11 @@ _EXTRAS = {"torch": "unigrad[torch]", "jax": "unigrad[jax]", "tensorflow": "unig
 _context_backend: contextvars.ContextVar = contextvars.ContextVar("unigrad_use_backend", default=None)
 _default_backend: contextvars.ContextVar = contextvars.ContextVar("unigrad_set_backend", default=None)
 
+# The backend whose transform is running the user's function right now: ``namespace(x)`` inside f
+# answers with that backend's namespace (so a plugin sharing another backend's array types still
+# gets its own operations).
+active_backend: contextvars.ContextVar = contextvars.ContextVar("unigrad_active_backend", default=None)
+
 _lock = threading.RLock()
 _factories: dict[str, Callable[[], Backend]] = {}  # runtime registrations
 _entry_points: dict[str, metadata.EntryPoint] | None = None

@@ -1,0 +1,73 @@
+"""unigrad's pytest plugin: ``--unigrad-backends``, ``--unigrad-devices`` and a ``backend`` fixture.
+
+Registered through the ``pytest11`` entry point, so any project that installs
+unigrad can parametrise its tests over every installed backend::
+
+    def test_my_gradient(backend):
+        g = unigrad.grad(loss, backend=backend)(w)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("unigrad")
+    group.addoption("--unigrad-backends", default="all",
+                    help="comma-separated backend names for the `backend` fixture, or 'all' installed (default)")
+    group.addoption("--unigrad-devices", default="cpu",
+                    help="comma-separated devices for the `device` fixture: cpu, cuda, cuda:N, gpu, or 'all'")
+
+
+def _selected_backends(config):
+    from unigrad import backends as installed
+
+    wanted = config.getoption("--unigrad-backends")
+    report = installed()
+    if wanted == "all":
+        return [name for name, info in report.items() if info["available"]]
+    return [w.strip() for w in wanted.split(",") if w.strip()]
+
+
+def _selected_devices(config):
+    wanted = config.getoption("--unigrad-devices")
+    if wanted == "all":
+        return ["cpu", "cuda"]
+    return [w.strip() for w in wanted.split(",") if w.strip()]
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        names = _selected_backends(metafunc.config)
+        metafunc.parametrize("backend", names, ids=names, indirect=True)
+    if "device" in metafunc.fixturenames:
+        devices = _selected_devices(metafunc.config)
+        metafunc.parametrize("device", devices, ids=devices, indirect=True)
+
+
+@pytest.fixture
+def backend(request):
+    """A backend name; parametrised over ``--unigrad-backends``. Unavailable ones are skipped with the reason."""
+    import unigrad
+
+    name = request.param
+    try:
+        unigrad.get_backend(name)
+    except (ImportError, ValueError) as exc:
+        pytest.skip(f"backend {name!r} unavailable: {exc}")
+    return name
+
+
+@pytest.fixture
+def device(request):
+    """A device string; GPU devices are skipped cleanly where the backend under test has none."""
+    name = request.param
+    if name != "cpu" and "backend" in request.fixturenames:
+        import unigrad
+
+        b = unigrad.get_backend(request.getfixturevalue("backend"))
+        kinds = {d.split(":")[0] for d in b.devices()}
+        if not ({"cuda", "gpu"} & kinds):
+            pytest.skip(f"no GPU for backend {b.name!r}")
+    return name

@@ -123,24 +123,35 @@ def _normalize_argnums(argnums, nargs: int, fname: str):
     return single, tuple(out)
 
 
+_DYNAMIC = object()  # marks a non-differentiated leaf that is an array (an input of a compiled program)
+
+
 class _Traced:
-    """One call of a transform: the backend, the differentiated leaves and the flat function."""
+    """One call of a transform: the backend, the differentiated leaves and the flat function.
 
-    __slots__ = ("backend", "leaves", "treedef", "flat_f", "out_tree", "aux_tree", "fname", "names_fn")
+    Non-differentiated arguments are split into array leaves (``dynamic``: converted to the
+    backend, inputs of a compiled program) and everything else (``static``: kept as given,
+    part of a compiled program's cache key).
+    """
 
-    def __init__(self, f, args, argnums, has_aux, backend, fname, all_args=False):
-        self.fname = fname
+    __slots__ = ("backend", "leaves", "treedef", "flat_f", "out_tree", "aux_tree", "fname", "names_fn",
+                 "dynamic", "static", "other_tree", "_assemble", "has_aux", "batch")
+
+    def __init__(self, f, args, argnums, has_aux, backend, fname, all_args=False, device=None):
+        self.fname, self.has_aux, self.batch = fname, has_aux, None
         if all_args:  # vjp / jvp: every primal is differentiated
             single, argnums = False, tuple(range(len(args)))
             diff = tuple(args)
+            others = ()
         else:
             if not args:
                 raise TypeError(f"{fname}: the function must be called with at least one positional argument")
             single, argnums = _normalize_argnums(argnums, len(args), fname)
             diff = args[argnums[0]] if single else tuple(args[i] for i in argnums)
+            others = tuple(a for i, a in enumerate(args) if i not in argnums)
         raw_leaves, self.treedef = optree.tree_flatten(diff)
-        others = [a for i, a in enumerate(args) if i not in argnums]
-        b = self.backend = _registry.resolve(backend, raw_leaves + optree.tree_leaves(others))
+        other_leaves, self.other_tree = optree.tree_flatten(others, none_is_leaf=True)
+        b = self.backend = _registry.resolve(backend, raw_leaves + other_leaves if other_leaves else raw_leaves)
 
         def names_fn():
             if all_args:
@@ -151,24 +162,48 @@ class _Traced:
         self.names_fn = names_fn
         leaves = []
         for k, x in enumerate(raw_leaves):
-            leaves.append(_convert(b, x, names_fn()[k] if not b.is_array(x) else ""))
+            if not b.is_array(x):
+                x = _convert(b, x, names_fn()[k])
+            if device is not None:
+                x = b.asarray(x, device=device)
+            leaves.append(x)
         self.leaves = tuple(leaves)
         _check_inexact(b, self.leaves, names_fn, fname, "inputs")
-        rest = list(args)
-        for i in range(len(rest)):
-            if i not in argnums:
-                rest[i] = optree.tree_map(lambda v: _keep_or_convert(b, v), rest[i], none_is_leaf=True)
+        dynamic, static = [], []
+        for v in other_leaves:
+            v = _keep_or_convert(b, v)
+            if b.is_array(v):
+                dynamic.append(v if device is None else b.asarray(v, device=device))
+                static.append(_DYNAMIC)
+            else:
+                static.append(v)
+        self.dynamic, self.static = tuple(dynamic), tuple(static)
         self.out_tree = self.aux_tree = None
-        treedef, positions = self.treedef, argnums
+        n_args = len(args)
+
+        def assemble(diff_leaves, dynamic_leaves):
+            it = iter(dynamic_leaves)
+            rest = optree.tree_unflatten(self.other_tree, [next(it) if v is _DYNAMIC else v for v in self.static])
+            tree = optree.tree_unflatten(self.treedef, list(diff_leaves))
+            call, rest_it = [None] * n_args, iter(rest)
+            if single:
+                call[argnums[0]] = tree
+            else:
+                for k, i in enumerate(argnums):
+                    call[i] = tree[k]
+            for i in range(n_args):
+                if i not in argnums:
+                    call[i] = next(rest_it)
+            return call
+        self._assemble = assemble
+        self.flat_f = self.make_flat(f, self.dynamic)
+
+    def make_flat(self, f, dynamic_leaves):
+        """The flat function of the differentiated leaves, with the other arrays bound to ``dynamic_leaves``."""
+        b, fname, has_aux, assemble = self.backend, self.fname, self.has_aux, self._assemble
 
         def flat_f(*diff_leaves):
-            tree = optree.tree_unflatten(treedef, diff_leaves)
-            call = list(rest)
-            if single:
-                call[positions[0]] = tree
-            else:
-                for k, i in enumerate(positions):
-                    call[i] = tree[k]
+            call = assemble(diff_leaves, dynamic_leaves)
             token = _registry.active_backend.set(b)
             try:
                 result = f(*call)
@@ -183,12 +218,24 @@ class _Traced:
             if not out_leaves:
                 raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
             out_leaves = tuple(_check_output(b, o, k, fname, self) for k, o in enumerate(out_leaves))
+            if self.batch is not None:  # batched_jacobian: f must map a batch to a batch
+                _batch_size(b, out_leaves, self.output_names, fname, "output", expected=self.batch)
             if has_aux:
                 aux_leaves, self.aux_tree = optree.tree_flatten(aux)
                 return out_leaves, tuple(aux_leaves)
             return out_leaves
 
-        self.flat_f = flat_f
+        return flat_f
+
+    def static_key(self):
+        """What a compiled program depends on besides array shapes and dtypes (None: not hashable)."""
+        try:
+            key = (self.backend.name, self.treedef, self.other_tree, self.static, self.has_aux,
+                   tuple((self.backend.shape(x), self.backend.dtype(x)) for x in self.leaves + self.dynamic))
+            hash(key)
+            return key
+        except TypeError:
+            return None
 
     def output(self, leaves):
         return optree.tree_unflatten(self.out_tree, list(leaves))
@@ -205,6 +252,50 @@ class _Traced:
 
     def output_names(self):
         return _leaf_names(self.output(range(self.out_tree.num_leaves)), "output")
+
+
+class _Programs:
+    """Compiled programs of one transform, one per static signature (``compile=True``).
+
+    A program takes the differentiated leaves and the other array leaves and returns a flat tuple:
+    the outputs, the transform's result blocks and the aux leaves; the structures seen while
+    tracing are kept beside it to rebuild the user's pytrees.
+    """
+
+    def __init__(self, maxsize=32):
+        self.entries, self.maxsize = {}, maxsize
+
+    def run(self, f, t, kernel):
+        key = t.static_key()
+        entry = self.entries.get(key) if key is not None else None
+        if entry is None:
+            b, n = t.backend, len(t.leaves)
+            shapes = {}
+
+            def program(*arrays):
+                flat_f = t.make_flat(f, arrays[n:])
+                outs, blocks, aux = kernel(b, flat_f, arrays[:n])
+                shapes.update(out_tree=t.out_tree, aux_tree=t.aux_tree, n_out=len(outs), n_blocks=len(blocks))
+                return tuple(outs) + tuple(blocks) + tuple(aux or ())
+
+            entry = (b.compile(program), shapes)
+            if key is not None:
+                if len(self.entries) >= self.maxsize:
+                    self.entries.pop(next(iter(self.entries)))
+                self.entries[key] = entry
+        compiled, shapes = entry
+        flat = compiled(*t.leaves, *t.dynamic)
+        t.out_tree, t.aux_tree = shapes["out_tree"], shapes["aux_tree"]
+        n_out, n_blocks = shapes["n_out"], shapes["n_blocks"]
+        return flat[:n_out], flat[n_out:n_out + n_blocks], flat[n_out + n_blocks:]
+
+
+def _execute(f, t, kernel, programs):
+    """Run ``kernel(backend, flat_f, leaves) -> (outputs, flat result blocks, aux)``, compiled when asked."""
+    if programs is None:
+        outs, blocks, aux = kernel(t.backend, t.flat_f, t.leaves)
+        return outs, blocks, (aux or ())
+    return programs.run(f, t, kernel)
 
 
 def _check_output(b: Backend, o, k, fname, traced):
@@ -315,7 +406,7 @@ def jvp(f: Callable, primals, tangents, has_aux: bool = False, backend=None):
 # grad / value_and_grad
 # ---------------------------------------------------------------------------------------------
 
-def _scalar_check(b, t, outputs, fname):
+def _scalar_check(b, outputs, fname):
     if len(outputs) != 1 or b.shape(outputs[0]) != ():
         shapes = [b.shape(o) for o in outputs]
         raise TypeError(f"{fname} requires a function with one scalar (shape ()) output; got "
@@ -326,7 +417,14 @@ def _scalar_check(b, t, outputs, fname):
                         f"Use vjp with an explicit cotangent for complex outputs")
 
 
-def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None) -> Callable:
+def _grad_kernel(b, flat_f, leaves, has_aux):
+    outputs, vjp_flat, aux = b.vjp(flat_f, leaves, has_aux=has_aux)
+    _scalar_check(b, outputs, "grad")
+    return outputs, tuple(vjp_flat((b.namespace().ones_like(outputs[0]),))), aux
+
+
+def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile: bool = False,
+                   device=None) -> Callable:
     """A function returning ``(f(*args), gradient)`` of a scalar-valued ``f``.
 
     Args:
@@ -334,6 +432,9 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None) 
       argnums: int or tuple of ints: which positional arguments to differentiate.
       has_aux: return ``((value, aux), gradient)``.
       backend: backend name or object.
+      compile: run the whole transform as one compiled program (``jax.jit``, ``tf.function``...),
+        built once per static signature (argument structure, non-array arguments, shapes, dtypes).
+      device: place the inputs on this device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"gpu"``).
 
     Returns:
       A function of the same arguments; the gradient has the structure of
@@ -343,22 +444,25 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None) 
       >>> unigrad.value_and_grad(lambda x: (x ** 2).sum())(np.arange(3.0))
       (array(5.), array([0., 2., 4.]))
     """
+    programs = _Programs() if compile else None
+
+    def kernel(b, flat_f, leaves):
+        return _grad_kernel(b, flat_f, leaves, has_aux)
 
     def value_and_grad_f(*args, **kwargs):
         g = f if not kwargs else (lambda *a: f(*a, **kwargs))
-        t = _Traced(g, args, argnums, has_aux, backend, "grad")
-        b = t.backend
-        outputs, vjp_flat, aux = b.vjp(t.flat_f, t.leaves, has_aux=has_aux)
-        _scalar_check(b, t, outputs, "grad")
-        grads = t.inputs_like(vjp_flat((b.namespace().ones_like(outputs[0]),)))
+        t = _Traced(g, args, argnums, has_aux, backend, "grad", device=device)
+        outputs, grads, aux = _execute(g, t, kernel, programs if not kwargs else None)
         value = t.output(outputs)
+        grads = t.inputs_like(grads)
         return ((value, t.aux(aux)), grads) if has_aux else (value, grads)
 
     _wraps(value_and_grad_f, f, "value_and_grad")
     return value_and_grad_f
 
 
-def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None) -> Callable:
+def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile: bool = False,
+         device=None) -> Callable:
     """The gradient of a scalar-valued ``f`` (reverse mode, one backward pass).
 
     Args:
@@ -366,12 +470,14 @@ def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None) -> Callabl
       argnums: int or tuple of ints.
       has_aux: return ``(gradient, aux)``.
       backend: backend name or object.
+      compile: one compiled program per static signature (see :func:`value_and_grad`).
+      device: place the inputs on this device.
 
     Example:
       >>> unigrad.grad(lambda x: (x ** 2).sum())(np.arange(3.0))
       array([0., 2., 4.])
     """
-    vg = value_and_grad(f, argnums, has_aux, backend)
+    vg = value_and_grad(f, argnums, has_aux, backend, compile=compile, device=device)
 
     def grad_f(*args, **kwargs):
         (value, grads) = vg(*args, **kwargs)
@@ -399,42 +505,40 @@ def _check_chunk(chunk_size, fname):
         raise ValueError(f"{fname}: chunk_size must be a positive int or None; got {chunk_size!r}")
 
 
-def _signature(b, leaves, args):
-    try:
-        key = tuple((b.shape(x), b.dtype(x)) for x in leaves)
-        others = tuple(x if isinstance(x, (*_PY_SCALARS, str, type(None))) else
-                       (type(x).__name__, tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
-                       for x in optree.tree_leaves(args, none_is_leaf=True))
-        hash(others)
-        return key, others
-    except TypeError:
-        return None
-
-
 class _ModeCache:
-    """Output sizes per input signature, so ``mode="auto"`` evaluates ``f`` only on a new signature."""
+    """Output sizes per static signature, so ``mode="auto"`` evaluates ``f`` only on a new signature."""
 
     def __init__(self, maxsize=64):
         self.sizes, self.maxsize = {}, maxsize
 
-    def out_sizes(self, t, args, per_example):
+    def choose(self, t, per_example):
+        """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``."""
         b = t.backend
-        key = _signature(b, t.leaves, args)
-        if key is not None and key in self.sizes:
-            return self.sizes[key]
-        outputs = t.flat_f(*t.leaves)  # one plain forward evaluation
-        if isinstance(outputs, tuple) and len(outputs) == 2 and isinstance(outputs[0], tuple):
-            outputs = outputs[0]
-        sizes = tuple(math.prod(b.shape(o)[1:] if per_example else b.shape(o)) for o in outputs)
-        if key is not None:
-            if len(self.sizes) >= self.maxsize:
-                self.sizes.pop(next(iter(self.sizes)))
-            self.sizes[key] = sizes
-        return sizes
+        key = t.static_key()
+        sizes = self.sizes.get(key) if key is not None else None
+        if sizes is None:
+            outputs = t.flat_f(*t.leaves)  # one plain forward evaluation
+            if t.has_aux:
+                outputs = outputs[0]
+            sizes = sum(math.prod(b.shape(o)[1:] if per_example else b.shape(o)) for o in outputs)
+            if key is not None:
+                if len(self.sizes) >= self.maxsize:
+                    self.sizes.pop(next(iter(self.sizes)))
+                self.sizes[key] = sizes
+        n_in = sum(math.prod(b.shape(x)[1:] if per_example else b.shape(x)) for x in t.leaves)
+        return "fwd" if n_in < sizes else "rev"
+
+
+def _flatten_blocks(jac):
+    return tuple(block for row in jac for block in row)
+
+
+def _unflatten_blocks(blocks, n_in):
+    return [blocks[i:i + n_in] for i in range(0, len(blocks), n_in)]
 
 
 def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
-             has_aux: bool = False, backend=None) -> Callable:
+             has_aux: bool = False, backend=None, compile: bool = False, device=None) -> Callable:
     """The Jacobian of ``f`` with respect to ``args[argnums]``.
 
     Args:
@@ -446,6 +550,8 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
       chunk_size: at most this many basis vectors at a time, to bound memory.
       has_aux: return ``(jacobian, aux)``.
       backend: backend name or object.
+      compile: one compiled program per static signature (``jax.jit``, ``tf.function``...).
+      device: place the inputs on this device.
 
     Returns:
       A function; for an output of shape ``O`` and an input of shape ``I`` the block has shape
@@ -459,40 +565,49 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     """
     _check_mode(mode, "jacobian")
     _check_chunk(chunk_size, "jacobian")
-    cache = _ModeCache()
+    modes = _ModeCache()
+    programs = {"rev": _Programs(), "fwd": _Programs()} if compile else None
+
+    def kernel_for(chosen):
+        def kernel(b, flat_f, leaves):
+            method = b.jacrev if chosen == "rev" else b.jacfwd
+            outs, jac, aux = method(flat_f, leaves, chunk_size=chunk_size, has_aux=has_aux)
+            return outs, _flatten_blocks(jac), aux
+        return kernel
+
+    kernels = {"rev": kernel_for("rev"), "fwd": kernel_for("fwd")}
 
     def jacobian_f(*args):
-        t = _Traced(f, args, argnums, has_aux, backend, "jacobian")
-        b = t.backend
-        chosen = mode
-        if chosen == "auto":
-            n_in = sum(math.prod(b.shape(x)) for x in t.leaves)
-            n_out = sum(cache.out_sizes(t, args, per_example=False))
-            chosen = "fwd" if n_in < n_out else "rev"
-        method = b.jacrev if chosen == "rev" else b.jacfwd
-        _, jac, aux = method(t.flat_f, t.leaves, chunk_size=chunk_size, has_aux=has_aux)
-        result = t.jacobian_tree(jac)
+        t = _Traced(f, args, argnums, has_aux, backend, "jacobian", device=device)
+        chosen = mode if mode != "auto" else modes.choose(t, per_example=False)
+        _, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
+        result = t.jacobian_tree(_unflatten_blocks(blocks, len(t.leaves)))
         return (result, t.aux(aux)) if has_aux else result
 
     _wraps(jacobian_f, f, "jacobian")
     return jacobian_f
 
 
-def jacrev(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None) -> Callable:
+def jacrev(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None, compile=False,
+           device=None) -> Callable:
     """``jacobian(f, argnums, mode="rev")``: best when outputs have fewer elements than inputs."""
-    return jacobian(f, argnums, mode="rev", chunk_size=chunk_size, has_aux=has_aux, backend=backend)
+    return jacobian(f, argnums, mode="rev", chunk_size=chunk_size, has_aux=has_aux, backend=backend,
+                    compile=compile, device=device)
 
 
-def jacfwd(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None) -> Callable:
+def jacfwd(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None, compile=False,
+           device=None) -> Callable:
     """``jacobian(f, argnums, mode="fwd")``: best when inputs have fewer elements than outputs."""
-    return jacobian(f, argnums, mode="fwd", chunk_size=chunk_size, has_aux=has_aux, backend=backend)
+    return jacobian(f, argnums, mode="fwd", chunk_size=chunk_size, has_aux=has_aux, backend=backend,
+                    compile=compile, device=device)
 
 
 _INDEPENDENCE = ("once", "always", "never")
 
 
 def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
-                     has_aux: bool = False, check_independence: str = "once", backend=None) -> Callable:
+                     has_aux: bool = False, check_independence: str = "once", backend=None,
+                     compile: bool = False, device=None) -> Callable:
     """Per-example Jacobians of ``f``, which maps a batch to a batch with independent rows.
 
     Every input and output has the batch on axis 0 (size B). The work is vectorised over B:
@@ -511,6 +626,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         probes on every call; ``"never"`` trusts the caller. A dependent ``f`` (batch norm,
         ``x - x.mean(0)``) raises ValueError instead of returning wrong Jacobians.
       backend: backend name or object.
+      compile: one compiled program per static signature (``jax.jit``, ``tf.function``...).
+      device: place the inputs on this device.
 
     Returns:
       A function; each block has shape ``(B, *out_shape[1:], *in_shape[1:])``.
@@ -525,30 +642,34 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     if check_independence not in _INDEPENDENCE:
         raise ValueError(f"batched_jacobian: check_independence must be one of {_INDEPENDENCE}; "
                          f"got {check_independence!r}")
-    cache = _ModeCache()
+    modes = _ModeCache()
+    programs = {"rev": _Programs(), "fwd": _Programs()} if compile else None
     probed = set()
 
+    def kernel_for(chosen):
+        def kernel(b, flat_f, leaves):
+            outs, jac, aux = b.batched_jacobian(flat_f, leaves, mode=chosen, chunk_size=chunk_size,
+                                                has_aux=has_aux)
+            return outs, _flatten_blocks(jac), aux
+        return kernel
+
+    kernels = {"rev": kernel_for("rev"), "fwd": kernel_for("fwd")}
+
     def batched_jacobian_f(*args):
-        t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian")
+        t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian", device=device)
         b = t.backend
-        batch = _batch_size(b, t.leaves, t.names_fn, "batched_jacobian", "input")
+        batch = t.batch = _batch_size(b, t.leaves, t.names_fn, "batched_jacobian", "input")
         if batch == 0:
             return _empty_batched_jacobian(t, has_aux)
         if check_independence != "never":
-            key = _signature(b, t.leaves, args)
+            key = t.static_key()
             if check_independence == "always" or key is None or key not in probed:
                 _probe_independence(t, batch, has_aux)
                 if key is not None:
                     probed.add(key)
-        chosen = mode
-        if chosen == "auto":
-            n_in = sum(math.prod(b.shape(x)[1:]) for x in t.leaves)
-            n_out = sum(cache.out_sizes(t, args, per_example=True))
-            chosen = "fwd" if n_in < n_out else "rev"
-        outputs, jac, aux = b.batched_jacobian(t.flat_f, t.leaves, mode=chosen, chunk_size=chunk_size,
-                                               has_aux=has_aux)
-        _batch_size(b, outputs, t.output_names, "batched_jacobian", "output", expected=batch)
-        result = t.jacobian_tree(jac)
+        chosen = mode if mode != "auto" else modes.choose(t, per_example=True)
+        outputs, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
+        result = t.jacobian_tree(_unflatten_blocks(blocks, len(t.leaves)))
         return (result, t.aux(aux)) if has_aux else result
 
     _wraps(batched_jacobian_f, f, "batched_jacobian")
@@ -628,7 +749,8 @@ def check_batch_independence(f: Callable, *args, argnums=0, backend=None, seed: 
 # Second order
 # ---------------------------------------------------------------------------------------------
 
-def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=None) -> Callable:
+def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=None, compile: bool = False,
+            device=None) -> Callable:
     """The Hessian of ``f`` (forward over reverse: ``jacfwd(jacrev(f))``).
 
     Args:
@@ -637,6 +759,8 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
       argnums: int or tuple of ints.
       chunk_size: bound on the tangents pushed at a time.
       backend: backend name or object.
+      compile: one compiled program per static signature.
+      device: place the inputs on this device.
 
     Example:
       >>> unigrad.hessian(lambda x: (x ** 3).sum())(np.array([1.0, 2.0]))
@@ -644,23 +768,26 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
              [ 0., 12.]])
     """
     _check_chunk(chunk_size, "hessian")
+    programs = _Programs() if compile else None
 
-    def hessian_f(*args):
-        t = _Traced(f, args, argnums, False, backend, "hessian")
-        b = t.backend
-        n = len(t.leaves)
-        outputs = None
+    def kernel(b, flat_f, leaves):
+        outputs = []
 
         def gradient(*p):
-            nonlocal outputs
-            outs, jac, _ = b.jacrev(t.flat_f, p)
-            outputs = outs
-            return tuple(block for row in jac for block in row)
+            outs, jac, _ = b.jacrev(flat_f, p)
+            outputs[:] = outs
+            return _flatten_blocks(jac)
 
-        _, jac2, _ = b.jacfwd(gradient, t.leaves, chunk_size=chunk_size)
-        # jac2[i * n + j][k]: d/d in_k of (d out_i / d in_j)
-        n_out = len(jac2) // n
-        return t.output([t.inputs_like([t.inputs_like([jac2[i * n + j][k] for k in range(n)])
+        _, jac2, _ = b.jacfwd(gradient, leaves, chunk_size=chunk_size)
+        return tuple(outputs), _flatten_blocks(jac2), ()
+
+    def hessian_f(*args):
+        t = _Traced(f, args, argnums, False, backend, "hessian", device=device)
+        _, blocks, _ = _execute(f, t, kernel, programs)
+        # blocks, in order: output i, input j, input k -> d/d in_k of (d out_i / d in_j)
+        n = len(t.leaves)
+        n_out = len(blocks) // (n * n)
+        return t.output([t.inputs_like([t.inputs_like(list(blocks[(i * n + j) * n:(i * n + j + 1) * n]))
                                         for j in range(n)]) for i in range(n_out)])
 
     _wraps(hessian_f, f, "hessian")
@@ -697,7 +824,7 @@ def hvp(f: Callable, primals, tangents, backend=None):
     tan_leaves = tuple(_check_like(b, tl, p, "tangent for " + names()[k], "hvp")
                        for k, (tl, p) in enumerate(zip(tan_leaves, t.leaves)))
     outputs = t.flat_f(*t.leaves)
-    _scalar_check(b, t, outputs, "hvp")
+    _scalar_check(b, outputs, "hvp")
     return t.inputs_like(b.hvp(t.flat_f, t.leaves, tan_leaves))
 
 

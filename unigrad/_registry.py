@@ -13,6 +13,8 @@ import contextvars
 import os
 import sys
 import threading
+
+import numpy as np
 from importlib import metadata
 from typing import Callable, Iterator
 
@@ -199,9 +201,14 @@ def current_backend_name() -> str:
     return os.environ.get("UNIGRAD_BACKEND") or DEFAULT
 
 
+_NOT_OWNED = (np.ndarray, float, int, complex, bool, np.generic, type(None), str)
+
+
 def _array_owner(x) -> str | None:
     """Name of the registered backend whose ``array_modules`` own type(x), without importing anything."""
     t = type(x)
+    if t in _NOT_OWNED:
+        return None
     mod = t.__module__.partition(".")[0]
     if mod in ("builtins", "numpy"):
         return None

@@ -344,10 +344,11 @@ class Backend:
             return tuple(jac)
         # forward: rows: per output, (n_in, *out.shape); split n_in over primals, move to the end
         cols_per_output, primals, outputs = rows, row_owners, col_owners
+        n_in = sum(math.prod(self.shape(p)) for p in primals)
         jac = []
         for i, out in enumerate(outputs):
             oshape = self.shape(out)
-            t = xp.reshape(cols_per_output[i], (-1, math.prod(oshape)))
+            t = xp.reshape(cols_per_output[i], (n_in, math.prod(oshape)))
             t = xp.permute_dims(t, (1, 0))  # (out_size, n_in)
             blocks, offset = [], 0
             for p in primals:

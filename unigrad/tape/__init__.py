@@ -13,6 +13,8 @@ from ._core import Tracer, backward, push, record
 
 __all__ = ["NumpyBackend"]
 
+_DTYPE_NAMES: dict = {}  # np.dtype -> canonical name (np.dtype.name is slow on the hot path)
+
 # Bound on the elements of all batched intermediates of one sweep when no chunk_size is given.
 _SWEEP_BUDGET = 2 ** 26
 
@@ -44,7 +46,7 @@ class NumpyBackend(Backend):
         return np.asarray(x)
 
     def is_array(self, x):
-        return isinstance(x, (np.ndarray, Tracer))
+        return isinstance(x, (np.ndarray, Tracer, np.generic))
 
     def devices(self):
         return ("cpu",)
@@ -53,7 +55,11 @@ class NumpyBackend(Backend):
         return "cpu"
 
     def dtype(self, x):
-        return np.dtype(x.dtype).name
+        d = x.dtype
+        name = _DTYPE_NAMES.get(d)
+        if name is None:
+            name = _DTYPE_NAMES[d] = np.dtype(d).name
+        return name
 
     def shape(self, x):
         return tuple(x.shape)

@@ -332,7 +332,7 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
         if g is None:
             v = input_values[i]
             g = np.zeros(tuple(batch_shape) + _shape(v), dtype=v.dtype)
-        grads.append(g)
+        grads.append(np.asarray(g) if isinstance(g, np.generic) else g)
     return tuple(grads)
 
 
@@ -350,10 +350,10 @@ def record(f, primals, has_aux):
     out_values, out_indices = [], []
     for o in outs:
         if isinstance(o, RTracer) and o.trace is trace:
-            out_values.append(o.value)
+            out_values.append(_strip(o.value, trace))
             out_indices.append(o.index)
         else:
-            out_values.append(o)
+            out_values.append(_strip(o, trace))
             out_indices.append(None)
     aux = tuple(_strip(a, trace) for a in aux)
     return trace, tuple(out_values), out_indices, aux
@@ -362,7 +362,7 @@ def record(f, primals, has_aux):
 def _strip(a, trace):
     while isinstance(a, Tracer) and a.trace.level >= trace.level:
         a = a.value
-    return a
+    return np.asarray(a) if isinstance(a, np.generic) else a
 
 
 def push(f, primals, tangents, has_aux, batch_shape=()):
@@ -379,10 +379,10 @@ def push(f, primals, tangents, has_aux, batch_shape=()):
     values, tans = [], []
     for o in outs:
         if isinstance(o, FTracer) and o.trace is trace:
-            values.append(o.value)
-            tans.append(o.tangent)
+            values.append(_strip(o.value, trace))
+            tans.append(_strip(o.tangent, trace))
         else:
-            values.append(o)
+            values.append(_strip(o, trace))
             tans.append(np.zeros(tuple(batch_shape) + _shape(o), dtype=o.dtype))
     return tuple(values), tuple(tans), tuple(_strip(a, trace) for a in aux)
 

@@ -24,6 +24,8 @@ bound is inclusive); ``sqrt`` at 0 -> inf (the true one-sided limit);
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._core import Primitive, Tracer, _ndim, _shape
@@ -368,7 +370,16 @@ def _broadcast_jvp(t, ans, x, shape):
     return broadcast_to(t, ts[:nb] + tuple(shape))
 
 
-broadcast_to = defprim("broadcast_to", lambda x, shape: np.broadcast_to(x, shape),
+def _broadcast_impl(x, shape):
+    # np.broadcast_to costs microseconds of argument handling; small results are cheaper to materialise.
+    if math.prod(shape) <= 4096:
+        out = np.empty(shape, dtype=np.result_type(x))
+        out[...] = x
+        return out
+    return np.broadcast_to(x, shape)
+
+
+broadcast_to = defprim("broadcast_to", _broadcast_impl,
                        vjp=(_broadcast_vjp,), jvp=(_broadcast_jvp,))
 
 

@@ -1,0 +1,172 @@
+"""The NumPy tape against a hand-written NumPy backprop and HIPS autograd, in one process.
+
+Reports ratios (not absolute times):
+  * gradient of an MLP loss (784-256-256-10, tanh, softmax cross-entropy, batch 128, float64):
+    unigrad.grad / hand-written forward+backprop   (target <= 1.25)
+    autograd.grad / hand-written forward+backprop  (for reference)
+    unigrad.grad / forward alone
+  * a tiny vjp (x of shape (3,), sum(sin(x)**2)): unigrad / autograd   (target <= 0.5)
+
+Run: python benchmarks/bench_tape.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import timeit
+
+import numpy as np
+
+import unigrad
+
+
+def best_time(fn, number, repeat):
+    """Best mean seconds per call over ``repeat`` runs of ``number`` calls (least disturbed by the machine)."""
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+def mlp_problem(seed=0, batch=128, sizes=(784, 256, 256, 10)):
+    rng = np.random.default_rng(seed)
+    params = []
+    for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        params.append(rng.standard_normal((n_in, n_out)) / np.sqrt(n_in))
+        params.append(np.zeros(n_out))
+    x = rng.standard_normal((batch, sizes[0]))
+    onehot = np.eye(sizes[-1])[rng.integers(sizes[-1], size=batch)]
+    return params, x, onehot
+
+
+def mlp_loss(params, x, onehot):
+    """Portable: runs on the tape (and on every backend) through the Array API namespace."""
+    xp = unigrad.namespace(x, *params)
+    h = x
+    for k in range(0, len(params) - 2, 2):
+        h = xp.tanh(h @ params[k] + params[k + 1])
+    logits = h @ params[-2] + params[-1]
+    shifted = logits - xp.logsumexp(logits, axis=1, keepdims=True)
+    return -xp.sum(onehot * shifted) / x.shape[0]
+
+
+def mlp_loss_autograd(params, x, onehot):
+    import autograd.numpy as anp
+    from autograd.scipy.special import logsumexp
+
+    h = x
+    for k in range(0, len(params) - 2, 2):
+        h = anp.tanh(h @ params[k] + params[k + 1])
+    logits = h @ params[-2] + params[-1]
+    shifted = logits - logsumexp(logits, axis=1, keepdims=True)
+    return -anp.sum(onehot * shifted) / x.shape[0]
+
+
+def mlp_forward_numpy(params, x, onehot):
+    h = x
+    for k in range(0, len(params) - 2, 2):
+        h = np.tanh(h @ params[k] + params[k + 1])
+    logits = h @ params[-2] + params[-1]
+    m = logits.max(axis=1, keepdims=True)
+    shifted = logits - (np.log(np.exp(logits - m).sum(axis=1, keepdims=True)) + m)
+    return -np.sum(onehot * shifted) / x.shape[0]
+
+
+def mlp_backprop_numpy(params, x, onehot):
+    """Hand-written forward and backward pass: the floor any tape is measured against."""
+    hs = [x]
+    h = x
+    for k in range(0, len(params) - 2, 2):
+        h = np.tanh(h @ params[k] + params[k + 1])
+        hs.append(h)
+    logits = h @ params[-2] + params[-1]
+    m = logits.max(axis=1, keepdims=True)
+    e = np.exp(logits - m)
+    s = e.sum(axis=1, keepdims=True)
+    shifted = logits - (np.log(s) + m)
+    loss = -np.sum(onehot * shifted) / x.shape[0]
+    d = (e / s * onehot.sum(axis=1, keepdims=True) - onehot) / x.shape[0]
+    grads = [None] * len(params)
+    for k in range(len(params) - 2, -1, -2):
+        grads[k] = hs[k // 2].T @ d
+        grads[k + 1] = d.sum(axis=0)
+        if k:
+            d = (d @ params[k].T) * (1 - hs[k // 2] ** 2)
+    return loss, grads
+
+
+def tiny(x):
+    xp = unigrad.namespace(x)
+    return xp.sum(xp.sin(x) ** 2)
+
+
+def run(quick=False):
+    import autograd
+    import autograd.numpy as anp
+
+    number, repeat = (5, 3) if quick else (20, 7)
+    params, x, onehot = mlp_problem()
+    # Correctness first: a benchmark of wrong answers is worthless.
+    g_ref = mlp_backprop_numpy(params, x, onehot)[1]
+    g_ug = unigrad.grad(mlp_loss)(params, x, onehot)
+    for a, b in zip(g_ug, g_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+    grad_ug = unigrad.grad(mlp_loss)
+    grad_ag = autograd.grad(mlp_loss_autograd)
+    t_hand = best_time(lambda: mlp_backprop_numpy(params, x, onehot), number, repeat)
+    t_fwd = best_time(lambda: mlp_forward_numpy(params, x, onehot), number, repeat)
+    t_ug = best_time(lambda: grad_ug(params, x, onehot), number, repeat)
+    t_ag = best_time(lambda: grad_ag(params, x, onehot), number, repeat)
+
+    xs = np.array([0.1, 0.2, 0.3])
+    ones = np.ones(())
+
+    def ug_vjp():
+        out, fn = unigrad.vjp(tiny, xs)
+        return fn(ones)
+
+    ag_vjp_maker = autograd.make_vjp(lambda x: anp.sum(anp.sin(x) ** 2))
+
+    def ag_vjp():
+        fn, out = ag_vjp_maker(xs)
+        return fn(1.0)
+
+    np.testing.assert_allclose(ug_vjp()[0], ag_vjp(), rtol=1e-12)
+    tn, tr = (200, 3) if quick else (2000, 7)
+    t_tiny_ug = best_time(ug_vjp, tn, tr)
+    t_tiny_ag = best_time(ag_vjp, tn, tr)
+    return {
+        "mlp_grad_seconds": {"hand_backprop": t_hand, "forward_only": t_fwd, "unigrad": t_ug, "autograd": t_ag},
+        "mlp_ratio_unigrad_vs_hand": t_ug / t_hand,
+        "mlp_ratio_autograd_vs_hand": t_ag / t_hand,
+        "mlp_ratio_unigrad_vs_forward": t_ug / t_fwd,
+        "mlp_ratio_unigrad_vs_autograd": t_ug / t_ag,
+        "tiny_vjp_seconds": {"unigrad": t_tiny_ug, "autograd": t_tiny_ag},
+        "tiny_ratio_unigrad_vs_autograd": t_tiny_ug / t_tiny_ag,
+        "targets": {"mlp_ratio_unigrad_vs_hand": 1.25, "tiny_ratio_unigrad_vs_autograd": 0.5},
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    r = run(args.quick)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    s, t = r["mlp_grad_seconds"], r["tiny_vjp_seconds"]
+    print("MLP 784-256-256-10, batch 128, float64 (gradient of the loss)")
+    print(f"  hand-written backprop {s['hand_backprop'] * 1e3:8.2f} ms   forward alone {s['forward_only'] * 1e3:.2f} ms")
+    print(f"  unigrad tape          {s['unigrad'] * 1e3:8.2f} ms   {r['mlp_ratio_unigrad_vs_hand']:.2f}x hand "
+          f"(target <= 1.25), {r['mlp_ratio_unigrad_vs_forward']:.1f}x forward")
+    print(f"  HIPS autograd         {s['autograd'] * 1e3:8.2f} ms   {r['mlp_ratio_autograd_vs_hand']:.2f}x hand")
+    print("tiny vjp: x of shape (3,), sum(sin(x)**2)")
+    print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
+          f"ratio {r['tiny_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

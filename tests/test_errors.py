@@ -1,0 +1,154 @@
+"""Bad input gets a clear error naming the argument, the expected and the actual shape or dtype."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import unigrad
+
+
+def square_sum(x):
+    return (x ** 2).sum()
+
+
+@pytest.mark.parametrize("value", [np.arange(3), np.array([True, False]), 3])
+def test_integer_or_bool_input_to_differentiate(value):
+    with pytest.raises(TypeError, match=r"argument 0 has dtype (int64|bool); only floating-point or complex"):
+        unigrad.grad(square_sum)(value)
+
+
+def test_integer_input_named_inside_a_pytree():
+    with pytest.raises(TypeError, match=r"argument 1\['w'\] has dtype int64"):
+        unigrad.grad(lambda a, p: (a * p["w"]).sum(), argnums=(0, 1))(np.ones(2), {"w": np.arange(2)})
+
+
+def test_integer_primal_in_vjp():
+    with pytest.raises(TypeError, match="primal 1 has dtype int64"):
+        unigrad.vjp(lambda x, n: x * n, np.ones(2), np.arange(2))
+
+
+def test_integer_and_bool_outputs():
+    with pytest.raises(TypeError, match="output leaf 0 has dtype bool"):
+        unigrad.vjp(lambda x: x > 0, np.ones(2))
+    with pytest.raises(TypeError, match="output leaf 1 has dtype int64"):
+        unigrad.jacobian(lambda x: (x * 2, np.arange(2)))(np.ones(2))
+
+
+def test_non_array_output():
+    with pytest.raises(TypeError, match="must return arrays.*str"):
+        unigrad.grad(lambda x: "nope")(np.ones(2))
+    with pytest.raises(TypeError, match="returned no arrays"):
+        unigrad.grad(lambda x: None)(np.ones(2))
+
+
+def test_grad_needs_a_scalar():
+    with pytest.raises(TypeError, match=r"scalar \(shape \(\)\) output; got shape \(3,\)"):
+        unigrad.grad(lambda x: x * 2)(np.ones(3))
+    with pytest.raises(TypeError, match="real-valued output; got dtype complex128"):
+        unigrad.grad(lambda z: (z * z).sum())(np.ones(2, complex))
+
+
+@pytest.mark.parametrize("argnums", [2, -3, (0, 2)])
+def test_argnums_out_of_range(argnums):
+    with pytest.raises(ValueError, match=re.escape(f"argnums={argnums!r} is out of range for a function called "
+                                                   f"with 2 positional arguments")):
+        unigrad.grad(lambda x, y: (x * y).sum(), argnums=argnums)(np.ones(2), np.ones(2))
+
+
+@pytest.mark.parametrize("argnums", [1.0, (), (0, 0), True, "0"])
+def test_argnums_malformed(argnums):
+    with pytest.raises((TypeError, ValueError), match="argnums"):
+        unigrad.grad(lambda x, y: (x * y).sum(), argnums=argnums)(np.ones(2), np.ones(2))
+
+
+def test_cotangent_of_wrong_shape_is_never_broadcast():
+    _, vjp_fn = unigrad.vjp(lambda x: x * 2, np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"has shape \(3,\); expected \(2, 3\).*never broadcast"):
+        vjp_fn(np.ones(3))
+    with pytest.raises(ValueError, match=r"has shape \(\); expected \(2, 3\)"):
+        vjp_fn(1.0)
+
+
+def test_cotangent_dtype_policy():
+    _, vjp_fn = unigrad.vjp(lambda x: x * 2, np.ones(2, np.float32))
+    g = vjp_fn(np.ones(2, np.float64))  # a floating cotangent is cast to the output's dtype
+    assert g[0].dtype == np.float32
+    with pytest.raises(ValueError, match="has dtype int64; expected float32"):
+        vjp_fn(np.ones(2, np.int64))
+    with pytest.raises(ValueError, match="has dtype complex128; expected float32"):
+        vjp_fn(np.ones(2, complex))
+
+
+def test_cotangent_structure_mismatch():
+    _, vjp_fn = unigrad.vjp(lambda x: {"a": x, "b": x}, np.ones(2))
+    with pytest.raises(ValueError, match="structure of the output"):
+        vjp_fn(np.ones(2))
+
+
+def test_tangent_shape_dtype_and_structure():
+    with pytest.raises(ValueError, match=r"tangent for primal 0 has shape \(2,\); expected \(3,\)"):
+        unigrad.jvp(square_sum, (np.ones(3),), (np.ones(2),))
+    with pytest.raises(ValueError, match="has dtype bool"):
+        unigrad.jvp(square_sum, (np.ones(3),), (np.ones(3, bool),))
+    with pytest.raises(ValueError, match="same length"):
+        unigrad.jvp(square_sum, (np.ones(3),), ())
+    with pytest.raises(TypeError, match="tuples or lists"):
+        unigrad.jvp(square_sum, np.ones(3), np.ones(3))
+    with pytest.raises(ValueError, match=r"tangent for primal 0 has shape \(2,\); expected \(3,\)"):
+        unigrad.hvp(square_sum, (np.ones(3),), (np.ones(2),))
+
+
+def test_unknown_backend_lists_the_available_ones():
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'; available backends: .*numpy"):
+        unigrad.grad(square_sum, backend="nope")(np.ones(2))
+    with pytest.raises(ValueError, match="unknown backend"):
+        unigrad.get_backend("nope")
+
+
+def test_unknown_backend_with_an_extra_suggests_it(monkeypatch):
+    from unigrad import _registry
+
+    monkeypatch.setattr(_registry, "_discover", lambda: {})
+    with pytest.raises(ValueError, match=r"pip install 'unigrad\[jax\]'"):
+        _registry.get_backend("jax")
+
+
+def test_bad_mode_and_chunk_size():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        unigrad.jacobian(square_sum, mode="sideways")
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        unigrad.jacobian(square_sum, chunk_size=0)
+    with pytest.raises(ValueError, match="check_independence"):
+        unigrad.batched_jacobian(square_sum, check_independence="sometimes")
+
+
+def test_has_aux_must_return_a_pair():
+    with pytest.raises(TypeError, match=r"has_aux=True the function must return a pair"):
+        unigrad.grad(square_sum, has_aux=True)(np.ones(2))
+
+
+def test_unsupported_argument_type():
+    with pytest.raises(TypeError, match="argument 0 must be an array or a Python scalar; got object"):
+        unigrad.grad(square_sum)(object())
+
+
+def test_leaked_tracer_is_an_error():
+    kept = []
+
+    def f(x):
+        kept.append(x * 2)
+        return (x ** 2).sum()
+
+    unigrad.grad(f)(np.ones(2))
+    from unigrad.tape._core import LeakedTracerError
+
+    with pytest.raises(LeakedTracerError, match="finished unigrad transform"):
+        unigrad.grad(lambda y: (kept[0] * y).sum())(np.ones(2))
+
+
+def test_converting_a_traced_value_to_numpy_is_an_error():
+    with pytest.raises(TypeError, match="cannot be converted to a NumPy array"):
+        unigrad.grad(lambda x: np.asarray(x).sum())(np.ones(2))

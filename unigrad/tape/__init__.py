@@ -36,6 +36,9 @@ class NumpyBackend(Backend):
     def asarray(self, x, dtype=None, device=None):
         if device not in (None, "cpu") and str(device) != "cpu":
             raise ValueError(f"the numpy backend has only the 'cpu' device; got device={device!r}")
+        if dtype is not None and str(dtype) == "bfloat16":
+            raise TypeError("the numpy backend has no bfloat16 arithmetic; use float16/float32, or the torch, "
+                            "jax or tensorflow backend")
         if isinstance(x, Tracer):
             return x if dtype is None else namespace_module.astype(x, dtype)
         return np.asarray(x, dtype=dtype)

@@ -24,9 +24,8 @@ def _selected_backends(config):
     from unigrad import backends as installed
 
     wanted = config.getoption("--unigrad-backends")
-    report = installed()
     if wanted == "all":
-        return [name for name, info in report.items() if info["available"]]
+        return [name for name, info in installed().items() if info["available"]]
     return [w.strip() for w in wanted.split(",") if w.strip()]
 
 

@@ -150,7 +150,7 @@ class _Traced:
             diff = args[argnums[0]] if single else tuple(args[i] for i in argnums)
             others = tuple(a for i, a in enumerate(args) if i not in argnums)
         raw_leaves, self.treedef = optree.tree_flatten(diff)
-        other_leaves, self.other_tree = optree.tree_flatten(others, none_is_leaf=True)
+        other_leaves, self.other_tree = optree.tree_flatten(others, none_is_leaf=True) if others else ([], None)
         b = self.backend = _registry.resolve(backend, raw_leaves + other_leaves if other_leaves else raw_leaves)
 
         def names_fn():
@@ -180,10 +180,16 @@ class _Traced:
         self.dynamic, self.static = tuple(dynamic), tuple(static)
         self.out_tree = self.aux_tree = None
         n_args = len(args)
+        if all_args:
+            treedef = self.treedef
+            self._assemble = lambda diff_leaves, dynamic_leaves: optree.tree_unflatten(treedef, diff_leaves)
+            self.flat_f = self.make_flat(f, self.dynamic)
+            return
 
         def assemble(diff_leaves, dynamic_leaves):
             it = iter(dynamic_leaves)
-            rest = optree.tree_unflatten(self.other_tree, [next(it) if v is _DYNAMIC else v for v in self.static])
+            rest = () if self.other_tree is None else optree.tree_unflatten(
+                self.other_tree, [next(it) if v is _DYNAMIC else v for v in self.static])
             tree = optree.tree_unflatten(self.treedef, list(diff_leaves))
             call, rest_it = [None] * n_args, iter(rest)
             if single:
@@ -217,7 +223,8 @@ class _Traced:
             out_leaves, self.out_tree = optree.tree_flatten(result)
             if not out_leaves:
                 raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
-            out_leaves = tuple(_check_output(b, o, k, fname, self) for k, o in enumerate(out_leaves))
+            out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else _check_output(b, o, k, fname, self)
+                               for k, o in enumerate(out_leaves))
             if self.batch is not None:  # batched_jacobian: f must map a batch to a batch
                 _batch_size(b, out_leaves, self.output_names, fname, "output", expected=self.batch)
             if has_aux:

@@ -56,7 +56,15 @@ class Primitive:
         self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
 
     def __call__(self, *args, **params):
-        return bind(self, args, params)
+        top = None  # bind(), inlined: this is the hottest call of the tape
+        for a in args:
+            if isinstance(a, Tracer):
+                tr = a.trace
+                if top is None or tr.level > top.level:
+                    top = tr
+        if top is None:
+            return self.impl(*args, **params)
+        return top.process(self, args, params)
 
     def __repr__(self):
         return f"<primitive {self.name}>"
@@ -103,20 +111,29 @@ class ReverseTrace(Trace):
         if not self.active:
             self._leaked(prim)
         vals, parents = [], []
+        nested = False  # does a lower-level tracer remain after unwrapping this level?
+        level = self.level
         for i, a in enumerate(args):
-            if isinstance(a, Tracer) and a.trace.level == self.level:
-                if a.trace is not self:
-                    a.trace._leaked(prim)
-                vals.append(a.value)
-                parents.append((i, a.index))
-            else:
-                vals.append(a)
-        ans = bind(prim, vals, params)
-        if prim.vjps is None:
+            if isinstance(a, Tracer):
+                if a.trace.level == level:
+                    if a.trace is not self:
+                        a.trace._leaked(prim)
+                    a_value = a.value
+                    vals.append(a_value)
+                    parents.append((i, a.index))
+                    if not nested and isinstance(a_value, Tracer):
+                        nested = True
+                    continue
+                nested = True
+            vals.append(a)
+        ans = bind(prim, vals, params) if nested else prim.impl(*vals, **params)
+        vjps = prim.vjps
+        if vjps is None:
             return ans
-        parents = [(i, j) for i, j in parents if prim.vjps[i] is not None]
-        if not parents:
-            return ans
+        if None in vjps:
+            parents = [(i, j) for i, j in parents if vjps[i] is not None]
+            if not parents:
+                return ans
         tape = self.tape
         tape.append((prim, parents, vals, ans, params))
         return RTracer(self, ans, len(tape) - 1)

@@ -1,0 +1,133 @@
+"""Per-example Jacobians through unigrad (compile=True) against each framework's own compiled form.
+
+The problem: a small MLP 32 -> 64 -> 16 with tanh, batch 256, float32; the Jacobian of each
+example's output with respect to its input, shape (256, 16, 32).
+
+Native forms (hand-written, the floor):
+  jax:        jax.jit(jax.vmap(jax.jacrev(f_one_example)))
+  torch:      torch.func.vmap(torch.func.jacrev(f_one_example))
+  tensorflow: tf.function around GradientTape.batch_jacobian
+
+Reported: unigrad time / native time per backend (target <= 1.1), and a per-example Python
+loop for scale. Run: python benchmarks/bench_batched_jacobian.py [--quick] [--json] [--backends ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import timeit
+
+import numpy as np
+
+import unigrad
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+B, N_IN, N_HID, N_OUT = 256, 32, 64, 16
+
+
+def problem(seed=0):
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((N_IN, N_HID)) / np.sqrt(N_IN)).astype(np.float32)
+    b1 = (0.1 * rng.standard_normal(N_HID)).astype(np.float32)
+    w2 = (rng.standard_normal((N_HID, N_OUT)) / np.sqrt(N_HID)).astype(np.float32)
+    x = rng.standard_normal((B, N_IN)).astype(np.float32)
+    return w1, b1, w2, x
+
+
+def mlp(w1, b1, w2, x):
+    """Portable: a batch (B, 32) to a batch (B, 16), rows independent."""
+    xp = unigrad.namespace(w1, b1, w2, x)
+    return xp.tanh(xp.tanh(x @ w1 + b1) @ w2)
+
+
+def best(fn, number, repeat):
+    fn()  # warm up (compilation, caches)
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+def native(name, w1, b1, w2, x):
+    """The hand-written, framework-native compiled per-example Jacobian, and its inputs."""
+    if name == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        def one(w1, b1, w2, xi):
+            return jnp.tanh(jnp.tanh(xi @ w1 + b1) @ w2)
+
+        fn = jax.jit(jax.vmap(jax.jacrev(one, argnums=3), in_axes=(None, None, None, 0)))
+        args = [jnp.asarray(a) for a in (w1, b1, w2, x)]
+        return (lambda: fn(*args).block_until_ready()), (lambda: np.asarray(fn(*args)))
+    if name == "torch":
+        import torch
+        from torch.func import jacrev, vmap
+
+        def one(xi, w1, b1, w2):
+            return torch.tanh(torch.tanh(xi @ w1 + b1) @ w2)
+
+        fn = vmap(jacrev(one), in_dims=(0, None, None, None))
+        args = [torch.from_numpy(a) for a in (x, w1, b1, w2)]
+        return (lambda: fn(*args)), (lambda: fn(*args).numpy())
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function
+        def fn(w1, b1, w2, x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.tanh(tf.tanh(x @ w1 + b1) @ w2)
+            return tape.batch_jacobian(y, x)
+
+        args = [tf.constant(a) for a in (w1, b1, w2, x)]
+        return (lambda: fn(*args)), (lambda: fn(*args).numpy())
+    raise ValueError(name)
+
+
+def run(backends, quick=False):
+    number, repeat = (5, 3) if quick else (20, 7)
+    w1, b1, w2, x = problem()
+    results = {}
+    for name in backends:
+        b = unigrad.get_backend(name)
+        native_call, native_value = native(name, w1, b1, w2, x)
+        args = [unigrad.asarray(a, backend=name) for a in (w1, b1, w2, x)]
+        ours = unigrad.batched_jacobian(mlp, argnums=3, backend=name, compile=b.capabilities.compile)
+
+        def ours_call():
+            out = ours(*args)
+            if hasattr(out, "block_until_ready"):
+                out.block_until_ready()
+            return out
+
+        np.testing.assert_allclose(unigrad.to_numpy(ours(*args)), native_value(), rtol=2e-5, atol=2e-6)
+        t_native = best(native_call, number, repeat)
+        t_ours = best(ours_call, number, repeat)
+        results[name] = {"native_seconds": t_native, "unigrad_seconds": t_ours, "ratio": t_ours / t_native,
+                         "compiled": b.capabilities.compile}
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--backends", default="jax,torch,tensorflow")
+    args = parser.parse_args(argv)
+    available = {n for n, info in unigrad.backends().items() if info["available"]}
+    names = [n for n in args.backends.split(",") if n in available]
+    r = run(names, args.quick)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"per-example Jacobian, MLP {N_IN}-{N_HID}-{N_OUT} tanh, batch {B}, float32 (target ratio <= 1.1)")
+    for name, v in r.items():
+        print(f"  {name:11s} native {v['native_seconds'] * 1e3:8.3f} ms   unigrad {v['unigrad_seconds'] * 1e3:8.3f} ms"
+              f"   ratio {v['ratio']:.2f}{'' if v['compiled'] else '  (eager: backend compiles nothing)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Non-differentiable points: the tape's documented rules, and docs/conventions.md matches a measurement."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+import unigrad
+from unigrad.testing import conventions
+
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "conventions.md"
+
+# The tape's rule at each point (docs/tape.md); a change here is a change of documented behaviour.
+TAPE_RULES = {
+    "abs at 0": "0", "relu at 0": "0.5", "maximum tie": "0.5, 0.5", "minimum tie": "0.5, 0.5",
+    "max reduction tie": "[0.5, 0.5, 0]", "clip lower bound": "1", "clip upper bound": "1", "sqrt at 0": "inf",
+    "norm at 0": "[0, 0]", "where, NaN in untaken branch": "nan", "x ** 0 at 0": "0", "pow, base 0": "0",
+    "floor": "0", "round": "0", "sign at 0": "0",
+}
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_tape_rules_at_non_differentiable_points():
+    measured = conventions.measure(["numpy"])
+    assert {k: v["numpy"] for k, v in measured.items()} == TAPE_RULES
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_conventions_doc_is_what_the_backends_return_now():
+    documented = conventions.parse(DOC.read_text())
+    available = [n for n, info in unigrad.backends().items() if info["available"]]
+    measured = conventions.measure(available)
+    expressions = {k.name: k.expression for k in conventions.KINKS}
+    for name, row in measured.items():
+        for backend, cell in row.items():
+            doc_row = documented[expressions[name]]
+            if backend in doc_row:  # a backend not installed here is not checked
+                assert doc_row[backend] == cell, (
+                    f"docs/conventions.md says {backend} gives {doc_row[backend]} for {expressions[name]}, "
+                    f"but it now gives {cell}: regenerate with python -m unigrad.testing.conventions --write")
+
+
+def test_measure_catches_a_changed_rule(monkeypatch):
+    from unigrad.tape import _primitives as P
+
+    monkeypatch.setattr(P.absolute, "vjps", (lambda g, ans, x: g * 1.0,))  # abs'(0) := 1, not 0
+    assert conventions.measure(["numpy"])["abs at 0"]["numpy"] == "1"

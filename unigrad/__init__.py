@@ -9,7 +9,8 @@ NumPy tape (the default) or on PyTorch, JAX, TensorFlow or a plugin backend.
 
 from ._api import (asarray, batched_jacobian, check_batch_independence, grad, hessian, hvp, jacfwd, jacobian,
                    jacrev, jvp, namespace, to_numpy, value_and_grad, vjp, vmap)
-from ._registry import backends, get_backend, register_backend, set_backend, unregister_backend, use_backend
+from ._registry import (backends, get_backend, register_backend, set_backend, unregister_backend, use_backend,
+                        use_device)
 from .backend import Backend, Capabilities
 
 __version__ = "0.1.0"
@@ -18,6 +19,6 @@ __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
     "check_batch_independence", "hessian", "hvp", "vmap",
     "namespace", "asarray", "to_numpy",
-    "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend",
+    "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",
 ]

@@ -102,6 +102,8 @@ def _check_like(b: Backend, value, reference, what: str, fname: str):
                          f"(a floating{' or complex' if want_dtype in COMPLEX else ''} dtype is cast to it)")
     if got_dtype != want_dtype:
         value = b.cast(value, want_dtype)
+    if b.device(value) != b.device(reference):
+        value = b.asarray(value, device=b.device(reference))
     return value
 
 
@@ -160,6 +162,8 @@ class _Traced:
                 return _leaf_names(diff, f"argument {argnums[0]}")
             return _arg_names(diff, argnums)
         self.names_fn = names_fn
+        if device is None:
+            device = _registry.current_device()
         leaves = []
         for k, x in enumerate(raw_leaves):
             if not b.is_array(x):
@@ -356,7 +360,8 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
         names = None
         checked = []
         for k, (c, o) in enumerate(zip(cts, outputs)):
-            if not (b.is_array(c) and b.shape(c) == b.shape(o) and b.dtype(c) == b.dtype(o)):
+            if not (b.is_array(c) and b.shape(c) == b.shape(o) and b.dtype(c) == b.dtype(o)
+                    and b.device(c) == b.device(o)):
                 names = names or _leaf_names(optree.tree_unflatten(out_tree, list(range(len(cts)))), "cotangent")
                 c = _check_like(b, c, o, f"{names[k]} (for an output of shape {b.shape(o)}, "
                                          f"dtype {b.dtype(o)})", "vjp_fn")
@@ -401,7 +406,8 @@ def jvp(f: Callable, primals, tangents, has_aux: bool = False, backend=None):
         raise ValueError(f"jvp: tangents must have the structure of primals, {t.treedef}; ({exc})") from None
     names = t.names_fn
     tan_leaves = tuple(
-        tl if (b.is_array(tl) and b.shape(tl) == b.shape(p) and b.dtype(tl) == b.dtype(p))
+        tl if (b.is_array(tl) and b.shape(tl) == b.shape(p) and b.dtype(tl) == b.dtype(p)
+               and b.device(tl) == b.device(p))
         else _check_like(b, tl, p, "tangent for " + names()[k], "jvp")
         for k, (tl, p) in enumerate(zip(tan_leaves, t.leaves)))
     outputs, tangents_out, aux = b.jvp(t.flat_f, t.leaves, tan_leaves, has_aux=has_aux)

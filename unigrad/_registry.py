@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 from .backend import Backend
 
-__all__ = ["backends", "get_backend", "set_backend", "use_backend", "register_backend"]
+__all__ = ["backends", "get_backend", "set_backend", "use_backend", "use_device", "register_backend"]
 
 ENTRY_POINT_GROUP = "unigrad.backends"
 DEFAULT = "numpy"
@@ -191,6 +191,29 @@ def use_backend(name: str | Backend) -> Iterator[Backend]:
         yield b
     finally:
         _context_backend.reset(token)
+
+
+_context_device: contextvars.ContextVar = contextvars.ContextVar("unigrad_use_device", default=None)
+
+
+@contextlib.contextmanager
+def use_device(device: str | None) -> Iterator[str | None]:
+    """Context manager: transforms called inside place their inputs on ``device`` unless given ``device=``.
+
+    Example:
+      >>> with unigrad.use_device("cuda"):
+      ...     g = unigrad.grad(loss, backend="torch")(w)   # doctest: +SKIP
+    """
+    token = _context_device.set(device)
+    try:
+        yield device
+    finally:
+        _context_device.reset(token)
+
+
+def current_device() -> str | None:
+    """The device transforms place inputs on by default: ``use_device`` > ``UNIGRAD_DEVICE`` > None (leave them)."""
+    return _context_device.get() or os.environ.get("UNIGRAD_DEVICE") or None
 
 
 def current_backend_name() -> str:

@@ -137,10 +137,10 @@ class _Traced:
     """
 
     __slots__ = ("backend", "leaves", "treedef", "flat_f", "out_tree", "aux_tree", "fname", "names_fn",
-                 "dynamic", "static", "other_tree", "_assemble", "has_aux", "batch")
+                 "dynamic", "static", "other_tree", "_assemble", "has_aux", "batch", "_key")
 
     def __init__(self, f, args, argnums, has_aux, backend, fname, all_args=False, device=None):
-        self.fname, self.has_aux, self.batch = fname, has_aux, None
+        self.fname, self.has_aux, self.batch, self._key = fname, has_aux, None, False
         if all_args:  # vjp / jvp: every primal is differentiated
             single, argnums = False, tuple(range(len(args)))
             diff = tuple(args)
@@ -239,14 +239,18 @@ class _Traced:
         return flat_f
 
     def static_key(self):
-        """What a compiled program depends on besides array shapes and dtypes (None: not hashable)."""
-        try:
-            key = (self.backend.name, self.treedef, self.other_tree, self.static, self.has_aux,
-                   tuple((self.backend.shape(x), self.backend.dtype(x)) for x in self.leaves + self.dynamic))
-            hash(key)
-            return key
-        except TypeError:
-            return None
+        """The signature a compiled program or a cached decision depends on: argument structure,
+        non-array arguments, shapes and dtypes (None when something is not hashable). Computed once."""
+        if self._key is False:
+            b = self.backend
+            try:
+                key = (b.name, self.treedef, self.other_tree, self.static, self.has_aux,
+                       tuple((b.shape(x), b.dtype(x)) for x in self.leaves + self.dynamic))
+                hash(key)
+            except TypeError:
+                key = None
+            self._key = key
+        return self._key
 
     def output(self, leaves):
         return optree.tree_unflatten(self.out_tree, list(leaves))

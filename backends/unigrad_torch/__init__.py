@@ -1,1 +1,514 @@
-"""unigrad's torch backend (being written)."""
+"""unigrad's PyTorch backend: the unigrad contract on ``torch.func``.
+
+Every transform is a ``torch.func`` transform (``vjp``, ``jvp``, ``vmap``), so
+they nest to any order and compose with the caller's own ``torch.func`` code.
+What this adapter adds to ``torch.func`` is the part of the contract torch does
+not give by itself:
+
+* Grad mode and inference mode: the transforms run with grad enabled and
+  inference mode off *locally*, whatever the caller's mode, and inference
+  tensors (which autograd cannot save) are copied first. The caller's modes
+  are restored on the way out, also when ``f`` raises.
+* Thread safety: torch's forward-mode dual level is process-global, so all
+  forward-mode work of this backend holds one re-entrant lock.
+* Complex numbers: torch's reverse mode returns the conjugate of unigrad's
+  (JAX's) convention; cotangents are conjugated going in and results coming out.
+* Non-tensor ``aux`` leaves pass through (``torch.func`` accepts only tensors there).
+* Conversion: NumPy arrays with negative strides, read-only or non-native byte
+  order, ml_dtypes bfloat16, DLPack producers, unigrad device strings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import threading
+
+import numpy as np
+import torch
+import torch.func
+from array_api_compat import torch as _torch_namespace
+
+from unigrad import Backend, Capabilities
+
+__all__ = ["TorchBackend"]
+
+# torch's forward-mode AD keeps its dual level in process-global state
+# (torch.autograd.forward_ad._current_level and torch.func's JVP_NESTING): two threads inside
+# torch.func.jvp at once share one level, and whichever leaves first destroys the other's tangents
+# (silent zeros) or makes it raise. Every forward-mode computation here holds this lock. It is
+# re-entrant because forward-mode work nests (jacfwd of a function that calls jvp). The price:
+# forward-mode work runs one thread at a time, and an f that waits for another thread's
+# forward-mode work (not just starts it) would deadlock.
+_FORWARD_LOCK = threading.RLock()
+
+_DTYPE_NAMES = {
+    torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64",
+    torch.complex64: "complex64", torch.complex128: "complex128", torch.bool: "bool",
+    torch.int8: "int8", torch.int16: "int16", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
+}
+_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+for _name in ("uint16", "uint32", "uint64"):  # present in newer torch versions only
+    if isinstance(getattr(torch, _name, None), torch.dtype):
+        _DTYPES[_name] = getattr(torch, _name)
+        _DTYPE_NAMES[getattr(torch, _name)] = _name
+
+_CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
+
+
+class TorchBackend(Backend):
+    """PyTorch through ``torch.func``: reverse and forward mode, vmap, nesting to any order."""
+
+    name = "torch"
+    array_modules = ("torch",)
+    # compile=False: measured (see ``compile``), torch.compile does not pay off for this backend.
+    capabilities = Capabilities(forward_mode=True, vmap=True, compile=False, higher_order=True,
+                                complex=True, float64=True)
+    # ``asarray`` takes objects with ``__dlpack__`` (JAX arrays...) directly, without a NumPy copy.
+    accepts_dlpack = True
+
+    # ------------------------------------------------------------------ arrays
+    def namespace(self):
+        return _torch_namespace
+
+    def version(self):
+        return torch.__version__
+
+    def asarray(self, x, dtype=None, device=None):
+        """``x`` (tensor, NumPy array, scalar, nested list, DLPack producer) as a tensor.
+
+        ``dtype`` None keeps x's dtype (NumPy float64 stays float64); else a canonical name
+        (``"bfloat16"``) or a ``torch.dtype``. ``device`` None keeps x's device (CPU for host
+        data); else ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"gpu"`` (= ``"cuda:0"``) or a ``torch.device``.
+        """
+        target_dtype = None if dtype is None else _torch_dtype(dtype)
+        target_device = None if device is None else _torch_device(device, self.devices)
+        if isinstance(x, torch.Tensor):
+            tensor = x
+        elif isinstance(x, (np.ndarray, np.generic)):
+            tensor = _from_numpy(np.asarray(x))
+        elif hasattr(x, "__dlpack__") and not isinstance(x, (bool, int, float, complex)):
+            try:
+                tensor = torch.from_dlpack(x)
+            except (RuntimeError, TypeError, ValueError, BufferError):
+                # e.g. a dtype or device DLPack cannot carry: go through the producer's NumPy view
+                tensor = _from_numpy(np.asarray(x))
+        else:
+            tensor = _from_numpy(np.asarray(x))
+        if target_dtype is not None or target_device is not None:
+            tensor = tensor.to(device=target_device, dtype=target_dtype)
+        return tensor
+
+    def to_numpy(self, x):
+        """A NumPy array with x's values (bfloat16 as ml_dtypes.bfloat16 when available, else float32).
+
+        Inside ``grad``-like transforms the primal value is returned; inside ``vmap`` there is no
+        single value to return, which raises TypeError.
+        """
+        x = _primal_value(x)
+        # Inside a transform, functorch would wrap the results of the ops below again.
+        with _functorch_disabled():
+            x = x.detach()
+            if x.device.type != "cpu":
+                x = x.cpu()
+            x = x.resolve_conj().resolve_neg()
+            if x.dtype == torch.bfloat16:
+                try:
+                    import ml_dtypes
+                except ImportError:
+                    return x.float().numpy()
+                return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+            return x.numpy()
+
+    def is_array(self, x):
+        # The values f sees inside torch.func transforms (grad-tracking, batched, dual) are Tensors too.
+        return isinstance(x, torch.Tensor)
+
+    def devices(self):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return ("cpu", *(f"cuda:{i}" for i in range(count)))
+
+    def device(self, x):
+        return x.device
+
+    def dtype(self, x):
+        name = _DTYPE_NAMES.get(x.dtype)
+        return name if name is not None else str(x.dtype).removeprefix("torch.")
+
+    def shape(self, x):
+        return tuple(x.shape)
+
+    def cast(self, x, dtype):
+        return x.to(_torch_dtype(dtype))
+
+    def zeros_like(self, x):
+        return torch.zeros_like(x)
+
+    def stop_gradient(self, x):
+        return x.detach()
+
+    # ------------------------------------------------------------------ first order
+    def vjp(self, f, primals, *, has_aux=False):
+        with _autograd_on():
+            primals = _usable(primals)
+            if not primals:  # torch.func refuses an empty primal list; nothing to differentiate
+                outputs, aux = _call(f, (), has_aux)
+                return outputs, (lambda cotangents: ()), aux
+            if has_aux:
+                split = _AuxSplit(f)
+                outputs, pullback, tensor_aux = torch.func.vjp(split, *primals, has_aux=True)
+                aux = split.merge(tensor_aux)
+            else:
+                outputs, pullback = torch.func.vjp(f, *primals)
+                aux = None
+
+        def vjp_fn(cotangents):
+            # torch's pullback builds a graph for higher derivatives exactly when grad mode is on
+            # (it is inside every transform here), and leaves inference mode by itself.
+            with torch.inference_mode(False):
+                cotangents = tuple(_conj(_on_device_of(c, o)) for c, o in zip(_usable(cotangents), outputs))
+                grads = pullback(cotangents)
+            return tuple(_conj(g) for g in grads)
+
+        return tuple(outputs), vjp_fn, aux
+
+    def jvp(self, f, primals, tangents, *, has_aux=False):
+        with _FORWARD_LOCK, _autograd_on():
+            primals = _usable(primals)
+            tangents = tuple(_on_device_of(t, p) for t, p in zip(_usable(tangents), primals))
+            if not primals:
+                outputs, aux = _call(f, (), has_aux)
+                return outputs, tuple(torch.zeros_like(o) for o in outputs), aux
+            if has_aux:
+                split = _AuxSplit(f)
+                outputs, tangents_out, tensor_aux = torch.func.jvp(split, primals, tangents, has_aux=True)
+                aux = split.merge(tensor_aux)
+            else:
+                outputs, tangents_out = torch.func.jvp(f, primals, tangents)
+                aux = None
+        return tuple(outputs), tuple(tangents_out), aux
+
+    # ------------------------------------------------------------------ maps and Jacobians
+    def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
+        in_dims = tuple(in_axes)
+        mapped = torch.func.vmap(f, in_dims=in_dims, out_dims=out_axes, chunk_size=chunk_size)
+
+        def call(*args):
+            size = next(a.shape[ax] for a, ax in zip(args, in_dims) if ax is not None)
+            if size == 0:
+                return _vmap_empty(f, args, in_dims, out_axes)
+            return tuple(mapped(*args))
+
+        return call
+
+    def jacrev(self, f, primals, *, chunk_size=None, has_aux=False):
+        """One VJP, pulled back over the output basis by ``torch.func.vmap``, ``chunk_size`` rows at a time."""
+        outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
+        templates = [(o.shape, o.dtype, o.device) for o in outputs]
+        pulled = _map_unit_rows(lambda *cts: tuple(vjp_fn(cts)), templates, None, chunk_size,
+                                [(p.shape, p.dtype, p.device) for p in primals])
+        sizes = [o.numel() for o in outputs]
+        # pulled[j]: (n_out, *primal_j.shape); rows are the outputs' elements in order
+        blocks = [pulled_j.split(sizes) for pulled_j in pulled]
+        jac = tuple(tuple(blocks[j][i].reshape(*o.shape, *p.shape) for j, p in enumerate(primals))
+                    for i, o in enumerate(outputs))
+        return outputs, jac, aux
+
+    def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
+        """JVPs of the input basis, vmapped by ``torch.func.vmap``, ``chunk_size`` columns at a time."""
+        with _FORWARD_LOCK, _autograd_on():
+            primals = _usable(primals)
+            templates = [(p.shape, p.dtype, p.device) for p in primals]
+            outputs, pushed, aux = _push_unit_rows(f, primals, templates, None, chunk_size, has_aux)
+        sizes = [p.numel() for p in primals]
+        jac = []
+        for o, columns in zip(outputs, pushed):  # columns: (n_in, *out.shape)
+            columns = columns.reshape(columns.shape[0], o.numel()).T  # (out_size, n_in)
+            jac.append(tuple(block.reshape(*o.shape, *p.shape)
+                             for block, p in zip(columns.split(sizes, dim=1), primals)))
+        return outputs, tuple(jac), aux
+
+    def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
+        """Per-example Jacobians by the sum trick (rows independent, so one sweep serves every example).
+
+        Reverse: one VJP; the cotangent "unit vector k in every example" pulls back row k of all B
+        Jacobians at once; vmapped over k. Forward: likewise with tangents, vmapped over the input
+        elements k. Measured on an MLP 32->64->16 (tanh, B=256, float32, CPU, torch 2.13), against
+        ``vmap`` over B of the Jacobian of f on a batch of one: reverse 0.72 ms vs 0.92 ms, forward
+        2.1 ms vs 4.9 ms (a Python loop over B: 270 ms).
+        """
+        if mode == "fwd":
+            with _FORWARD_LOCK, _autograd_on():
+                primals = _usable(primals)
+                batch = primals[0].shape[0]
+                templates = [(p.shape[1:], p.dtype, p.device) for p in primals]
+                outputs, pushed, aux = _push_unit_rows(f, primals, templates, batch, chunk_size, has_aux)
+            sizes = [math.prod(p.shape[1:]) for p in primals]
+            jac = []
+            for o, columns in zip(outputs, pushed):  # columns: (n_in, B, *out.shape[1:])
+                row = []
+                for block, p in zip(columns.split(sizes), primals):
+                    block = block.movedim(0, -1)  # (B, *out.shape[1:], n_j)
+                    row.append(block.reshape(*o.shape, *p.shape[1:]))
+                jac.append(tuple(row))
+            return outputs, tuple(jac), aux
+        outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
+        batch = outputs[0].shape[0]
+        templates = [(o.shape[1:], o.dtype, o.device) for o in outputs]
+        pulled = _map_unit_rows(lambda *cts: tuple(vjp_fn(cts)), templates, batch, chunk_size,
+                                [(p.shape, p.dtype, p.device) for p in primals])
+        sizes = [math.prod(o.shape[1:]) for o in outputs]
+        blocks = [pulled_j.split(sizes) for pulled_j in pulled]  # (m_i, B, *in_j.shape[1:])
+        jac = tuple(tuple(blocks[j][i].movedim(0, 1).reshape(*o.shape, *p.shape[1:])
+                          for j, p in enumerate(primals)) for i, o in enumerate(outputs))
+        return outputs, jac, aux
+
+    # ------------------------------------------------------------------ second order
+    def _gradient(self, f):
+        """The (unigrad-convention) gradient of scalar-output flat ``f``, as a flat function."""
+        def gradient(*primals):
+            outputs, vjp_fn, _ = self.vjp(f, primals)
+            return vjp_fn((torch.ones_like(outputs[0]),))
+        return gradient
+
+    def hessian(self, f, primals, *, chunk_size=None):
+        """Forward over reverse: ``jacfwd`` of the gradient; ``jac[j][k]`` has shape ``in_j + in_k``."""
+        _, jac, _ = self.jacfwd(self._gradient(f), primals, chunk_size=chunk_size)
+        return jac
+
+    def hvp(self, f, primals, tangents):
+        """Forward over reverse: one JVP of the gradient, never the Hessian."""
+        _, hv, _ = self.jvp(self._gradient(f), primals, tangents)
+        return hv
+
+    # ------------------------------------------------------------------ compile
+    def compile(self, fn):
+        """``fn`` unchanged: ``torch.compile`` does not pay off here (so ``capabilities.compile`` is False).
+
+        Measured on the reverse-mode batched Jacobian of an MLP 32->64->16 (tanh, B=256, float32,
+        2 CPU cores, gcc, torch 2.13):
+
+        * unigrad's compiled program (the core's flat function inside this backend's transforms):
+          Dynamo cannot trace the core's optree flattening inside the ``torch.func`` transform
+          ("Expected treespec to be an instance of PyTreeSpec but got optree.PyTreeSpec"), drops the
+          whole frame and runs it eagerly: no speed-up (about 1.0-1.2 ms either way) after a first
+          call of 2.5-6 s.
+        * the bare torch.func sum trick, hand-written: 0.27-0.42 ms compiled vs 0.9-1.2 ms eager,
+          but 27 s of compilation on the first call in a fresh process and ~2 s more for every new
+          batch size -- and the traced graph would bypass this backend's forward-mode lock and
+          grad-mode handling, whose thread safety under Dynamo is unproven.
+        """
+        return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _autograd_on():
+    """Grad mode on and inference mode off inside; the caller's modes come back after, also on errors."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+def _usable(arrays):
+    """Inference tensors cannot be saved for backward: replace them by ordinary copies.
+
+    Call with inference mode off (a clone made inside inference mode is an inference tensor again).
+    """
+    return tuple(a.clone() if a.is_inference() else a for a in arrays)
+
+
+def _on_device_of(x, reference):
+    # Cotangents and tangents converted from NumPy by the core land on the CPU; they belong with
+    # the value they pair with.
+    return x if x.device == reference.device else x.to(reference.device)
+
+
+def _conj(x):
+    # Materialised: a lazily conjugated tensor cannot become a NumPy array. (conj().resolve_conj()
+    # rather than conj_physical, which has no vmap batching rule and falls back to a slow loop.)
+    return x.conj().resolve_conj() if x.is_complex() else x
+
+
+def _call(f, primals, has_aux):
+    result = f(*primals)
+    if has_aux:
+        outputs, aux = result
+        return tuple(outputs), tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in aux)
+    return tuple(result), None
+
+
+class _AuxSplit:
+    """Wraps ``f`` with ``has_aux``: tensor aux leaves go through torch.func (which unwraps them from
+    the transform); the other leaves (strings, numbers, None...) are kept here and merged back."""
+
+    def __init__(self, f):
+        self.f = f
+        self.is_tensor = self.others = ()
+
+    def __call__(self, *primals):
+        outputs, aux = self.f(*primals)
+        aux = tuple(aux)
+        self.is_tensor = tuple(isinstance(a, torch.Tensor) for a in aux)
+        self.others = tuple(None if t else a for a, t in zip(aux, self.is_tensor))
+        return outputs, tuple(a for a, t in zip(aux, self.is_tensor) if t)
+
+    def merge(self, tensors, index=None):
+        """The aux leaves in their order; ``index`` picks one row of tensors batched by a vmap."""
+        tensors = iter(tensors)
+        return tuple((next(tensors) if index is None else next(tensors)[index]) if t else a
+                     for a, t in zip(self.others, self.is_tensor))
+
+
+def _unit_rows(templates, start, stop, batch):
+    """Rows ``start:stop`` of the identity over the concatenated, flattened ``templates``.
+
+    ``templates`` are ``(shape, dtype, device)``; one array per template is returned, shaped
+    ``(stop - start, *shape)``, or ``(stop - start, batch, *shape)`` -- the same unit vector in
+    every example -- when ``batch`` is given.
+    """
+    out, offset = [], 0
+    for shape, dtype, device in templates:
+        size = math.prod(shape)
+        block = torch.zeros((stop - start, size), dtype=dtype, device=device)
+        # ones where column offset + c is row start + r: the diagonal c - r = start - offset (may be empty)
+        block.diagonal(start - offset).fill_(1)
+        block = block.reshape(stop - start, *shape)
+        if batch is not None:
+            block = block.unsqueeze(1).expand(stop - start, batch, *shape)
+        out.append(block)
+        offset += size
+    return tuple(out)
+
+
+def _chunks(n, chunk_size):
+    step = n if chunk_size is None else chunk_size
+    return [(start, min(start + step, n)) for start in range(0, n, max(step, 1))]
+
+
+def _map_unit_rows(fn, templates, batch, chunk_size, result_templates):
+    """``fn`` vmapped over the unit rows of ``templates`` (see ``_unit_rows``), chunk by chunk.
+
+    Returns one array per result template, ``(n, *shape)``, n the total size of ``templates``.
+    """
+    n = sum(math.prod(shape) for shape, _, _ in templates)
+    if n == 0:
+        return tuple(torch.zeros((0, *shape), dtype=dtype, device=device)
+                     for shape, dtype, device in result_templates)
+    mapped = torch.func.vmap(fn, randomness="same")
+    pieces = [mapped(*_unit_rows(templates, start, stop, batch)) for start, stop in _chunks(n, chunk_size)]
+    return tuple(torch.cat([p[k] for p in pieces]) if len(pieces) > 1 else pieces[0][k]
+                 for k in range(len(result_templates)))
+
+
+def _push_unit_rows(f, primals, templates, batch, chunk_size, has_aux):
+    """JVPs of ``f`` at ``primals`` along every unit row of ``templates``, vmapped chunk by chunk.
+
+    Returns ``(outputs, pushed, aux)``; ``pushed[i]`` is ``(n, *outputs[i].shape)``. Call with the
+    forward lock held. All unit rows belong to one evaluation of ``f``: random ops inside draw once
+    per chunk (vmap randomness "same").
+    """
+    n = sum(math.prod(shape) for shape, _, _ in templates)
+    if n == 0:  # nothing to push: evaluate f plainly
+        outputs, aux = _call(f, primals, has_aux)
+        return outputs, tuple(torch.zeros((0, *o.shape), dtype=o.dtype, device=o.device) for o in outputs), aux
+    split = _AuxSplit(f) if has_aux else None
+
+    def push(*tangents):
+        if has_aux:
+            return torch.func.jvp(split, primals, tangents, has_aux=True)
+        return torch.func.jvp(f, primals, tangents)
+
+    mapped = torch.func.vmap(push, randomness="same")
+    outputs = aux = None
+    pieces = []
+    for start, stop in _chunks(n, chunk_size):
+        result = mapped(*_unit_rows(templates, start, stop, batch))
+        pieces.append(result[1])
+        if outputs is None:
+            # vmap broadcast the (unmapped) outputs and aux over the basis: take one copy
+            outputs = tuple(o[0] for o in result[0])
+            if has_aux:
+                aux = split.merge(result[2], index=0)
+    pushed = tuple(torch.cat([p[i] for p in pieces]) if len(pieces) > 1 else pieces[0][i]
+                   for i in range(len(outputs)))
+    return outputs, pushed, aux
+
+
+def _vmap_empty(f, args, in_dims, out_axis):
+    """vmap over an axis of size 0: f runs on one example of zeros, then the map axis is cut to 0."""
+    one = []
+    for a, ax in zip(args, in_dims):
+        if ax is None:
+            one.append(a)
+        else:
+            shape = list(a.shape)
+            shape[ax] = 1
+            one.append(torch.zeros(shape, dtype=a.dtype, device=a.device))
+    outputs = torch.func.vmap(f, in_dims=in_dims, out_dims=out_axis)(*one)
+    return tuple(o.narrow(out_axis % o.ndim, 0, 0) for o in outputs)
+
+
+def _functorch_disabled():
+    disable = getattr(torch._C, "_DisableFuncTorch", None)
+    return disable() if disable is not None else contextlib.nullcontext()
+
+
+def _primal_value(x):
+    """The plain tensor under the wrappers of grad-like transforms (there is none inside vmap)."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(x):
+        if functorch.is_batchedtensor(x):
+            raise TypeError("to_numpy: a value inside vmap has no single NumPy value; convert the "
+                            "results of the map instead")
+        x = functorch.get_unwrapped(x)
+    return x
+
+
+def _torch_dtype(dtype):
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    found = _DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if found is None:
+        raise ValueError(f"dtype must be a dtype name such as 'float32' or 'bfloat16' (one of "
+                         f"{sorted(_DTYPES)}) or a torch.dtype; got {dtype!r}")
+    return found
+
+
+def _torch_device(device, available):
+    """A unigrad device string (``cpu``, ``cuda``, ``cuda:N``, ``gpu``) or a torch.device as a torch.device."""
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, str):
+        name = device.strip().lower()
+        if name == "gpu":
+            name = "cuda:0"
+        if name == "cpu":
+            return torch.device("cpu")
+        if _CUDA_DEVICE.fullmatch(name):
+            index = int(name[5:]) if ":" in name else 0
+            if index >= (torch.cuda.device_count() if torch.cuda.is_available() else 0):
+                raise ValueError(f"device={device!r} is not available to torch; available devices: "
+                                 f"{', '.join(available())}")
+            return torch.device(name)
+        try:  # other torch device types ("mps", "xpu"...) as torch names them
+            return torch.device(name)
+        except RuntimeError:
+            pass
+    raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N', 'gpu' or a torch.device; got {device!r} "
+                     f"(available: {', '.join(available())})")
+
+
+def _from_numpy(a):
+    """A tensor sharing ``a``'s memory where torch allows it, else a copy; dtype kept."""
+    if a.dtype.name == "bfloat16":  # ml_dtypes.bfloat16 (JAX's): same bits as torch.bfloat16
+        return torch.from_numpy(np.array(a.view(np.int16))).view(torch.bfloat16)
+    if a.dtype.kind not in "biufc":
+        raise TypeError(f"cannot convert a NumPy array of dtype {a.dtype} to a torch tensor")
+    # torch.from_numpy rejects negative strides and non-native byte order, and warns on read-only arrays
+    if any(s < 0 for s in a.strides) or not a.dtype.isnative or not a.flags.writeable:
+        a = np.array(a, dtype=a.dtype.newbyteorder("="), copy=True)
+    return torch.from_numpy(a)

@@ -284,3 +284,11 @@ def test_wrapped_function_keeps_its_name_and_docs():
 
     g = unigrad.grad(my_loss)
     assert g.__name__ == "grad(my_loss)" and g.__doc__ == "Docs." and g.__wrapped__ is my_loss
+
+
+def test_results_are_writable_arrays():
+    g = unigrad.grad(lambda x: unigrad.namespace(x).sum(x))(np.ones(10000))
+    _, t = unigrad.jvp(lambda x: unigrad.namespace(x).broadcast_to(x, (5000, 3)), (np.ones(3),), (np.ones(3),))
+    for a in (g, t):
+        assert isinstance(a, np.ndarray) and a.flags.writeable
+        a[0] = 7.0

@@ -349,8 +349,17 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
         if g is None:
             v = input_values[i]
             g = np.zeros(tuple(batch_shape) + _shape(v), dtype=v.dtype)
-        grads.append(np.asarray(g) if isinstance(g, np.generic) else g)
+        grads.append(_writable(g))
     return tuple(grads)
+
+
+def _writable(g):
+    """Results users own: 0-d arrays rather than NumPy scalars, and never a read-only broadcast view."""
+    if isinstance(g, np.generic):
+        return np.asarray(g)
+    if isinstance(g, np.ndarray) and not g.flags.writeable:
+        return g.copy()
+    return g
 
 
 def record(f, primals, has_aux):
@@ -397,7 +406,7 @@ def push(f, primals, tangents, has_aux, batch_shape=()):
     for o in outs:
         if isinstance(o, FTracer) and o.trace is trace:
             values.append(_strip(o.value, trace))
-            tans.append(_strip(o.tangent, trace))
+            tans.append(_writable(_strip(o.tangent, trace)))
         else:
             values.append(_strip(o, trace))
             tans.append(np.zeros(tuple(batch_shape) + _shape(o), dtype=o.dtype))

@@ -15,15 +15,28 @@ needs to know how many; rules that must (reshape, indexing) compute it as
 ``broadcasts=True`` get their cotangents summed back to the argument's shape
 (and their tangents aligned) by the engine.
 
-Non-differentiable points, one rule each (docs/conventions.md): ``abs``/``sign``
-at 0 -> 0; ``maximum``/``minimum`` ties -> half to each side; ``max``/``min``
-reductions -> split evenly among tied elements; ``clip`` at a bound -> 1 (the
-bound is inclusive); ``sqrt`` at 0 -> inf (the true one-sided limit);
-``x ** 0`` -> 0 for the base; ``floor``/``ceil``/``round``/``trunc``/``sign`` -> 0.
+Joint rules: a primitive with several results (``eigh``, ``svd``, ``qr``,
+``slogdet``) returns them *packed* into one array (each result flattened over
+its core axes, concatenated on the last axis); the namespace unpacks them with
+traced ``getitem``/``reshape``, so the engine only ever sees one output. The
+decompositions give their JVP as one formula (``jvp_joint``) and get their VJP
+by transposing it: :func:`_transposed_jvp` runs reverse mode over the linear
+map ``dx -> jvp(dx)`` (traced ops all the way, so it differentiates again).
+
+Non-differentiable points, one rule each (the full list is in docs/tape.md):
+``abs``/``sign`` at 0 -> 0; ``maximum``/``minimum`` ties -> half to each side
+(so ``relu`` at 0 -> 1/2); ``max``/``min`` reductions -> split evenly among tied
+elements; ``clip`` at a bound -> 1 (the bound is inclusive); ``sqrt`` at 0 ->
+inf (the true one-sided limit); ``x ** 0`` -> 0 for the base;
+``floor``/``ceil``/``round``/``trunc``/``sign``/``floor_divide`` -> 0; ``sort``
+ties -> the stable order's permutation; ``eigh``/``svd`` terms coupling equal
+eigen/singular values (to rounding) -> 0; ``svd`` singular vectors of a zero
+singular value -> the ``1/s`` terms are 0.
 """
 
 from __future__ import annotations
 
+import cmath
 import math
 
 import numpy as np
@@ -108,6 +121,16 @@ square = _unary("square", np.square, lambda ans, x: 2 * x)
 reciprocal = _unary("reciprocal", np.reciprocal, lambda ans, x: -(ans * ans))
 
 
+def _sigmoid_impl(x):
+    if np.iscomplexobj(x):
+        return 1 / (1 + np.exp(-x))
+    e = np.exp(-np.abs(x))  # never overflows: exp of a non-positive number
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+sigmoid = _unary("sigmoid", _sigmoid_impl, lambda ans, x: ans * (1 - ans))
+
+
 def _sign_impl(x):
     if np.iscomplexobj(x):  # Array API: x / |x|, 0 at 0
         a = np.abs(x)
@@ -140,7 +163,7 @@ absolute = defprim("abs", np.abs, vjp=(_abs_vjp,), jvp=(_abs_jvp,))
 
 # complex parts: real-linear maps; the VJP is the transpose with JAX's (unconjugated) convention
 real = defprim("real", np.real, vjp=(lambda g, ans, x: _complexify(g, x),), jvp=LINEAR)
-imag = defprim("imag", np.imag, vjp=(lambda g, ans, x: _complexify(-1j * g, x) if _is_complex(x) else g * 0,),
+imag = defprim("imag", np.imag, vjp=(lambda g, ans, x: _complexify(g * -1j, x) if _is_complex(x) else g * 0,),
                jvp=LINEAR)
 conj = defprim("conj", np.conj, vjp=(lambda g, ans, x: conj(g),), jvp=LINEAR)
 
@@ -175,6 +198,11 @@ def _pow_vjp_x(g, ans, x, y):
 
 def _pow_vjp_y(g, ans, x, y):
     # d/dy x**y = log(x) * x**y; 0 at x == 0 (JAX's choice)
+    if isinstance(x, (int, float, complex)) and not isinstance(x, np.generic):  # keep a Python scalar weak
+        if x == 0:
+            return g * 0
+        log_x = cmath.log(x) if isinstance(x, complex) else (math.log(x) if x > 0 else math.nan)
+        return g * (ans * log_x)
     return g * (ans * log(where(x == 0, 1, x)))
 
 
@@ -216,17 +244,43 @@ maximum = defprim("maximum", np.maximum, vjp=_rules[0], jvp=_rules[1], broadcast
 _rules = _mm_rules("min")
 minimum = defprim("minimum", np.minimum, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
 
+def _over(num, den):
+    """num / den, and 0 where den == 0 (at the origin of atan2 and hypot: the documented rule)."""
+    zero = _val(den) == 0
+    if not np.any(zero):
+        return num / den
+    return where(zero, 0, num / where(zero, 1, den))
+
+
+def _atan2_dy(y, x):
+    return _over(x, x * x + y * y)
+
+
+def _atan2_dx(y, x):
+    return -_over(y, x * x + y * y)
+
+
 arctan2 = defprim("atan2", np.arctan2,
-                  vjp=(lambda g, ans, y, x: g * x / (x * x + y * y), lambda g, ans, y, x: -g * y / (x * x + y * y)),
-                  jvp=(lambda t, ans, y, x: t * x / (x * x + y * y), lambda t, ans, y, x: -t * y / (x * x + y * y)),
+                  vjp=(lambda g, ans, y, x: g * _atan2_dy(y, x), lambda g, ans, y, x: g * _atan2_dx(y, x)),
+                  jvp=(lambda t, ans, y, x: t * _atan2_dy(y, x), lambda t, ans, y, x: t * _atan2_dx(y, x)),
                   broadcasts=True)
 hypot = defprim("hypot", np.hypot,
-                vjp=(lambda g, ans, x, y: g * x / ans, lambda g, ans, x, y: g * y / ans),
-                jvp=(lambda t, ans, x, y: t * x / ans, lambda t, ans, x, y: t * y / ans), broadcasts=True)
+                vjp=(lambda g, ans, x, y: g * _over(x, ans), lambda g, ans, x, y: g * _over(y, ans)),
+                jvp=(lambda t, ans, x, y: t * _over(x, ans), lambda t, ans, x, y: t * _over(y, ans)), broadcasts=True)
 logaddexp = defprim("logaddexp", np.logaddexp,
                     vjp=(lambda g, ans, x, y: g * exp(x - ans), lambda g, ans, x, y: g * exp(y - ans)),
                     jvp=(lambda t, ans, x, y: t * exp(x - ans), lambda t, ans, x, y: t * exp(y - ans)),
                     broadcasts=True)
+remainder = defprim("remainder", np.remainder,
+                    vjp=(lambda g, ans, x, y: g, lambda g, ans, x, y: -g * _floor_quotient(x, y)),
+                    jvp=(lambda t, ans, x, y: t, lambda t, ans, x, y: -t * _floor_quotient(x, y)), broadcasts=True)
+
+
+def _floor_quotient(x, y):
+    """floor(x / y) as a constant: piecewise constant, so it carries no derivative."""
+    return np.floor_divide(_val(x), _val(y))
+
+
 copysign = defprim("copysign", np.copysign,
                    vjp=(lambda g, ans, x, y: g * sign(x) * sign(ans), None),
                    jvp=(lambda t, ans, x, y: t * sign(x) * sign(ans), None), broadcasts=True)
@@ -271,7 +325,8 @@ for _name, _fn in [("equal", np.equal), ("not_equal", np.not_equal), ("less", np
                    ("less_equal", np.less_equal), ("greater", np.greater), ("greater_equal", np.greater_equal),
                    ("isnan", np.isnan), ("isinf", np.isinf), ("isfinite", np.isfinite),
                    ("signbit", np.signbit), ("logical_and", np.logical_and), ("logical_or", np.logical_or),
-                   ("logical_xor", np.logical_xor), ("logical_not", np.logical_not)]:
+                   ("logical_xor", np.logical_xor), ("logical_not", np.logical_not),
+                   ("floor_divide", np.floor_divide), ("nextafter", np.nextafter)]:
     defnondiff(_name, _fn)
 equal, not_equal = PRIMITIVES["equal"], PRIMITIVES["not_equal"]
 less, less_equal = PRIMITIVES["less"], PRIMITIVES["less_equal"]
@@ -287,16 +342,17 @@ def _keep_shape(shape, axis):
 
 def _expand_reduced(g, ans, x, axis, keepdims):
     """Cotangent of a reduction's output, reshaped and broadcast to ``(*batch, *x.shape)``."""
-    nb = _nb(g, ans)
     gs = _shape(g)
     xs = _shape(x)
-    if not keepdims:
+    nb = len(gs) - _ndim(ans)
+    if not keepdims and (nb or len(axis) != len(xs)):  # a full reduction's scalar broadcasts as it is
         g = reshape(g, gs[:nb] + _keep_shape(xs, axis))
     return broadcast_to(g, gs[:nb] + xs)
 
 
 def _sum_impl(x, axis, keepdims):
-    return np.asarray(np.sum(x, axis=axis, keepdims=keepdims))
+    out = np.add.reduce(x, axis=axis, keepdims=keepdims)  # np.sum's Python wrapper costs microseconds
+    return out if isinstance(out, np.ndarray) else np.asarray(out)
 
 
 reduce_sum = defprim("sum", _sum_impl,
@@ -332,6 +388,71 @@ def _extremum_jvp(t, ans, x, axis, keepdims):
 
 reduce_max = defprim("max", _max_impl, vjp=(_extremum_vjp,), jvp=(_extremum_jvp,))
 reduce_min = defprim("min", _min_impl, vjp=(_extremum_vjp,), jvp=(_extremum_jvp,))
+
+
+def _prod_impl(x, axis, keepdims):
+    return np.asarray(np.prod(x, axis=axis, keepdims=keepdims))
+
+
+def _prod_vjp(g, ans, x, axis, keepdims):
+    return _expand_reduced(g, ans, x, axis, keepdims) * _prod_others(x, axis)
+
+
+def _prod_jvp(t, ans, x, axis, keepdims):
+    return reduce_sum(t * _prod_others(x, axis), axis=axis, keepdims=keepdims)
+
+
+# d prod / d x_i = the product of the other elements: computed without dividing by x_i, so it is exact
+# at zeros (one zero: only that element's derivative survives; two: all vanish) and to every order.
+reduce_prod = defprim("prod", _prod_impl, vjp=(_prod_vjp,), jvp=(_prod_jvp,))
+
+
+def _prod_others(x, axis):
+    """For each element of ``x``, the product of the other elements of its slice along ``axis``."""
+    nd, shape = _ndim(x), _shape(x)
+    keep = [k for k in range(-nd, 0) if k not in axis]
+    perm = tuple(k + nd for k in keep) + tuple(a + nd for a in axis)
+    identity = perm == tuple(range(nd))
+    lead, red = tuple(shape[k] for k in keep), tuple(shape[a] for a in axis)
+    flat = x if identity else permute_dims(x, axes=perm)
+    if len(red) != 1:
+        flat = reshape(flat, shape=lead + (math.prod(red),))
+    others = _exclusive_products(flat)
+    if len(red) != 1:
+        others = reshape(others, shape=lead + red)
+    return others if identity else permute_dims(others, axes=tuple(int(i) for i in np.argsort(perm)))
+
+
+def _exclusive_products(x):
+    """Along the last axis: (product of the elements before) * (product of the elements after)."""
+    n = _shape(x)[-1]
+    if n == 0:
+        return x
+    lead = _shape(x)[:-1]
+    ones = np.ones(lead + (1,), dtype=x.dtype)
+    if not isinstance(x, Tracer):  # first order on NumPy values: NumPy's own cumprod
+        left = np.cumprod(np.concatenate([ones, x[..., :-1]], axis=-1), axis=-1)
+        right = np.cumprod(np.concatenate([ones, x[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
+        return left * right
+    head = (slice(None),) * len(lead)
+    left = cumprod_scan(concat(ones, getitem(x, index=head + (slice(0, n - 1),)), axis=-1), -1)
+    after = getitem(x, index=head + (slice(n - 1, 0, -1),))  # x reversed, without its first element
+    right = getitem(cumprod_scan(concat(ones, after, axis=-1), -1), index=head + (slice(None, None, -1),))
+    return left * right
+
+
+def cumprod_scan(x, axis):
+    """Cumulative product along a negative ``axis`` from traced ops only (a Hillis-Steele scan:
+    log2(n) rounds of shifted multiplies), so every derivative of it is exact, zeros included."""
+    n = _shape(x)[axis]
+    pre = (slice(None),) * (_ndim(x) + axis)
+    step = 1
+    while step < n:
+        head = getitem(x, index=pre + (slice(0, step),))
+        tail = getitem(x, index=pre + (slice(step, n),)) * getitem(x, index=pre + (slice(0, n - step),))
+        x = concat(head, tail, axis=axis)
+        step *= 2
+    return x
 
 
 def _cumsum_impl(x, axis, reverse=False):
@@ -545,3 +666,462 @@ def _matmul_vjp_b(g, ans, a, b):
 matmul = defprim("matmul", np.matmul, vjp=(_matmul_vjp_a, _matmul_vjp_b),
                  jvp=(lambda t, ans, a, b: matmul(t, b), lambda t, ans, a, b: matmul(a, t)), broadcasts=True)
 
+
+
+# ------------------------------------------------------------------------- einsum
+
+def _einsum_impl(*xs, labels, out):
+    args = []
+    for x, lab in zip(xs, labels):
+        args += [x, list(lab)]
+    big = len(xs) > 2 or max(np.size(x) for x in xs) > 4096  # BLAS-backed contraction paths pay off
+    return np.asarray(np.einsum(*args, list(out), optimize=big))
+
+
+def _fresh_labels(labels, out):
+    """Labels unused by the spec (np.einsum allows integer labels below 52)."""
+    used = set(out).union(*labels)
+    for a in range(52):
+        if a not in used:
+            yield a
+    raise ValueError("einsum: more than 52 distinct indices (including batch axes) are not supported")
+
+
+def _einsum_vjp(i):
+    """The cotangent of operand i: an einsum of the output cotangent with the other operands. Indices of
+    operand i found nowhere else are broadcast (a ones vector); a repeated index (a diagonal) is
+    scattered back with an identity matrix."""
+    def rule(g, ans, *xs, labels, out):
+        fresh = _fresh_labels(labels, out)
+        batch = tuple(next(fresh) for _ in range(_nb(g, ans)))
+        ops, labs = [g], [batch + tuple(out)]
+        for k, (x, lab) in enumerate(zip(xs, labels)):
+            if k != i:
+                ops.append(x)
+                labs.append(tuple(lab))
+        present = set(out).union(*(labels[k] for k in range(len(xs)) if k != i))
+        shape, dtype = _shape(xs[i]), np.finfo(g.dtype).dtype
+        target, seen = [], set()
+        for pos, a in enumerate(labels[i]):
+            if a in seen:
+                b = next(fresh)
+                ops.append(np.eye(shape[pos], dtype=dtype))
+                labs.append((a, b))
+                target.append(b)
+                continue
+            seen.add(a)
+            if a not in present:
+                ops.append(np.ones(shape[pos], dtype=dtype))
+                labs.append((a,))
+            target.append(a)
+        return _real_like(einsum(*ops, labels=tuple(labs), out=batch + tuple(target)), xs[i])
+    return rule
+
+
+def _einsum_jvp(i):
+    def rule(t, ans, *xs, labels, out):
+        fresh = _fresh_labels(labels, out)
+        batch = tuple(next(fresh) for _ in range(_ndim(t) - _ndim(xs[i])))
+        ops, labs = list(xs), list(labels)
+        ops[i], labs[i] = t, batch + tuple(labels[i])
+        return einsum(*ops, labels=tuple(labs), out=batch + tuple(out))
+    return rule
+
+
+def einsum(*xs, labels, out):
+    """Einstein summation with integer ``labels`` per operand and ``out`` labels (no ellipsis, no
+    size-1 broadcasting: the namespace expands those). One primitive per arity, like ``concat``."""
+    prim = _einsum_prims.get(len(xs))
+    if prim is None:
+        n = len(xs)
+        prim = defprim(f"einsum{n}", _einsum_impl, vjp=tuple(_einsum_vjp(i) for i in range(n)),
+                       jvp=tuple(_einsum_jvp(i) for i in range(n)))
+        _einsum_prims[n] = prim
+    return prim(*xs, labels=labels, out=out)
+
+
+_einsum_prims: dict[int, Primitive] = {}
+
+
+# ------------------------------------------------------------------------- linear algebra
+# Matrices live on the last two axes; every rule broadcasts over the leading ones (batch axes of
+# cotangents and tangents included). Helpers first, then one row per primitive.
+
+def _mT(x):
+    return matrix_transpose(x)
+
+
+def _mH(x):
+    return conj(matrix_transpose(x)) if _is_complex(x) else matrix_transpose(x)
+
+
+def _index_last(x, *index):
+    """``x[..., *index]`` for a traced x (the index covers the last ``len(index)`` axes)."""
+    return getitem(x, index=(slice(None),) * (_ndim(x) - len(index)) + tuple(index))
+
+
+def _diag_part(x):
+    """The diagonal of the last two axes, (..., n, n) -> (..., n)."""
+    r = np.arange(_shape(x)[-1])
+    return _index_last(x, r, r)
+
+
+def _diag_embed(d):
+    """(..., n) -> (..., n, n) with d on the diagonal."""
+    n = _shape(d)[-1]
+    return reshape(d, _shape(d) + (1,)) * np.eye(n, dtype=np.finfo(d.dtype).dtype)
+
+
+def _row(v):
+    """(..., k) -> (..., 1, k): multiplies the columns of a matrix."""
+    return reshape(v, _shape(v)[:-1] + (1, _shape(v)[-1]))
+
+
+def _col(v):
+    """(..., k) -> (..., k, 1): multiplies the rows of a matrix."""
+    return reshape(v, _shape(v) + (1,))
+
+
+def _tril_strict(x):
+    n, m = _shape(x)[-2:]
+    return where(np.tri(n, m, -1, dtype=bool), x, 0)
+
+
+def _safe_reciprocal(s):
+    """1 / s, and 0 where s == 0 (the value, not its derivative, decides)."""
+    zero = _val(s) == 0
+    return where(zero, 0, 1 / where(zero, 1, s))
+
+
+def _inverse_gaps(w):
+    """F[..., i, j] = 1 / (w_j - w_i) off the diagonal; 0 on the diagonal and for equal values.
+
+    Values are "equal" when they differ by no more than n * eps * max|w| (the rounding of a
+    symmetric eigen- or singular-value solver): the terms that couple them are dropped (documented
+    rule), where the exact derivative of the singular vectors does not exist.
+    """
+    wv = _val(w)
+    n = wv.shape[-1]
+    gaps_v = wv[..., None, :] - wv[..., :, None]
+    scale = np.max(np.abs(wv), axis=-1, keepdims=True)[..., None] if n else 0.0
+    tie = np.abs(gaps_v) <= n * np.finfo(wv.dtype).eps * scale
+    gaps = _row(w) - _col(w)
+    return where(tie, 0, 1 / where(tie, 1, gaps))
+
+
+def _split(packed, cores):
+    """Unpack the results of a joint primitive: the last axis holds each result flattened."""
+    lead = _shape(packed)[:-1]
+    parts, start = [], 0
+    for core in cores:
+        size = math.prod(core)
+        part = _index_last(packed, slice(start, start + size))
+        parts.append(reshape(part, lead + tuple(core)))
+        start += size
+    return parts
+
+
+def _join(parts, cores, dtype):
+    """Pack results (each ``(..., *core)``, any leading axes) into one array of ``dtype``."""
+    flat = []
+    for part, core in zip(parts, cores):
+        if np.dtype(part.dtype) != dtype:
+            part = astype(part, dtype=dtype)
+        lead = _shape(part)[:_ndim(part) - len(core)]
+        flat.append(reshape(part, lead + (math.prod(core),)))
+    return concat(*flat, axis=-1)
+
+
+def _pack_np(arrays, lead):
+    """NumPy side of :func:`_join`, for the impls: each result flattened over the axes after ``lead``."""
+    dtype = np.result_type(*arrays)
+    flat = [np.reshape(a, lead + (math.prod(np.shape(a)[len(lead):]),)).astype(dtype, copy=False) for a in arrays]
+    return np.concatenate(flat, axis=-1)
+
+
+def _transposed_jvp(jvp_joint, i):
+    """The VJP rule of argument ``i`` of a primitive with a (linear in the tangent) joint JVP rule:
+    reverse mode over ``dx -> jvp_joint(dx)``, recorded with the tape's own traced ops. The result
+    is the exact transpose of the JVP (the transpose test holds to rounding) and differentiates again."""
+    from ._core import backward, record
+
+    def rule(g, ans, *args, **params):
+        x = args[i]
+        zero = np.zeros(_shape(x), dtype=x.dtype)
+
+        def linear(dx):
+            tangents = [None] * len(args)
+            tangents[i] = dx
+            return (jvp_joint(tangents, ans, *args, **params),)
+
+        trace, _, out_indices, _ = record(linear, (zero,), False)
+        (ct,) = backward(trace, out_indices, (g,), 1, (zero,), batch_shape=_shape(g)[:_nb(g, ans)])
+        return _real_like(ct, x)
+
+    return rule
+
+
+def _defjoint(name, impl, jvp_joint):
+    """A one-argument primitive defined by its joint JVP rule; the VJP is its transpose."""
+    return defprim(name, impl, vjp=(_transposed_jvp(jvp_joint, 0),), jvp_joint=jvp_joint)
+
+
+def _hermitian_part(x):
+    return (x + _mH(x)) * 0.5
+
+
+# -- inv and solve: hand-written (hot enough to skip the transposition machinery)
+inv = defprim("inv", np.linalg.inv,
+              vjp=(lambda g, ans, x: -matmul(_mT(ans), matmul(g, _mT(ans))),),
+              jvp=(lambda t, ans, x: -matmul(ans, matmul(t, ans)),))
+
+
+def _solve_impl(a, b):
+    return np.linalg.solve(a, b)
+
+
+def _solve_vjp_b(g, ans, a, b):
+    return solve(_mT(a), g)
+
+
+def _solve_vjp_a(g, ans, a, b):
+    return -matmul(solve(_mT(a), g), _mT(ans))
+
+
+# b is a stack of matrices (..., n, k) here; the namespace turns a vector right-hand side into one.
+solve = defprim("solve", _solve_impl, vjp=(_solve_vjp_a, _solve_vjp_b),
+                jvp=(lambda t, ans, a, b: -solve(a, matmul(t, ans)), lambda t, ans, a, b: solve(a, t)),
+                broadcasts=True)
+
+
+# -- det: Jacobi's formula d det = sum(cofactor(A) * dA), with the cofactor matrix exact at singular A
+def _cofactor(x, ans):
+    """cof(A) = adj(A)^T, as traced ops of A: det(A) A^-T when A is well conditioned; else, for
+    n <= 16, the Faddeev-LeVerrier (Cayley-Hamilton) polynomial, exact at every rank and to every
+    order; beyond that the SVD (A = U S Vh: det(U) det(Vh) conj(U) diag(prod of the other s) conj(Vh)),
+    whose first derivative is exact at rank n-1."""
+    xv = _val(x)
+    n = xv.shape[-1]
+    if n == 0:
+        return np.zeros(xv.shape, dtype=xv.dtype)
+    s = np.linalg.svd(xv, compute_uv=False)
+    if np.all(s[..., -1] > n * np.finfo(xv.dtype).eps * s[..., 0]):
+        return reshape(ans, _shape(ans) + (1, 1)) * _mT(inv(x))
+    if n <= 16:
+        return _cofactor_polynomial(x)
+    u, sv, vh = _split(svd(x, full_matrices=False), _svd_cores(n, n, False))
+    if _is_complex(x):
+        phase = det(u) * det(vh)  # unit modulus, a smooth function of A
+        sv, u, vh = real(sv), conj(u), conj(vh)
+    else:
+        phase = np.linalg.det(_val(u)) * np.linalg.det(_val(vh))  # +-1: locally constant
+    adj_s = _prod_others(sv, (-1,))
+    return matmul(u * _row(adj_s), vh) * reshape(phase, _shape(phase) + (1, 1))
+
+
+def _cofactor_polynomial(x):
+    """adj(A) = (-1)^(n+1) M_n with M_1 = I, M_k = A M_(k-1) + c_(n-k+1) I, c_(n-k) = -tr(A M_k) / k
+    (Faddeev-LeVerrier), on A scaled to unit max-norm (cof is homogeneous of degree n-1)."""
+    n = _shape(x)[-1]
+    scale = float(np.max(np.abs(_val(x)))) or 1.0
+    a = x * (1.0 / scale)
+    eye = np.eye(n, dtype=np.finfo(x.dtype).dtype)
+    m = eye
+    for k in range(2, n + 1):
+        am = matmul(a, m) if k > 2 else a
+        c = reduce_sum(_diag_part(am), axis=(-1,), keepdims=False) * (-1.0 / (k - 1))
+        m = am + reshape(c, _shape(c) + (1, 1)) * eye
+    adj = m if n % 2 else -m
+    return _mT(adj) * scale ** (n - 1)
+
+
+det = defprim("det", np.linalg.det,
+              vjp=(lambda g, ans, x: reshape(g, _shape(g) + (1, 1)) * _cofactor(x, ans),),
+              jvp=(lambda t, ans, x: reduce_sum(t * _cofactor(x, ans), axis=(-2, -1), keepdims=False),))
+
+
+# -- slogdet: packed (sign, logabsdet) on the last axis
+def _slogdet_impl(x):
+    sign, logabs = np.linalg.slogdet(x)
+    return np.stack([sign, logabs.astype(sign.dtype)], axis=-1)
+
+
+def _slogdet_jvp(tangents, ans, x):
+    (t,) = tangents
+    c = reduce_sum(_mT(inv(x)) * t, axis=(-2, -1), keepdims=False)  # tr(A^-1 dA)
+    if _is_complex(x):
+        sign = _index_last(ans, 0)
+        parts = [sign * (imag(c) * 1j), real(c)]
+    else:
+        parts = [c * 0, c]
+    return _join(parts, [(), ()], np.dtype(x.dtype))
+
+
+slogdet = _defjoint("slogdet", _slogdet_impl, _slogdet_jvp)
+
+
+# -- cholesky (lower): the input is symmetrised, (A + A^H) / 2, as JAX does
+def _cholesky_impl(x):
+    return np.linalg.cholesky((x + np.conj(np.swapaxes(x, -1, -2))) / 2)
+
+
+def _cholesky_jvp(tangents, ans, x):
+    (t,) = tangents
+    n = _shape(x)[-1]
+    lower = ans
+    # dL = L phi(L^-1 dA_s L^-H), phi: the strictly lower part plus half the (real) diagonal
+    y = _mH(solve(lower, _mH(solve(lower, _hermitian_part(t)))))
+    diag = real(y) if _is_complex(y) else y
+    phi = _tril_strict(y) + where(np.eye(n, dtype=bool), diag, 0) * 0.5
+    return matmul(lower, phi)
+
+
+cholesky = _defjoint("cholesky", _cholesky_impl, _cholesky_jvp)
+
+
+# -- eigh: packed (eigenvalues (n,), eigenvectors (n, n)); the input is symmetrised like cholesky
+def _eigh_impl(x):
+    w, v = np.linalg.eigh((x + np.conj(np.swapaxes(x, -1, -2))) / 2)
+    return _pack_np([w, v], np.shape(x)[:-2])
+
+
+def _eigh_jvp(tangents, ans, x):
+    (t,) = tangents
+    n = _shape(x)[-1]
+    w, v = _split(ans, [(n,), (n, n)])
+    c = matmul(_mH(v), matmul(_hermitian_part(t), v))
+    dw = _diag_part(c)
+    if _is_complex(x):
+        w, dw = real(w), real(dw)
+    dv = matmul(v, _inverse_gaps(w) * c)
+    return _join([dw, dv], [(n,), (n, n)], np.dtype(ans.dtype))
+
+
+eigh = _defjoint("eigh", _eigh_impl, _eigh_jvp)
+
+
+# -- svd: packed (U, S, Vh)
+def _svd_cores(m, n, full_matrices):
+    k = min(m, n)
+    return [(m, m if full_matrices else k), (k,), (n if full_matrices else k, n)]
+
+
+def _svd_impl(x, full_matrices):
+    u, s, vh = np.linalg.svd(x, full_matrices=full_matrices)
+    return _pack_np([u, s, vh], np.shape(x)[:-2])
+
+
+def _svd_jvp(tangents, ans, x, full_matrices):
+    """With P = U^H dA V: dS = Re diag(P); U^H dU = F o (P S + S P^H) (+ i Im diag(P) / s, complex);
+    V^H dV = F o (S P + P^H S); plus the parts outside span(U) / span(V) for non-square A,
+    F_ij = 1 / (s_j^2 - s_i^2). Extra columns of a full U / V turn with the minimal rotation."""
+    (t,) = tangents
+    m, n = _shape(x)[-2:]
+    k = min(m, n)
+    cores = _svd_cores(m, n, full_matrices)
+    u_all, s, vh_all = _split(ans, cores)
+    cplx = _is_complex(x)
+    if cplx:
+        s = real(s)
+    u = _index_last(u_all, slice(None), slice(0, k)) if cores[0][1] != k else u_all
+    vh = _index_last(vh_all, slice(0, k), slice(None)) if cores[2][0] != k else vh_all
+    v = _mH(vh)
+    tv = matmul(t, v)
+    p = matmul(_mH(u), tv)
+    ph = _mH(p)
+    ds = _diag_part(p)
+    if cplx:
+        ds = real(ds)
+    f = _inverse_gaps(s * s)
+    s_row, s_col = _row(s), _col(s)
+    inv_s = _safe_reciprocal(s)
+    omega_u = f * (p * s_row + s_col * ph)
+    omega_v = f * (s_col * p + ph * s_row)
+    if cplx:
+        omega_u = omega_u + _diag_embed(imag(_diag_part(p)) * inv_s) * 1j
+    du = matmul(u, omega_u)
+    dv = matmul(v, omega_v)
+    if m > k:
+        du = du + (tv - matmul(u, p)) * _row(inv_s)
+    if n > k:
+        dv = dv + (matmul(_mH(t), u) - matmul(v, ph)) * _row(inv_s)
+    if cores[0][1] != k:  # full U: the extra columns follow U (minimal rotation, no spin among themselves)
+        u_perp = _index_last(u_all, slice(None), slice(k, None))
+        du = concat(du, -matmul(u, matmul(_mH(du), u_perp)), axis=-1)
+    if cores[2][0] != k:
+        v_perp = _mH(_index_last(vh_all, slice(k, None), slice(None)))
+        dv = concat(dv, -matmul(v, matmul(_mH(dv), v_perp)), axis=-1)
+    return _join([du, ds, _mH(dv)], cores, np.dtype(ans.dtype))
+
+
+svd = _defjoint("svd", _svd_impl, _svd_jvp)
+
+
+# -- qr: packed (Q, R); mode "reduced" or "complete"
+def _qr_cores(m, n, mode):
+    k = min(m, n)
+    return [(m, k), (k, n)] if mode == "reduced" else [(m, m), (m, n)]
+
+
+def _qr_impl(x, mode):
+    q, r = np.linalg.qr(x, mode=mode)
+    return _pack_np([q, r], np.shape(x)[:-2])
+
+
+def _qr_square_rule(t, q, r):
+    """Tangents of A = QR, R square and invertible (m >= n): with C = Q^H dA R^-1,
+    Q^H dQ = Omega (skew-Hermitian: strictly lower part of C, mirrored; i Im diag C), dR = (C - Omega) R."""
+    t_rinv = _mT(solve(_mT(r), _mT(t)))
+    c = matmul(_mH(q), t_rinv)
+    low = _tril_strict(c)
+    omega = low - _mH(low)
+    if _is_complex(c):
+        omega = omega + _diag_embed(imag(_diag_part(c))) * 1j
+    upper = c - omega
+    return t_rinv - matmul(q, upper), matmul(upper, r)
+
+
+def _qr_jvp(tangents, ans, x, mode):
+    (t,) = tangents
+    m, n = _shape(x)[-2:]
+    k = min(m, n)
+    cores = _qr_cores(m, n, mode)
+    q_all, r_all = _split(ans, cores)
+    q = _index_last(q_all, slice(None), slice(0, k)) if cores[0][1] != k else q_all
+    r = _index_last(r_all, slice(0, k), slice(None)) if cores[1][0] != k else r_all
+    if m >= n:
+        dq, dr = _qr_square_rule(t, q, r)
+    else:  # A = [X Y] with X square: Q R_X = X, R = [R_X, Q^H Y]
+        dq, dr_x = _qr_square_rule(_index_last(t, slice(None), slice(0, m)), q,
+                                   _index_last(r, slice(None), slice(0, m)))
+        y = _index_last(x, slice(None), slice(m, None))
+        dr_y = matmul(_mH(dq), y) + matmul(_mH(q), _index_last(t, slice(None), slice(m, None)))
+        dr = concat(dr_x, dr_y, axis=-1)
+    if cores[0][1] != k:  # complete Q of a tall A: extra columns follow (minimal rotation); R's zero rows stay
+        q_perp = _index_last(q_all, slice(None), slice(k, None))
+        dq = concat(dq, -matmul(q, matmul(_mH(dq), q_perp)), axis=-1)
+        dr = concat(dr, np.zeros(_shape(dr)[:-2] + (m - k, n), dtype=dr.dtype), axis=-2)
+    return _join([dq, dr], cores, np.dtype(ans.dtype))
+
+
+qr = _defjoint("qr", _qr_impl, _qr_jvp)
+
+
+# -- pinv: the derivative for a locally constant rank (Golub and Pereyra)
+def _pinv_impl(x, rtol):
+    return np.linalg.pinv(x) if rtol is None else np.linalg.pinv(x, rtol=rtol)
+
+
+def _pinv_jvp(tangents, ans, x, rtol):
+    """dA+ = -A+ dA A+ + A+ A+^H dA^H (I - A A+) + (I - A+ A) dA^H A+^H A+."""
+    (t,) = tangents
+    m, n = _shape(x)[-2:]
+    xp, th = ans, _mH(t)
+    dtype = np.dtype(x.dtype)
+    left = np.eye(m, dtype=dtype) - matmul(x, xp)
+    right = np.eye(n, dtype=dtype) - matmul(xp, x)
+    return (-matmul(xp, matmul(t, xp)) + matmul(matmul(xp, _mH(xp)), matmul(th, left))
+            + matmul(right, matmul(th, matmul(_mH(xp), xp))))
+
+
+pinv = _defjoint("pinv", _pinv_impl, _pinv_jvp)

@@ -169,10 +169,9 @@ def meshgrid(*arrays, indexing="xy"):
 # -------------------------------------------------------------------- elementwise
 
 def _elementwise1(prim):
-    def fn(x, /):
-        return prim(_arr(x))
-    fn.__name__ = prim.name
-    return fn
+    # A primitive is itself the namespace function: its NumPy implementation (a ufunc) takes lists and
+    # scalars as they are, and a wrapper would cost a Python call on the tape's hottest path.
+    return prim
 
 
 exp, expm1, log, log1p, log2, log10 = map(_elementwise1, (P.exp, P.expm1, P.log, P.log1p, P.log2, P.log10))
@@ -191,11 +190,7 @@ def round(x, /, decimals=0):  # noqa: A001
     return P.round_(_arr(x)) if decimals == 0 else P.round_(_arr(x), decimals=decimals)
 
 
-def _elementwise2(prim):
-    def fn(x1, x2, /):
-        return prim(_arr(x1), _arr(x2))
-    fn.__name__ = prim.name
-    return fn
+_elementwise2 = _elementwise1
 
 
 add, subtract, multiply, divide, pow = map(  # noqa: A001
@@ -726,6 +721,11 @@ def _reflected(fn):
     return lambda self, other: fn(other, self)
 
 
+def _method(fn):
+    """``fn`` as a method: a primitive is a callable object, not a function, so Python would not bind it."""
+    return lambda self, *args: fn(self, *args)
+
+
 def _no_setitem(self, key, value):
     raise TypeError("traced arrays are immutable: instead of x[i] = v, build a new array, e.g. "
                     "xp.where(mask, v, x) or xp.concat([...]) (the tape records values, not memory)")
@@ -750,14 +750,14 @@ def _install_operators():
                      "__pow__": pow, "__matmul__": matmul, "__mod__": remainder, "__floordiv__": floor_divide,
                      "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
                      "__eq__": equal, "__ne__": not_equal}.items():
-        setattr(Tracer, name, fn)
+        setattr(Tracer, name, _method(fn))
     for name, fn in [("__radd__", add), ("__rsub__", subtract), ("__rmul__", multiply), ("__rtruediv__", divide),
                      ("__rpow__", pow), ("__rmatmul__", matmul), ("__rmod__", remainder),
                      ("__rfloordiv__", floor_divide)]:
         setattr(Tracer, name, _reflected(fn))
-    Tracer.__neg__ = negative
+    Tracer.__neg__ = _method(negative)
     Tracer.__pos__ = lambda self: self
-    Tracer.__abs__ = abs
+    Tracer.__abs__ = _method(abs)
     Tracer.__getitem__ = getitem
     Tracer.__setitem__ = _no_setitem
     Tracer.__hash__ = object.__hash__
@@ -765,7 +765,7 @@ def _install_operators():
     Tracer.mT = property(matrix_transpose)
     Tracer.real = property(real)
     Tracer.imag = property(imag)
-    Tracer.conj = Tracer.conjugate = conj
+    Tracer.conj = Tracer.conjugate = _method(conj)
     Tracer.sum = lambda self, axis=None, dtype=None, keepdims=False: sum(self, axis=axis, dtype=dtype,
                                                                          keepdims=keepdims)
     Tracer.prod = lambda self, axis=None, dtype=None, keepdims=False: prod(self, axis=axis, dtype=dtype,

@@ -528,22 +528,26 @@ class _ModeCache:
     def __init__(self, maxsize=64):
         self.sizes, self.maxsize = {}, maxsize
 
-    def choose(self, t, per_example):
-        """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``."""
-        b = t.backend
+    def output_shapes(self, t):
+        """The shapes of ``f``'s outputs for this call's signature (one plain forward evaluation per signature)."""
         key = t.static_key()
-        sizes = self.sizes.get(key) if key is not None else None
-        if sizes is None:
-            outputs = t.flat_f(*t.leaves)  # one plain forward evaluation
+        shapes = self.sizes.get(key) if key is not None else None
+        if shapes is None:
+            outputs = t.flat_f(*t.leaves)
             if t.has_aux:
                 outputs = outputs[0]
-            sizes = sum(math.prod(b.shape(o)[1:] if per_example else b.shape(o)) for o in outputs)
+            shapes = tuple(t.backend.shape(o) for o in outputs)
             if key is not None:
                 if len(self.sizes) >= self.maxsize:
                     self.sizes.pop(next(iter(self.sizes)))
-                self.sizes[key] = sizes
-        n_in = sum(math.prod(b.shape(x)[1:] if per_example else b.shape(x)) for x in t.leaves)
-        return "fwd" if n_in < sizes else "rev"
+                self.sizes[key] = shapes
+        return shapes
+
+    def choose(self, t, per_example):
+        """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``."""
+        n_out = sum(math.prod(s[1:] if per_example else s) for s in self.output_shapes(t))
+        n_in = sum(math.prod(t.backend.shape(x)[1:] if per_example else t.backend.shape(x)) for x in t.leaves)
+        return "fwd" if n_in < n_out else "rev"
 
 
 def _flatten_blocks(jac):
@@ -785,9 +789,10 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
              [ 0., 12.]])
     """
     _check_chunk(chunk_size, "hessian")
-    programs = _Programs() if compile else None
+    programs = {True: _Programs(), False: _Programs()} if compile else None
+    shapes = _ModeCache()
 
-    def kernel(b, flat_f, leaves):
+    def nested(b, flat_f, leaves):
         outputs = []
 
         def gradient(*p):
@@ -798,9 +803,14 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
         _, jac2, _ = b.jacfwd(gradient, leaves, chunk_size=chunk_size)
         return tuple(outputs), _flatten_blocks(jac2), ()
 
+    def scalar(b, flat_f, leaves):  # the backend's own Hessian (its fastest form: nested tapes on TensorFlow)
+        return (), _flatten_blocks(b.hessian(flat_f, leaves, chunk_size=chunk_size)), ()
+
     def hessian_f(*args):
         t = _Traced(f, args, argnums, False, backend, "hessian", device=device)
-        _, blocks, _ = _execute(f, t, kernel, programs)
+        is_scalar = shapes.output_shapes(t) == ((),)
+        _, blocks, _ = _execute(f, t, scalar if is_scalar else nested,
+                                programs[is_scalar] if programs else None)
         # blocks, in order: output i, input j, input k -> d/d in_k of (d out_i / d in_j)
         n = len(t.leaves)
         n_out = len(blocks) // (n * n)

@@ -1,0 +1,842 @@
+"""An Array API namespace over TensorFlow tensors (array-api-compat has none for TensorFlow).
+
+``unigrad.namespace(x)`` returns this module for ``tf.Tensor`` / ``tf.Variable``
+inputs, so a portable function runs unchanged on TensorFlow. Where TensorFlow
+has the function it is a one-line mapping; the rest is written with TensorFlow
+ops, so everything here is differentiable by ``tf.GradientTape`` and
+``tf.autodiff.ForwardAccumulator`` and runs inside ``tf.function``.
+
+Array API semantics that TensorFlow does not have natively:
+  * type promotion: ``add(float32, float64)`` is float64, and Python scalars are
+    weak (``multiply(x32, 2.0)`` stays float32); TensorFlow itself raises on
+    mixed dtypes;
+  * ``axis=None`` reduces everything, ``keepdims``, ``std(correction=)``;
+  * ``matmul`` with 1-D operands, integer-array and boolean-mask indexing
+    (``getitem``), negative indices in ``take``;
+  * creation functions default to float64 (like NumPy and the tape) and take
+    ``device=`` as ``"cpu"``, ``"cuda:N"``/``"gpu:N"`` or a TensorFlow device name.
+
+Operators on TensorFlow tensors (``x @ w``, ``x * y``) are TensorFlow's own: they
+do not promote mixed dtypes and ``@`` needs 2-D operands; use ``matmul`` here
+for the Array API behaviour.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import ctypes
+import functools
+import math
+import os
+from typing import NamedTuple
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+__array_api_version__ = "2024.12"
+
+# -------------------------------------------------------------------- dtypes and constants
+bool = tf.bool  # noqa: A001 -- Array API names
+int8, int16, int32, int64 = tf.int8, tf.int16, tf.int32, tf.int64
+uint8, uint16, uint32, uint64 = tf.uint8, tf.uint16, tf.uint32, tf.uint64
+float16, bfloat16, float32, float64 = tf.float16, tf.bfloat16, tf.float32, tf.float64
+complex64, complex128 = tf.complex64, tf.complex128
+e, pi, inf, nan, newaxis = math.e, math.pi, math.inf, math.nan, None
+
+_SCALARS = (builtins.bool, int, float, complex)
+_COMPLEX_OF = {tf.float16: tf.complex64, tf.bfloat16: tf.complex64, tf.float32: tf.complex64,
+               tf.float64: tf.complex128}
+
+
+def _dt(dtype):
+    """A tf.DType from a tf.DType, a NumPy dtype or a dtype name (None stays None)."""
+    return None if dtype is None else tf.as_dtype(dtype)
+
+
+def _tensor(x, dtype=None):
+    """``x`` as a tensor: tensors stay, Variables are read, anything else goes through NumPy (dtype kept)."""
+    if isinstance(x, tf.Variable):
+        x = tf.convert_to_tensor(x)
+    if not isinstance(x, tf.Tensor):
+        x = tf.convert_to_tensor(np.asarray(x))
+    return x if dtype is None or x.dtype == dtype else tf.cast(x, dtype)
+
+
+def _scalar(s, dtype):
+    """A Python scalar as a tensor of ``dtype``."""
+    return tf.cast(s, dtype) if isinstance(s, builtins.bool) else tf.constant(s, dtype)
+
+
+def _weak(s, dtype):
+    """The dtype a Python scalar ``s`` combined with a tensor of ``dtype`` gives (Array API weak scalars)."""
+    if isinstance(s, builtins.bool) or (isinstance(s, int) and not dtype.is_bool):
+        return dtype
+    if isinstance(s, float):
+        return dtype if (dtype.is_floating or dtype.is_complex) else tf.float64
+    if isinstance(s, complex):
+        return dtype if dtype.is_complex else _COMPLEX_OF.get(dtype, tf.complex128)
+    return tf.as_dtype(np.result_type(dtype.as_numpy_dtype, s))
+
+
+def result_type(*arrays_and_dtypes):
+    """Array API type promotion (NumPy's table; Python scalars are weak)."""
+    dtypes = [a.dtype if isinstance(a, (tf.Tensor, tf.Variable)) else tf.as_dtype(a)
+              for a in arrays_and_dtypes if not isinstance(a, _SCALARS)]
+    scalars = [a for a in arrays_and_dtypes if isinstance(a, _SCALARS)]
+    if not dtypes:
+        return tf.as_dtype(np.result_type(*scalars))
+    out = dtypes[0]
+    if builtins.any(d != out for d in dtypes[1:]):
+        out = tf.as_dtype(np.result_type(*(d.as_numpy_dtype for d in dtypes)))
+    for s in scalars:
+        out = _weak(s, out)
+    return out
+
+
+def _promote(*xs):
+    """Tensors of one promoted dtype (Python scalars converted weakly)."""
+    if builtins.all(isinstance(x, tf.Tensor) for x in xs) and len({x.dtype for x in xs}) == 1:
+        return xs
+    xs = [x if isinstance(x, _SCALARS) else _tensor(x) for x in xs]
+    if builtins.all(isinstance(x, _SCALARS) for x in xs):
+        xs = [_tensor(x) for x in xs]
+    dtype = result_type(*xs)
+    return [_scalar(x, dtype) if isinstance(x, _SCALARS) else _tensor(x, dtype) for x in xs]
+
+
+def _axes(axis, ndim):
+    """``axis`` (None, int or sequence) as a sorted list of non-negative ints."""
+    if axis is None:
+        return list(range(ndim))
+    axes = [int(axis)] if isinstance(axis, (int, np.integer)) else [int(a) for a in axis]
+    out = []
+    for a in axes:
+        if not -ndim <= a < builtins.max(ndim, 1):
+            raise ValueError(f"axis {a} is out of bounds for an array of dimension {ndim}")
+        out.append(a % ndim if ndim else 0)
+    if len(set(out)) != len(out):
+        raise ValueError(f"repeated axis in {axis!r}")
+    return sorted(out) if ndim else []
+
+
+def _count(x, axes):
+    """Number of elements reduced over ``axes`` (static when the shape is known)."""
+    dims = [x.shape[a] for a in axes]
+    if builtins.all(d is not None for d in dims):
+        return math.prod(dims)
+    return tf.reduce_prod(tf.gather(tf.shape(x), axes))
+
+
+# -------------------------------------------------------------------- devices
+
+def tf_device_name(device):
+    """TensorFlow's name for a unigrad device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"gpu:0"``) or a TF name."""
+    if device is None:
+        return None
+    name = getattr(device, "name", device)  # tf.config.LogicalDevice
+    if not isinstance(name, str):
+        raise TypeError(f"device must be a string like 'cpu' or 'cuda:0'; got {type(device).__name__}")
+    if name.startswith("/"):
+        return name
+    kind, _, index = name.strip().lower().partition(":")
+    if kind not in ("cpu", "cuda", "gpu") or not (index or "0").isdigit():
+        raise ValueError(f"unknown device {device!r}; expected 'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N' or a "
+                         f"TensorFlow device name")
+    if kind != "cpu" and int(index or 0) >= _gpu_count():
+        # TensorFlow's soft placement would silently use the CPU instead.
+        raise ValueError(f"device {device!r} is not available: TensorFlow sees {_gpu_count()} GPU(s)")
+    return f"/{'CPU' if kind == 'cpu' else 'GPU'}:{index or 0}"
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_count():
+    return len(tf.config.list_logical_devices("GPU"))
+
+
+def _on(device):
+    name = tf_device_name(device)
+    return tf.device(name) if name else contextlib.nullcontext()
+
+
+# -------------------------------------------------------------------- creation
+
+def _shape_arg(shape):
+    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+
+
+def asarray(obj, /, *, dtype=None, device=None, copy=None):
+    dtype = _dt(dtype)
+    with _on(device):
+        if isinstance(obj, (list, tuple)) and builtins.any(isinstance(o, (tf.Tensor, tf.Variable)) for o in obj):
+            out = stack([_tensor(o, dtype) for o in obj])
+        else:
+            out = _tensor(obj, dtype)
+        return tf.identity(out) if device is not None else out  # identity places it on the device
+
+
+def from_dlpack(x, /):
+    """A tensor with the values of another framework's array, copied on its device (no trip through the host).
+
+    DLPack shares the other framework's memory, which may be written later, and TensorFlow assumes
+    tensors never change: the shared buffer is copied at once. Buffers TensorFlow cannot take as they
+    are (not 64-byte aligned, strided) go through NumPy's DLPack import instead.
+    """
+    capsule = x.__dlpack__()
+    if _dlpack_address(capsule) % _ALIGNMENT == 0:
+        try:
+            return tf.raw_ops.DeepCopy(x=tf.experimental.dlpack.from_dlpack(capsule))
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):  # strides, dtypes
+            pass
+    return tf.convert_to_tensor(np.from_dlpack(x))
+
+
+# TensorFlow's kernels CHECK-fail -- abort the process -- on a buffer aligned to less than this, and
+# tf.experimental.dlpack.from_dlpack accepts one (a NumPy array, a sliced view) without complaint.
+_ALIGNMENT = 64
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def _dlpack_address(capsule):
+    """The address of the first element of a (legacy, unconsumed) DLPack capsule's tensor.
+
+    DLManagedTensor begins with DLTensor: data (pointer, offset 0) ... byte_offset (uint64, offset 40).
+    """
+    managed = _capsule_pointer(capsule, b"dltensor")
+    data = ctypes.c_void_p.from_address(managed).value or 0
+    return data + ctypes.c_uint64.from_address(managed + 40).value
+
+
+def zeros(shape, *, dtype=None, device=None):
+    with _on(device):
+        return tf.zeros(_shape_arg(shape), _dt(dtype) or tf.float64)
+
+
+def ones(shape, *, dtype=None, device=None):
+    with _on(device):
+        return tf.ones(_shape_arg(shape), _dt(dtype) or tf.float64)
+
+
+empty = zeros
+
+
+def full(shape, fill_value, *, dtype=None, device=None):
+    dtype = _dt(dtype) or (fill_value.dtype if isinstance(fill_value, tf.Tensor) else
+                           tf.as_dtype(np.asarray(fill_value).dtype))
+    with _on(device):
+        return tf.fill(_shape_arg(shape), tf.cast(fill_value, dtype))
+
+
+def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
+    n_cols = n_rows if n_cols is None else n_cols
+    with _on(device):
+        mask = tf.range(n_cols)[None, :] - tf.range(n_rows)[:, None] == k
+        return tf.cast(mask, _dt(dtype) or tf.float64)
+
+
+def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
+    if stop is None:
+        start, stop = 0, start
+    dtype = _dt(dtype) or (tf.int64 if builtins.all(isinstance(v, int) for v in (start, stop, step)) else tf.float64)
+    with _on(device):
+        return tf.range(start, stop, step, dtype=dtype)
+
+
+def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
+    work = tf.complex128 if isinstance(start, complex) or isinstance(stop, complex) else tf.float64
+    start, stop = _tensor(start, work), _tensor(stop, work)
+    div = num - 1 if endpoint else num
+    with _on(device):
+        out = start + (stop - start) * tf.range(num, dtype=work) / tf.cast(builtins.max(div, 1), work)
+        if endpoint and num > 1:  # exactly ``stop`` at the end, as NumPy does
+            out = tf.concat([out[:-1], stop[None]], 0)
+        return tf.cast(out, _dt(dtype) or work)
+
+
+def zeros_like(x, /, *, dtype=None, device=None):
+    with _on(device):
+        return tf.zeros_like(_tensor(x), dtype=_dt(dtype))
+
+
+def ones_like(x, /, *, dtype=None, device=None):
+    with _on(device):
+        return tf.ones_like(_tensor(x), dtype=_dt(dtype))
+
+
+empty_like = zeros_like
+
+
+def full_like(x, /, fill_value, *, dtype=None, device=None):
+    x = _tensor(x)
+    return full(tf.shape(x), fill_value, dtype=_dt(dtype) or x.dtype, device=device)
+
+
+def _band(x, k, lower):
+    x = _tensor(x)
+    n, m = x.shape[-2], x.shape[-1]
+    offset = tf.range(m)[None, :] - tf.range(n)[:, None]
+    return tf.where(offset <= k if lower else offset >= k, x, tf.zeros_like(x))
+
+
+def tril(x, /, *, k=0):
+    return _band(x, k, lower=True)
+
+
+def triu(x, /, *, k=0):
+    return _band(x, k, lower=False)
+
+
+def meshgrid(*arrays, indexing="xy"):
+    return tuple(tf.meshgrid(*_promote(*arrays), indexing=indexing))
+
+
+# -------------------------------------------------------------------- elementwise
+
+def _unary(fn, name):
+    def op(x, /):
+        return fn(_tensor(x))
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+def _binary(fn, name):
+    def op(x1, x2, /):
+        return fn(*_promote(x1, x2))
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+_LN2, _LN10 = math.log(2.0), math.log(10.0)
+
+exp, expm1, log, log1p = (_unary(f, n) for f, n in ((tf.exp, "exp"), (tf.math.expm1, "expm1"),
+                                                    (tf.math.log, "log"), (tf.math.log1p, "log1p")))
+log2 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN2, x.dtype), "log2")
+log10 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN10, x.dtype), "log10")
+sqrt, sin, cos, tan = (_unary(f, n) for f, n in ((tf.sqrt, "sqrt"), (tf.sin, "sin"), (tf.cos, "cos"),
+                                                 (tf.tan, "tan")))
+sinh, cosh, tanh = (_unary(f, n) for f, n in ((tf.sinh, "sinh"), (tf.cosh, "cosh"), (tf.tanh, "tanh")))
+asin, acos, atan = (_unary(f, n) for f, n in ((tf.asin, "asin"), (tf.acos, "acos"), (tf.atan, "atan")))
+asinh, acosh, atanh = (_unary(f, n) for f, n in ((tf.asinh, "asinh"), (tf.acosh, "acosh"), (tf.atanh, "atanh")))
+abs = _unary(tf.abs, "abs")  # noqa: A001
+negative = _unary(tf.negative, "negative")
+positive = _unary(lambda x: x, "positive")
+square = _unary(tf.square, "square")
+sign = _unary(tf.sign, "sign")  # complex: x / |x|, as the Array API says
+floor = _unary(tf.floor, "floor")
+ceil = _unary(tf.math.ceil, "ceil")
+trunc = _unary(lambda x: tf.where(x < 0, tf.math.ceil(x), tf.floor(x)), "trunc")
+round = _unary(tf.round, "round")  # noqa: A001 -- half to even, like NumPy
+real = _unary(tf.math.real, "real")
+imag = _unary(tf.math.imag, "imag")
+conj = _unary(tf.math.conj, "conj")
+reciprocal = _unary(tf.math.reciprocal, "reciprocal")
+isnan = _unary(lambda x: tf.math.is_nan(x) if x.dtype.is_floating else
+               (tf.math.is_nan(tf.math.real(x)) | tf.math.is_nan(tf.math.imag(x)) if x.dtype.is_complex
+                else tf.zeros_like(x, tf.bool)), "isnan")
+isinf = _unary(lambda x: tf.math.is_inf(x) if x.dtype.is_floating else
+               (tf.math.is_inf(tf.math.real(x)) | tf.math.is_inf(tf.math.imag(x)) if x.dtype.is_complex
+                else tf.zeros_like(x, tf.bool)), "isinf")
+isfinite = _unary(lambda x: tf.math.is_finite(x) if x.dtype.is_floating else
+                  (tf.math.is_finite(tf.math.real(x)) & tf.math.is_finite(tf.math.imag(x)) if x.dtype.is_complex
+                   else tf.ones_like(x, tf.bool)), "isfinite")
+logical_not = _unary(tf.logical_not, "logical_not")
+
+_SAME_WIDTH_INT = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32, tf.float64: tf.int64}
+
+
+def signbit(x, /):
+    """The sign bit (True for -0.0 and negative NaN too), read from the bits."""
+    x = _tensor(x)
+    return tf.bitcast(x, _SAME_WIDTH_INT[x.dtype]) < 0
+
+
+add, subtract, multiply = _binary(tf.add, "add"), _binary(tf.subtract, "subtract"), _binary(tf.multiply, "multiply")
+divide = _binary(tf.math.truediv, "divide")
+pow = _binary(tf.pow, "pow")  # noqa: A001
+maximum, minimum = _binary(tf.maximum, "maximum"), _binary(tf.minimum, "minimum")
+atan2 = _binary(tf.math.atan2, "atan2")
+floor_divide, remainder = _binary(tf.math.floordiv, "floor_divide"), _binary(tf.math.floormod, "remainder")
+equal, not_equal = _binary(tf.equal, "equal"), _binary(tf.not_equal, "not_equal")
+less, less_equal = _binary(tf.less, "less"), _binary(tf.less_equal, "less_equal")
+greater, greater_equal = _binary(tf.greater, "greater"), _binary(tf.greater_equal, "greater_equal")
+logical_and, logical_or = _binary(tf.logical_and, "logical_and"), _binary(tf.logical_or, "logical_or")
+logical_xor = _binary(tf.math.logical_xor, "logical_xor")
+hypot = _binary(lambda a, b: tf.sqrt(a * a + b * b), "hypot")
+copysign = _binary(lambda a, b: tf.where(signbit(b), -tf.abs(a), tf.abs(a)), "copysign")
+
+
+def logaddexp(x1, x2, /):
+    x1, x2 = _promote(x1, x2)
+    big = tf.maximum(x1, x2)
+    # equal infinities would give inf - inf = NaN in the correction term
+    safe = tf.where(tf.math.is_inf(big), tf.zeros_like(big), big)
+    return big + tf.math.log1p(tf.exp(-tf.abs((x1 - safe) - (x2 - safe))))
+
+
+def where(condition, x1, x2, /):
+    x1, x2 = _promote(x1, x2)
+    return tf.where(_tensor(condition, tf.bool), x1, x2)
+
+
+def clip(x, /, min=None, max=None):  # noqa: A002
+    x = _tensor(x)
+    if min is not None:  # the bounds take x's dtype: clip never changes it
+        x = tf.maximum(x, _scalar(min, x.dtype) if isinstance(min, _SCALARS) else _tensor(min, x.dtype))
+    if max is not None:
+        x = tf.minimum(x, _scalar(max, x.dtype) if isinstance(max, _SCALARS) else _tensor(max, x.dtype))
+    return x
+
+
+def astype(x, dtype, /, *, copy=True, device=None):
+    x, dtype = _tensor(x), tf.as_dtype(dtype)
+    with _on(device):
+        return x if x.dtype == dtype and not copy and device is None else tf.cast(x, dtype)
+
+
+# -------------------------------------------------------------------- reductions
+
+def _reduction(fn, name, bool_as=None):
+    def op(x, /, *, axis=None, keepdims=False, dtype=None):
+        x = _tensor(x, _dt(dtype))
+        if bool_as is not None and x.dtype == tf.bool:
+            x = tf.cast(x, bool_as)
+        return fn(x, axis=_axes(axis, x.shape.rank), keepdims=keepdims)
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+sum = _reduction(tf.reduce_sum, "sum", bool_as=tf.int64)  # noqa: A001
+prod = _reduction(tf.reduce_prod, "prod", bool_as=tf.int64)
+max = _reduction(tf.reduce_max, "max")  # noqa: A001
+min = _reduction(tf.reduce_min, "min")  # noqa: A001
+logsumexp = _reduction(tf.reduce_logsumexp, "logsumexp")
+
+
+def mean(x, /, *, axis=None, keepdims=False):
+    x = _tensor(x)
+    return tf.reduce_mean(x, axis=_axes(axis, x.shape.rank), keepdims=keepdims)
+
+
+def var(x, /, *, axis=None, correction=0.0, keepdims=False):
+    x = _tensor(x)
+    axes = _axes(axis, x.shape.rank)
+    centred = x - tf.reduce_mean(x, axis=axes, keepdims=True)
+    squares = tf.math.real(centred * tf.math.conj(centred)) if x.dtype.is_complex else centred * centred
+    dof = tf.cast(_count(x, axes), squares.dtype) - tf.constant(correction, squares.dtype)
+    return tf.reduce_sum(squares, axis=axes, keepdims=keepdims) / dof
+
+
+def std(x, /, *, axis=None, correction=0.0, keepdims=False):
+    return tf.sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
+
+
+def _cumulative(fn, x, axis, dtype, include_initial, initial):
+    x = _tensor(x, _dt(dtype))
+    if axis is None:
+        if x.shape.rank != 1:
+            raise ValueError("cumulative functions need axis= for arrays that are not 1-D")
+        axis = 0
+    a = _axes(axis, x.shape.rank)[0]
+    out = fn(x, axis=a)
+    if include_initial:
+        first = tf.fill(tf.tensor_scatter_nd_update(tf.shape(x), [[a]], [1]), tf.constant(initial, x.dtype))
+        out = tf.concat([first, out], axis=a)
+    return out
+
+
+def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
+    return _cumulative(tf.cumsum, x, axis, dtype, include_initial, 0)
+
+
+def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
+    return _cumulative(tf.math.cumprod, x, axis, dtype, include_initial, 1)
+
+
+cumsum = cumulative_sum
+
+
+def all(x, /, *, axis=None, keepdims=False):  # noqa: A001
+    x = _tensor(x)
+    return tf.reduce_all(tf.cast(x, tf.bool), axis=_axes(axis, x.shape.rank), keepdims=keepdims)
+
+
+def any(x, /, *, axis=None, keepdims=False):  # noqa: A001
+    x = _tensor(x)
+    return tf.reduce_any(tf.cast(x, tf.bool), axis=_axes(axis, x.shape.rank), keepdims=keepdims)
+
+
+def count_nonzero(x, /, *, axis=None, keepdims=False):
+    x = _tensor(x)
+    return tf.math.count_nonzero(x, axis=_axes(axis, x.shape.rank), keepdims=keepdims, dtype=tf.int64)
+
+
+def diff(x, /, *, axis=-1, n=1):
+    x = _tensor(x)
+    a = _axes(axis, x.shape.rank)[0]
+    for _ in range(n):
+        x = tf.gather(x, tf.range(1, tf.shape(x)[a]), axis=a) - tf.gather(x, tf.range(tf.shape(x)[a] - 1), axis=a)
+    return x
+
+
+# -------------------------------------------------------------------- shapes
+
+def reshape(x, /, shape, *, copy=None):
+    return tf.reshape(_tensor(x), _shape_arg(shape))
+
+
+def broadcast_to(x, /, shape):
+    return tf.broadcast_to(_tensor(x), _shape_arg(shape))
+
+
+def broadcast_arrays(*arrays):
+    arrays = [_tensor(a) for a in arrays]
+    shape = functools.reduce(tf.broadcast_static_shape, (a.shape for a in arrays))
+    return [tf.broadcast_to(a, shape) for a in arrays]
+
+
+def permute_dims(x, /, axes):
+    return tf.transpose(_tensor(x), [int(a) for a in axes])
+
+
+def matrix_transpose(x, /):
+    x = _tensor(x)
+    if x.shape.rank < 2:
+        raise ValueError(f"matrix_transpose needs an array of at least 2 dimensions; got shape {tuple(x.shape)}")
+    return tf.linalg.matrix_transpose(x)
+
+
+def moveaxis(x, source, destination, /):
+    x = _tensor(x)
+    nd = x.shape.rank
+    src = _axes(source, nd) if isinstance(source, int) else [int(s) % nd for s in source]
+    dst = _axes(destination, nd) if isinstance(destination, int) else [int(d) % nd for d in destination]
+    order = [a for a in range(nd) if a not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return tf.transpose(x, order)
+
+
+def expand_dims(x, /, *, axis=0):
+    x = _tensor(x)
+    nd = x.shape.rank + 1
+    if not -nd <= axis < nd:
+        raise ValueError(f"axis {axis} is out of bounds for the result of dimension {nd}")
+    return tf.expand_dims(x, axis)
+
+
+def squeeze(x, /, axis):
+    x = _tensor(x)
+    axes = _axes(axis, x.shape.rank)
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ValueError(f"cannot squeeze axis {a} of size {x.shape[a]}")
+    return tf.squeeze(x, axes) if axes else x
+
+
+def flip(x, /, *, axis=None):
+    x = _tensor(x)
+    return tf.reverse(x, _axes(axis, x.shape.rank))
+
+
+def roll(x, /, shift, *, axis=None):
+    x = _tensor(x)
+    if axis is None:
+        return tf.reshape(tf.roll(tf.reshape(x, [-1]), shift, 0), tf.shape(x))
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    shifts = [shift] * len(axes) if isinstance(shift, int) else list(shift)
+    return tf.roll(x, shifts, axes)
+
+
+def concat(arrays, /, *, axis=0):
+    arrays = _promote(*arrays)
+    if axis is None:
+        return tf.concat([tf.reshape(a, [-1]) for a in arrays], 0)
+    return tf.concat(list(arrays), _axes(axis, arrays[0].shape.rank)[0])
+
+
+def stack(arrays, /, *, axis=0):
+    return tf.stack(list(_promote(*arrays)), axis=axis)
+
+
+def unstack(x, /, *, axis=0):
+    return tuple(tf.unstack(_tensor(x), axis=axis))
+
+
+def tile(x, repetitions, /):
+    x = _tensor(x)
+    reps = [int(r) for r in repetitions]
+    nd = builtins.max(x.shape.rank, len(reps))
+    x = tf.reshape(x, [1] * (nd - x.shape.rank) + x.shape.as_list())
+    return tf.tile(x, [1] * (nd - len(reps)) + reps)
+
+
+def repeat(x, repeats, /, *, axis=None):
+    x = _tensor(x)
+    if axis is None:
+        x, axis = tf.reshape(x, [-1]), 0
+    return tf.repeat(x, repeats, axis=axis)
+
+
+# -------------------------------------------------------------------- indexing
+
+def _is_advanced(i):
+    if isinstance(i, (list, np.ndarray)):
+        return not (isinstance(i, np.ndarray) and i.ndim == 0 and i.dtype.kind in "iu")
+    if isinstance(i, (tf.Tensor, tf.Variable)):
+        return i.shape.rank != 0 or i.dtype == tf.bool
+    return False
+
+
+def getitem(x, index, /):
+    """``x[index]`` with NumPy semantics: basic slicing plus integer-array and boolean-mask indexing."""
+    x = _tensor(x)
+    items = index if isinstance(index, tuple) else (index,)
+    if not builtins.any(_is_advanced(i) for i in items):
+        return x[index]
+    return _advanced_getitem(x, items)
+
+
+def _advanced_getitem(x, items):
+    out = []
+    for i in items:  # boolean masks become one integer index per masked dimension
+        if isinstance(i, (list, np.ndarray, tf.Variable)):
+            i = _tensor(i)
+        if isinstance(i, tf.Tensor) and i.dtype == tf.bool:
+            if i.shape.rank == 0:
+                raise IndexError("0-d boolean indices are not supported")
+            out.extend(tf.unstack(tf.where(i), axis=1, num=i.shape.rank))
+        else:
+            out.append(i)
+    if builtins.sum(1 for i in out if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = builtins.sum(1 for i in out if i is not None and i is not Ellipsis)
+    if consumed > x.shape.rank:
+        raise IndexError(f"too many indices for an array of dimension {x.shape.rank}")
+    if builtins.any(i is Ellipsis for i in out):
+        k = next(j for j, i in enumerate(out) if i is Ellipsis)
+        out[k:k + 1] = [slice(None)] * (x.shape.rank - consumed)
+    if builtins.any(i is None for i in out):  # new axes first, then index them with ':'
+        x = x[tuple(None if i is None else slice(None) for i in out)]
+        out = [slice(None) if i is None else i for i in out]
+    out += [slice(None)] * (x.shape.rank - len(out))
+    y = x[tuple(i if isinstance(i, slice) else slice(None) for i in out)]
+    advanced = [k for k, i in enumerate(out) if not isinstance(i, slice)]
+    indices = []
+    for k in advanced:
+        i = tf.cast(_tensor(out[k]), tf.int64)
+        size = tf.cast(tf.shape(y)[k], tf.int64)
+        indices.append(tf.where(i < 0, i + size, i))
+    indices = tf.stack(broadcast_arrays(*indices), axis=-1)
+    rest = [k for k in range(y.shape.rank) if k not in advanced]
+    result = tf.gather_nd(tf.transpose(y, advanced + rest), indices)
+    if advanced == list(range(advanced[0], advanced[-1] + 1)) and advanced[0] > 0:
+        # adjacent advanced indices: NumPy puts the indexed dimensions where they were
+        nb, before = indices.shape.rank - 1, advanced[0]
+        order = list(range(nb, nb + before)) + list(range(nb)) + list(range(nb + before, result.shape.rank))
+        result = tf.transpose(result, order)
+    return result
+
+
+def _index(indices, size):
+    i = _tensor(indices)
+    if not i.dtype.is_integer:
+        raise IndexError(f"indices must be integers; got dtype {i.dtype.name}")
+    return tf.where(i < 0, i + tf.cast(size, i.dtype), i)
+
+
+def take(x, indices, /, *, axis=None):
+    x = _tensor(x)
+    if axis is None:
+        if x.shape.rank != 1:
+            raise ValueError("take: axis is required for arrays with more than one dimension")
+        axis = 0
+    a = _axes(axis, x.shape.rank)[0]
+    return tf.gather(x, _index(indices, tf.shape(x)[a]), axis=a)
+
+
+def take_along_axis(x, indices, /, *, axis=-1):
+    x, idx = _tensor(x), _tensor(indices)
+    a = _axes(axis, x.shape.rank)[0]
+    xm, im = moveaxis(x, a, -1), moveaxis(idx, a, -1)
+    batch = tf.broadcast_static_shape(xm.shape[:-1], im.shape[:-1])
+    xm = tf.broadcast_to(xm, batch.concatenate(xm.shape[-1:]))
+    im = tf.broadcast_to(_index(im, tf.shape(xm)[-1]), batch.concatenate(im.shape[-1:]))
+    return moveaxis(tf.gather(xm, im, axis=-1, batch_dims=batch.rank), -1, a)
+
+
+# -------------------------------------------------------------------- sorting and searching
+
+def sort(x, /, *, axis=-1, descending=False, stable=True):
+    return tf.sort(_tensor(x), axis=axis, direction="DESCENDING" if descending else "ASCENDING")
+
+
+def argsort(x, /, *, axis=-1, descending=False, stable=True):
+    # TensorFlow sorts through top_k, which keeps equal elements in index order in both directions
+    return tf.cast(tf.argsort(_tensor(x), axis=axis, direction="DESCENDING" if descending else "ASCENDING",
+                              stable=True), tf.int64)
+
+
+def _arg(fn, x, axis, keepdims):
+    x = _tensor(x)
+    if axis is None:
+        out = fn(tf.reshape(x, [-1]), axis=0, output_type=tf.int64)
+        return tf.reshape(out, [1] * x.shape.rank) if keepdims else out
+    out = fn(x, axis=axis, output_type=tf.int64)
+    return tf.expand_dims(out, axis) if keepdims else out
+
+
+def argmax(x, /, *, axis=None, keepdims=False):
+    return _arg(tf.argmax, x, axis, keepdims)
+
+
+def argmin(x, /, *, axis=None, keepdims=False):
+    return _arg(tf.argmin, x, axis, keepdims)
+
+
+def nonzero(x, /):
+    x = _tensor(x)
+    return tuple(tf.unstack(tf.where(tf.cast(x, tf.bool)), axis=1, num=x.shape.rank))
+
+
+def searchsorted(x1, x2, /, *, side="left", sorter=None):
+    x1, x2 = _promote(x1, x2)
+    if sorter is not None:
+        x1 = tf.gather(x1, sorter)
+    flat = tf.reshape(x2, [1, -1])
+    return tf.reshape(tf.searchsorted(x1[None, :], flat, side=side, out_type=tf.int64), tf.shape(x2))
+
+
+# -------------------------------------------------------------------- data types
+
+_KINDS = {
+    "bool": lambda d: d.is_bool,
+    "signed integer": lambda d: d.is_integer and not d.is_unsigned,
+    "unsigned integer": lambda d: d.is_integer and d.is_unsigned,
+    "integral": lambda d: d.is_integer,
+    "real floating": lambda d: d.is_floating,
+    "complex floating": lambda d: d.is_complex,
+    "numeric": lambda d: (d.is_integer or d.is_floating or d.is_complex) and not d.is_bool,
+}
+
+
+def isdtype(dtype, kind):
+    dtype = tf.as_dtype(dtype)
+    if isinstance(kind, tuple):
+        return builtins.any(isdtype(dtype, k) for k in kind)
+    if isinstance(kind, str):
+        if kind not in _KINDS:
+            raise ValueError(f"unknown dtype kind {kind!r}; expected one of {sorted(_KINDS)}")
+        return _KINDS[kind](dtype)
+    return dtype == tf.as_dtype(kind)
+
+
+def can_cast(from_, to, /):
+    from_ = from_.dtype if isinstance(from_, (tf.Tensor, tf.Variable)) else tf.as_dtype(from_)
+    return builtins.bool(np.can_cast(from_.as_numpy_dtype, tf.as_dtype(to).as_numpy_dtype))
+
+
+def finfo(type, /):  # noqa: A002
+    dtype = (type.dtype if isinstance(type, (tf.Tensor, tf.Variable)) else tf.as_dtype(type)).as_numpy_dtype
+    try:
+        return np.finfo(dtype)
+    except ValueError:  # bfloat16
+        import ml_dtypes
+        return ml_dtypes.finfo(dtype)
+
+
+def iinfo(type, /):  # noqa: A002
+    return np.iinfo((type.dtype if isinstance(type, (tf.Tensor, tf.Variable)) else tf.as_dtype(type)).as_numpy_dtype)
+
+
+def size(x, /):
+    """Number of elements (tf.Tensor has no ``.size``)."""
+    return x.shape.num_elements()
+
+
+# -------------------------------------------------------------------- linear algebra
+
+def matmul(x1, x2, /):
+    x1, x2 = _promote(x1, x2)
+    n1, n2 = x1.shape.rank, x2.shape.rank
+    if n1 == 0 or n2 == 0:
+        raise ValueError("matmul: operands must be at least 1-D (use multiply for scalars)")
+    if n1 == 1 and n2 == 1:
+        return tf.reduce_sum(x1 * x2)
+    if n1 == 1:
+        return tf.squeeze(tf.linalg.matmul(x1[None, :], x2), -2)
+    if n2 == 1:
+        return tf.squeeze(tf.linalg.matmul(x1, x2[:, None]), -1)
+    return tf.linalg.matmul(x1, x2)
+
+
+def vecdot(x1, x2, /, *, axis=-1):
+    x1, x2 = _promote(x1, x2)
+    return tf.reduce_sum(tf.math.conj(x1) * x2, axis=axis)
+
+
+def tensordot(x1, x2, /, *, axes=2):
+    x1, x2 = _promote(x1, x2)
+    if not isinstance(axes, int):
+        a1, a2 = ([a] if isinstance(a, int) else list(a) for a in axes)
+        axes = [[a % x1.shape.rank for a in a1], [a % x2.shape.rank for a in a2]]
+    return tf.tensordot(x1, x2, axes)
+
+
+def outer(x1, x2, /):
+    x1, x2 = _promote(x1, x2)
+    return tf.reshape(x1, [-1, 1]) * tf.reshape(x2, [1, -1])
+
+
+def dot(x1, x2, /):
+    """NumPy's dot: matmul for 1-D and 2-D operands, a sum over the last/second-to-last axes otherwise."""
+    x1, x2 = _promote(x1, x2)
+    if x1.shape.rank == 0 or x2.shape.rank == 0:
+        return x1 * x2
+    if x2.shape.rank <= 2:
+        return matmul(x1, x2)
+    return tensordot(x1, x2, axes=([x1.shape.rank - 1], [x2.shape.rank - 2]))
+
+
+def einsum(subscripts, /, *operands):
+    return tf.einsum(subscripts, *_promote(*operands))
+
+
+def diagonal(x, /, *, offset=0):
+    return tf.linalg.diag_part(_tensor(x), k=offset)
+
+
+def trace(x, /, *, offset=0, dtype=None):
+    return tf.reduce_sum(_tensor(diagonal(x, offset=offset), _dt(dtype)), axis=-1)
+
+
+def diag(x, /, k=0):
+    """NumPy's diag: the k-th diagonal of a matrix, or a square matrix with a vector on its k-th diagonal."""
+    x = _tensor(x)
+    return tf.linalg.diag_part(x, k=k) if x.shape.rank == 2 else tf.linalg.diag(x, k=k)
+
+
+class SlogdetResult(NamedTuple):
+    sign: tf.Tensor
+    logabsdet: tf.Tensor
+
+
+class EighResult(NamedTuple):
+    eigenvalues: tf.Tensor
+    eigenvectors: tf.Tensor
+
+
+class QRResult(NamedTuple):
+    Q: tf.Tensor
+    R: tf.Tensor
+
+
+class SVDResult(NamedTuple):
+    U: tf.Tensor
+    S: tf.Tensor
+    Vh: tf.Tensor
+
+
+from . import _linalg as linalg  # noqa: E402

@@ -10,8 +10,24 @@ INEXACT = FLOATING | COMPLEX
 REAL_OF_COMPLEX = {"complex64": "float32", "complex128": "float64"}
 
 
+_NAMES: dict = {}  # dtype object -> canonical name; numpy's dtype.name alone costs microseconds
+
+
 def dtype_name(dtype) -> str:
     """Canonical name of a NumPy, torch, JAX or TensorFlow dtype ("float32", "int64", "bool"...)."""
+    try:
+        return _NAMES[dtype]
+    except (KeyError, TypeError):
+        pass
+    name = _dtype_name(dtype)
+    try:
+        _NAMES[dtype] = name
+    except TypeError:  # an unhashable dtype-like: not cached
+        pass
+    return name
+
+
+def _dtype_name(dtype) -> str:
     name = getattr(dtype, "name", None)
     if not isinstance(name, str):  # torch.dtype has no .name; its str is "torch.float32"
         name = str(dtype)

@@ -120,6 +120,19 @@ class Backend:
     def zeros_like(self, x):
         return self.namespace().zeros_like(x)
 
+    def ones_like(self, x):
+        return self.namespace().ones_like(x)
+
+    def zeros(self, shape, dtype: str, device=None):
+        """An array of zeros with the dtype named ``dtype``, on ``device`` (a device object or None)."""
+        xp = self.namespace()
+        return xp.zeros(tuple(shape), dtype=getattr(xp, dtype), device=device)
+
+    def evaluate(self, f, primals):
+        """``f(*primals)`` outside any transform (the core's plain forward evaluations go through it:
+        a backend can set up what its arrays need, e.g. JAX's scoped 64-bit mode)."""
+        return f(*primals)
+
     def stop_gradient(self, x):
         """``x`` detached from any transform (used for ``aux`` values)."""
         return x

@@ -1,1 +1,447 @@
-"""unigrad's jax backend (being written)."""
+"""unigrad's JAX backend: ``jax.vjp`` / ``jax.jvp`` / ``jax.vmap`` / ``jax.jit`` behind the unigrad contract.
+
+JAX's own conventions are the house conventions (complex gradients, zeros for
+unused inputs), so the adapter mostly passes through. The one thing it adds
+is float64 without a global switch: JAX truncates 64-bit values to 32 bits
+unless ``jax_enable_x64`` is on. Flipping that flag would change every other
+JAX user in the process, so every transform, conversion and compiled call
+that touches 64-bit data runs inside the scoped, thread-local
+``jax.enable_x64(True)`` context instead, and only then.
+
+Limitation: 64-bit is detected on the values the backend is handed (primals,
+tangents, cotangents, arguments of compiled and mapped calls). A float64
+array that ``f`` only closes over, with 32-bit primals, is computed as JAX
+computes it without x64: in 32 bits. So is code the user runs on float64 JAX
+arrays outside unigrad's transforms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import unigrad
+from unigrad import Backend, Capabilities
+
+__all__ = ["JaxBackend"]
+
+# Dtypes JAX truncates to 32 bits outside the x64 context.
+_WIDE = frozenset(np.dtype(n) for n in ("float64", "complex128", "int64", "uint64"))
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def _x64(*groups):
+    """The scoped x64 context when some array in ``groups`` is 64-bit and x64 is not on already."""
+    if not jax.config.jax_enable_x64:  # reads the thread-local value first, so nesting is free
+        for group in groups:
+            for a in group:
+                if getattr(a, "dtype", None) in _WIDE:
+                    return jax.enable_x64(True)
+    return _NO_CONTEXT
+
+
+def _traced(arrays) -> bool:
+    """True when we are inside another trace (jit, vmap, grad): chunk loops must be traced loops."""
+    return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def _offsets(sizes):
+    out, total = [], 0
+    for s in sizes:
+        out.append(total)
+        total += s
+    return out, total
+
+
+class _Basis:
+    """The unit vectors of a concatenation of flattened blocks, handed out split back into the blocks.
+
+    ``shapes``/``dtypes`` describe the blocks (the outputs for reverse mode, the inputs for forward
+    mode; one example's part of them for the sum trick, where ``batch`` repeats every unit vector
+    over a leading batch axis: one cotangent/tangent per example at once).
+    """
+
+    def __init__(self, shapes, dtypes, batch=None):
+        self.shapes, self.dtypes, self.batch = [tuple(s) for s in shapes], list(dtypes), batch
+        self.sizes = [math.prod(s) for s in self.shapes]
+        self.offsets, self.n = _offsets(self.sizes)
+
+    def _place(self, block, shape):
+        if self.batch is None:
+            return block
+        return jnp.broadcast_to(block[:, None], (block.shape[0], self.batch, *shape))
+
+    def rows(self, start, stop):
+        """Unit vectors ``start..stop-1``: per block ``(stop - start, [batch,] *shape)`` (as ``jax.jacrev``)."""
+        return tuple(self._place(jnp.reshape(jnp.eye(stop - start, size, k=start - offset, dtype=dtype),
+                                             (stop - start, *shape)), shape)
+                     for shape, size, dtype, offset in zip(self.shapes, self.sizes, self.dtypes, self.offsets))
+
+    def one_hot(self, k):
+        """Unit vector ``k`` (a traced index), per block ``([batch,] *shape)``: O(size) memory per vector."""
+        blocks = []
+        for shape, size, dtype, offset in zip(self.shapes, self.sizes, self.dtypes, self.offsets):
+            block = jnp.reshape((jnp.arange(size) == k - offset).astype(dtype), shape)
+            blocks.append(block if self.batch is None else jnp.broadcast_to(block, (self.batch, *shape)))
+        return tuple(blocks)
+
+    def map(self, fn, chunk_size, traced):
+        """``fn(*unit_vector)`` for every unit vector, stacked on a new leading axis (``fn`` returns a tuple).
+
+        Vectorised with ``jax.vmap``; with ``chunk_size``, at most that many at a time: a traced loop
+        (``lax.map`` with ``batch_size``) inside jit or another transform, a Python loop over vmapped
+        chunks in eager mode (where ``lax.map`` would compile a new scan on every call).
+        """
+        n = self.n
+        if chunk_size is None or chunk_size >= n:
+            return tuple(jax.vmap(fn)(*self.rows(0, n)))
+        if traced:
+            return tuple(lax.map(lambda k: fn(*self.one_hot(k)), jnp.arange(n), batch_size=chunk_size))
+        pieces = [jax.vmap(fn)(*self.rows(start, min(start + chunk_size, n))) for start in range(0, n, chunk_size)]
+        return tuple(jnp.concatenate([p[i] for p in pieces], axis=0) for i in range(len(pieces[0])))
+
+
+def _arrays_only_aux(f):
+    """``f`` with its aux reduced to its array leaves (vmap cannot return strings or floats).
+
+    Returns ``(g, restore)``: ``restore(array_aux)`` puts the other leaves back in place.
+    """
+    kept = {}
+
+    def g(*primals):
+        outputs, aux = f(*primals)
+        kept["aux"] = tuple(aux)
+        return tuple(outputs), tuple(a for a in aux if isinstance(a, jax.Array))
+
+    def restore(array_aux):
+        arrays = iter(array_aux)
+        return tuple(next(arrays) if isinstance(a, jax.Array) else a for a in kept["aux"])
+
+    return g, restore
+
+
+class JaxBackend(Backend):
+    """The JAX backend: native ``vjp``/``jvp``, vmapped Jacobians, ``jit``, float64 via scoped x64."""
+
+    name = "jax"
+    array_modules = ("jax", "jaxlib")  # concrete arrays live in jaxlib, tracers in jax._src
+    capabilities = Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
+                                complex=True, float64=True)
+    accepts_dlpack = True  # asarray takes objects with __dlpack__ (torch tensors...) directly
+
+    # ------------------------------------------------------------------ arrays
+    def namespace(self):
+        return jnp
+
+    def version(self):
+        return jax.__version__
+
+    def is_array(self, x):
+        return isinstance(x, jax.Array)  # tracers are registered as jax.Array too
+
+    def devices(self):
+        names = ["cpu"]
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:  # no GPU backend in this jaxlib
+            gpus = []
+        names += [f"cuda:{i}" for i in range(len(gpus))]
+        return tuple(names)
+
+    def _device(self, device):
+        """A unigrad device string ("cpu", "cuda", "cuda:1", "gpu", "gpu:1") or a jax.Device -> jax.Device."""
+        if isinstance(device, jax.Device):
+            return device
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a device name like 'cpu' or 'cuda:0', or a jax.Device; "
+                            f"got {type(device).__name__}")
+        kind, _, index = device.lower().partition(":")
+        if kind == "cpu":
+            found = jax.devices("cpu")
+        elif kind in ("cuda", "gpu"):
+            try:
+                found = jax.devices("gpu")
+            except RuntimeError:
+                found = []
+        else:
+            raise ValueError(f"unknown device {device!r}; the jax backend has {list(self.devices())}")
+        try:
+            i = int(index) if index else 0
+        except ValueError:
+            raise ValueError(f"unknown device {device!r}; the jax backend has {list(self.devices())}") from None
+        if not 0 <= i < len(found):
+            raise ValueError(f"device {device!r} is not available; the jax backend has {list(self.devices())}")
+        return found[i]
+
+    def device(self, x):
+        """The jax.Device holding ``x``; None for a traced value (the trace decides placement)."""
+        if isinstance(x, jax.core.Tracer):
+            return None
+        devices = x.devices()
+        return next(iter(devices)) if len(devices) == 1 else x.sharding
+
+    def asarray(self, x, dtype=None, device=None):
+        target = None if dtype is None else jnp.dtype(dtype)
+        place = None if device is None else self._device(device)
+        if isinstance(x, jax.core.Tracer):  # inside a transform: placement belongs to the trace
+            return x if target is None or x.dtype == target else self.cast(x, target.name)
+        if not isinstance(x, jax.Array):
+            x = self._import(x)
+        if target is not None and x.dtype != target:
+            x = self.cast(x, target.name)
+        if place is not None and place not in x.devices():
+            x = jax.device_put(x, place)
+        return x
+
+    def _import(self, x):
+        """A jax array from NumPy data, a Python scalar or list, or another framework's array.
+
+        Always under x64, so the dtype is kept exactly (int64 stays int64, float64 stays float64).
+        """
+        with jax.enable_x64(True):
+            if not isinstance(x, (np.ndarray, np.generic)) and hasattr(x, "__dlpack__"):
+                try:
+                    return jnp.from_dlpack(x)  # zero-copy where the producer allows it
+                except Exception:  # e.g. a torch tensor that requires grad, negative strides, another device
+                    x = unigrad.to_numpy(x)
+            return jnp.asarray(np.asarray(x))
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def shape(self, x):
+        return tuple(x.shape)
+
+    def cast(self, x, dtype):
+        target = jnp.dtype(dtype)
+        with _x64((x,), (np.empty(0, target),)):
+            return x.astype(target)
+
+    def zeros_like(self, x):
+        with _x64((x,)):
+            return jnp.zeros_like(x)
+
+    def ones_like(self, x):
+        with _x64((x,)):
+            return jnp.ones_like(x)
+
+    def zeros(self, shape, dtype, device=None):
+        target = jnp.dtype(dtype)
+        with _x64((np.empty(0, target),)):
+            out = jnp.zeros(tuple(shape), dtype=target)
+            return out if device is None else jax.device_put(out, device)
+
+    def stop_gradient(self, x):
+        with _x64((x,)):
+            return lax.stop_gradient(x)
+
+    def evaluate(self, f, primals):
+        """``f(*primals)`` outside any transform, under x64 when a primal is 64-bit.
+
+        The core's plain forward evaluations go through it (``Backend.evaluate``).
+        """
+        primals = tuple(primals)
+        with _x64(primals):
+            return f(*primals)
+
+    # ------------------------------------------------------------------ vjp / jvp
+    def vjp(self, f, primals, *, has_aux=False):
+        primals = tuple(primals)
+        with _x64(primals):
+            outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
+
+        def vjp_fn(cotangents):
+            cotangents = tuple(cotangents)
+            with _x64(primals, cotangents):
+                return tuple(pullback(_like(cotangents, outputs)))
+
+        return outputs, vjp_fn, aux
+
+    def jvp(self, f, primals, tangents, *, has_aux=False):
+        primals, tangents = tuple(primals), tuple(tangents)
+        with _x64(primals, tangents):
+            tangents = _like(tangents, primals)
+            if has_aux:
+                outputs, tangents_out, aux = jax.jvp(f, primals, tangents, has_aux=True)
+            else:
+                (outputs, tangents_out), aux = jax.jvp(f, primals, tangents), None
+        return tuple(outputs), tuple(tangents_out), aux
+
+    # ------------------------------------------------------------------ Jacobians
+    def jacrev(self, f, primals, *, chunk_size=None, has_aux=False):
+        """One VJP, its pullback vmapped over the unit cotangents (``chunk_size`` at a time)."""
+        primals = tuple(primals)
+        with _x64(primals):
+            outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
+            basis = _Basis([o.shape for o in outputs], [o.dtype for o in outputs])
+            rows = basis.map(lambda *g: tuple(pullback(g)), chunk_size, _traced(primals))  # (n_out, *primal.shape)
+            jac = tuple(tuple(jnp.reshape(rows[j][offset:offset + o.size], (*o.shape, *p.shape))
+                              for j, p in enumerate(primals))
+                        for o, offset in zip(outputs, basis.offsets))
+        return outputs, jac, aux
+
+    def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
+        """JVPs vmapped over the unit tangents (``chunk_size`` at a time)."""
+        primals = tuple(primals)
+        with _x64(primals):
+            basis = _Basis([p.shape for p in primals], [p.dtype for p in primals])
+            outputs, columns, aux = _push_basis(f, primals, basis, chunk_size, has_aux)
+            jac = []
+            for o, column in zip(outputs, columns):  # column: (n_in, *o.shape)
+                t = jnp.reshape(column, (basis.n, o.size)).T
+                jac.append(tuple(jnp.reshape(t[:, offset:offset + p.size], (*o.shape, *p.shape))
+                                 for p, offset in zip(primals, basis.offsets)))
+        return outputs, tuple(jac), aux
+
+    def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
+        """Per-example Jacobians by the sum trick, vectorised over the per-example size, never over B.
+
+        ``f`` is a batch function (the core checks every call maps the whole batch to a batch), so
+        the method exact for any ``f`` with independent rows is used; see :func:`_sum_trick`.
+        Cost: the unit basis is repeated over the batch, so the first transposed (or, forward, the
+        first linear) op runs B times where JAX's own ``vmap(jacrev(f_single))`` runs it once:
+        measured under jit on a 32-64-16 tanh MLP, batch 256, float32, 1.9x (rev) that native form.
+        ``vmap`` over examples of a batch-of-one call would match it (measured 0.97x) but needs
+        the core to let a backend call ``f`` on a batch of one, and ``f(x)[i] == f(x[i:i+1])[0]``.
+        """
+        primals = tuple(primals)
+        with _x64(primals):
+            return _sum_trick(f, primals, primals[0].shape[0], mode, chunk_size, has_aux, _traced(primals))
+
+    # ------------------------------------------------------------------ second order
+    def hessian(self, f, primals, *, chunk_size=None):
+        """``jacfwd`` of ``jax.grad``: forward over reverse, ``chunk_size`` tangents at a time."""
+        primals = tuple(primals)
+        argnums = tuple(range(len(primals)))
+        gradient = jax.grad(lambda *p: f(*p)[0], argnums=argnums)
+        _, jac, _ = self.jacfwd(lambda *p: tuple(gradient(*p)), primals, chunk_size=chunk_size)
+        return jac
+
+    def hvp(self, f, primals, tangents):
+        """``jax.jvp`` of ``jax.grad``: one forward-over-reverse sweep, no Hessian."""
+        primals, tangents = tuple(primals), tuple(tangents)
+        gradient = jax.grad(lambda *p: f(*p)[0], argnums=tuple(range(len(primals))))
+        with _x64(primals, tangents):
+            _, hv = jax.jvp(gradient, primals, _like(tangents, primals))
+        return tuple(hv)
+
+    # ------------------------------------------------------------------ vmap / compile
+    def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
+        in_axes = tuple(in_axes)
+        vectorised = jax.vmap(lambda *a: tuple(f(*a)), in_axes=in_axes, out_axes=out_axes)
+
+        def mapped(*args):
+            with _x64(args):
+                size = next(a.shape[ax] for a, ax in zip(args, in_axes) if ax is not None)
+                if chunk_size is None or chunk_size >= size:
+                    return tuple(vectorised(*args))
+                return _chunked_vmap(f, args, in_axes, out_axes, chunk_size)
+
+        return mapped
+
+    def compile(self, fn):
+        """``jax.jit(fn)``, traced and run under x64 when an argument is 64-bit (jit caches per x64 state)."""
+        jitted = jax.jit(fn)
+
+        @functools.wraps(fn)
+        def compiled(*args):
+            with _x64(args):
+                return jitted(*args)
+
+        return compiled
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers of the transforms
+# ---------------------------------------------------------------------------------------------
+
+def _jax_vjp(f, primals, has_aux):
+    if has_aux:
+        outputs, pullback, aux = jax.vjp(f, *primals, has_aux=True)
+        return tuple(outputs), pullback, tuple(aux)
+    outputs, pullback = jax.vjp(f, *primals)
+    return tuple(outputs), pullback, None
+
+
+def _like(values, references):
+    """``values`` cast to the references' dtypes where they differ (JAX rejects a dtype mismatch)."""
+    return tuple(v if v.dtype == r.dtype else v.astype(r.dtype) for v, r in zip(values, references))
+
+
+def _push_basis(f, primals, basis, chunk_size, has_aux):
+    """``(outputs, columns, aux)``: every unit tangent of ``basis`` pushed forward through ``f``.
+
+    ``columns`` holds per output an array ``(basis.n, *out.shape)``.
+    """
+    g, restore = _arrays_only_aux(f) if has_aux else (f, None)
+    if chunk_size is None or chunk_size >= basis.n:
+        # One vmapped jvp with the primal outputs unbatched, as jax.jacfwd does.
+        result = jax.vmap(lambda *t: jax.jvp(g, primals, t, has_aux=has_aux),
+                          out_axes=(None, 0, None) if has_aux else (None, 0))(*basis.rows(0, basis.n))
+        return tuple(result[0]), tuple(result[1]), restore(result[2]) if has_aux else None
+    # Chunks: linearize once (one forward pass), then push each chunk through the linear map.
+    if has_aux:
+        outputs, push, aux = jax.linearize(g, *primals, has_aux=True)
+        aux = restore(aux)
+    else:
+        (outputs, push), aux = jax.linearize(g, *primals), None
+    return tuple(outputs), basis.map(lambda *t: tuple(push(*t)), chunk_size, _traced(primals)), aux
+
+
+def _sum_trick(f, primals, batch, mode, chunk_size, has_aux, traced):
+    """Per-example Jacobians of a batch function with independent rows, exact for any such ``f``.
+
+    Reverse: the k-th unit cotangent of every example at once, pulled back in one VJP, gives row k
+    of every example's Jacobian (rows are independent, so nothing mixes); vmapped over k.
+    Forward: the k-th unit tangent of every example, pushed forward, gives column k.
+    """
+    if mode == "fwd":
+        basis = _Basis([p.shape[1:] for p in primals], [p.dtype for p in primals], batch)
+        outputs, columns, aux = _push_basis(f, primals, basis, chunk_size, has_aux)
+        _check_batch(outputs, batch)
+        jac = []
+        for o, column in zip(outputs, columns):  # column: (n_in, B, *o.shape[1:])
+            m = math.prod(o.shape[1:])
+            t = jnp.transpose(jnp.reshape(column, (basis.n, batch, m)), (1, 2, 0))  # (B, m, n_in)
+            jac.append(tuple(jnp.reshape(t[:, :, offset:offset + size], (batch, *o.shape[1:], *shape))
+                             for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets)))
+        return outputs, tuple(jac), aux
+    outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
+    _check_batch(outputs, batch)
+    basis = _Basis([o.shape[1:] for o in outputs], [o.dtype for o in outputs], batch)
+    rows = basis.map(lambda *g: tuple(pullback(g)), chunk_size, traced)  # (n_out, B, *primal.shape[1:])
+    jac = tuple(tuple(jnp.reshape(jnp.moveaxis(rows[j][offset:offset + size], 0, 1), (batch, *shape, *p.shape[1:]))
+                      for j, p in enumerate(primals))
+                for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets))
+    return outputs, jac, aux
+
+
+def _check_batch(outputs, batch):
+    for k, o in enumerate(outputs):
+        if o.ndim == 0 or o.shape[0] != batch:
+            raise ValueError(f"batched_jacobian: output {k} has shape {tuple(o.shape)}; expected a leading batch "
+                             f"axis of size {batch}, the inputs' batch size: f must map a batch to a batch")
+
+
+def _chunked_vmap(f, args, in_axes, out_axes, chunk_size):
+    """``vmap`` at most ``chunk_size`` at a time: mapped axes moved to the front, results back to out_axes."""
+    moved = [jnp.moveaxis(a, ax, 0) for a, ax in zip(args, in_axes) if ax is not None]
+
+    def one(rows):  # rows: one slice per mapped argument
+        rows = iter(rows)
+        return tuple(f(*(a if ax is None else next(rows) for a, ax in zip(args, in_axes))))
+
+    if _traced(args):
+        outs = lax.map(one, tuple(moved), batch_size=chunk_size)
+    else:
+        step = jax.vmap(lambda *rows: one(rows))
+        size = moved[0].shape[0]
+        pieces = [step(*(m[start:start + chunk_size] for m in moved)) for start in range(0, size, chunk_size)]
+        outs = tuple(jnp.concatenate([p[i] for p in pieces], axis=0) for i in range(len(pieces[0])))
+    return tuple(jnp.moveaxis(o, 0, out_axes) for o in outs)

@@ -299,7 +299,7 @@ def test_pytrees_argnums_has_aux(backend, data):
 def test_compile_gives_the_same_answers(backend, data):
     if not _caps(backend).compile:
         pytest.skip("backend compiles nothing")
-    w, b, x = data["w"], data["b"], data["x"]
+    w, b, x = (_np(data[k]) for k in ("w", "b", "x"))
     for transform in ("grad", "batched_jacobian"):
         f = mlp_loss if transform == "grad" else (lambda w, b, x: mlp(w, b, x))
         argnums = 0 if transform == "grad" else 2

@@ -437,7 +437,7 @@ def _scalar_check(b, outputs, fname):
 def _grad_kernel(b, flat_f, leaves, has_aux):
     outputs, vjp_flat, aux = b.vjp(flat_f, leaves, has_aux=has_aux)
     _scalar_check(b, outputs, "grad")
-    return outputs, tuple(vjp_flat((b.namespace().ones_like(outputs[0]),))), aux
+    return outputs, tuple(vjp_flat((b.ones_like(outputs[0]),))), aux
 
 
 def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile: bool = False,
@@ -533,7 +533,7 @@ class _ModeCache:
         key = t.static_key()
         shapes = self.sizes.get(key) if key is not None else None
         if shapes is None:
-            outputs = t.flat_f(*t.leaves)
+            outputs = t.backend.evaluate(t.flat_f, t.leaves)
             if t.has_aux:
                 outputs = outputs[0]
             shapes = tuple(t.backend.shape(o) for o in outputs)
@@ -685,8 +685,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         if check_independence != "never":
             key = t.static_key()
             if check_independence == "always" or key is None or key not in probed:
-                _probe_independence(t, batch, has_aux)
-                if key is not None:
+                if _probe_independence(t, batch, has_aux) and key is not None:
                     probed.add(key)
         chosen = mode if mode != "auto" else modes.choose(t, per_example=True)
         outputs, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
@@ -714,21 +713,23 @@ def _batch_size(b, arrays, names_fn, fname, role, expected=None):
 
 
 def _empty_batched_jacobian(t, has_aux):
+    """Batch size 0 (which torch's vmap and TensorFlow's batch_jacobian reject): f's output shapes from
+    one evaluation, and empty blocks."""
     b = t.backend
-    result = t.flat_f(*t.leaves)
+    result = b.evaluate(t.flat_f, t.leaves)  # also checks that every output has batch size 0
     outputs, aux = (result if has_aux else (result, None))
-    _batch_size(b, outputs, t.output_names, "batched_jacobian", "output", expected=0)
-    xp = b.namespace()
-    jac = tuple(tuple(xp.zeros((0, *b.shape(o)[1:], *b.shape(x)[1:]), dtype=o.dtype, device=b.device(o))
+    jac = tuple(tuple(b.zeros((0, *b.shape(o)[1:], *b.shape(x)[1:]), b.dtype(o), device=b.device(o))
                       for x in t.leaves) for o in outputs)
     out = t.jacobian_tree(jac)
     return (out, t.aux(tuple(b.stop_gradient(a) if b.is_array(a) else a for a in aux))) if has_aux else out
 
 
 def _probe_independence(t, batch, has_aux=False, seed=0):
-    """Raise ValueError if perturbing one example changes another example's outputs."""
+    """Raise ValueError if perturbing one example changes another example's outputs.
+
+    Returns whether the probe could run (not when the values are abstract, inside jit or grad)."""
     if batch < 2:
-        return
+        return True
     b = t.backend
     rng = np.random.default_rng(seed + batch)
     k = int(rng.integers(batch))
@@ -739,8 +740,11 @@ def _probe_independence(t, batch, has_aux=False, seed=0):
         v[k] = rng.standard_normal(shape[1:])
         tangents.append(b.asarray(v, dtype=b.dtype(x), device=b.device(x)))
     outputs, tangents_out, _ = b.jvp(t.flat_f, t.leaves, tuple(tangents), has_aux=has_aux)
-    for i, (o, to) in enumerate(zip(outputs, tangents_out)):
-        d = np.abs(b.to_numpy(to)).astype(np.float64)
+    try:
+        probed = [np.abs(b.to_numpy(to)).astype(np.float64) for to in tangents_out]
+    except Exception:  # abstract values inside another framework transform (jit, grad): nothing to read;
+        return False   # the probe runs on the first concrete call instead
+    for i, (o, d) in enumerate(zip(outputs, probed)):
         if d.ndim == 0 or d.shape[0] != batch:
             continue
         d = d.reshape(batch, -1).max(axis=1, initial=0.0)
@@ -753,6 +757,7 @@ def _probe_independence(t, batch, has_aux=False, seed=0):
                 f"{i} of example {j} (|d out/d in| up to {d[j]:.3g}); per-example Jacobians would be wrong. "
                 f"Use jacobian() for the full Jacobian (does f normalise over the batch, e.g. batch norm or "
                 f"x - x.mean(0)?), or pass check_independence='never' if this is intended")
+    return True
 
 
 def check_batch_independence(f: Callable, *args, argnums=0, backend=None, seed: int = 0) -> None:
@@ -793,14 +798,11 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
     shapes = _ModeCache()
 
     def nested(b, flat_f, leaves):
-        outputs = []
-
-        def gradient(*p):
+        def gradient(*p):  # the outputs ride along as aux: no value escapes the transform by side effect
             outs, jac, _ = b.jacrev(flat_f, p)
-            outputs[:] = outs
-            return _flatten_blocks(jac)
+            return _flatten_blocks(jac), tuple(b.stop_gradient(o) for o in outs)
 
-        _, jac2, _ = b.jacfwd(gradient, leaves, chunk_size=chunk_size)
+        _, jac2, outputs = b.jacfwd(gradient, leaves, chunk_size=chunk_size, has_aux=True)
         return tuple(outputs), _flatten_blocks(jac2), ()
 
     def scalar(b, flat_f, leaves):  # the backend's own Hessian (its fastest form: nested tapes on TensorFlow)
@@ -850,7 +852,7 @@ def hvp(f: Callable, primals, tangents, backend=None):
     names = t.names_fn
     tan_leaves = tuple(_check_like(b, tl, p, "tangent for " + names()[k], "hvp")
                        for k, (tl, p) in enumerate(zip(tan_leaves, t.leaves)))
-    outputs = t.flat_f(*t.leaves)
+    outputs = b.evaluate(t.flat_f, t.leaves)
     _scalar_check(b, outputs, "hvp")
     return t.inputs_like(b.hvp(t.flat_f, t.leaves, tan_leaves))
 

@@ -211,7 +211,7 @@ class TorchBackend(Backend):
         sizes = [o.numel() for o in outputs]
         # pulled[j]: (n_out, *primal_j.shape); rows are the outputs' elements in order
         blocks = [pulled_j.split(sizes) for pulled_j in pulled]
-        jac = tuple(tuple(blocks[j][i].reshape(*o.shape, *p.shape) for j, p in enumerate(primals))
+        jac = tuple(tuple(blocks[j][i].reshape(tuple(o.shape) + tuple(p.shape)) for j, p in enumerate(primals))
                     for i, o in enumerate(outputs))
         return outputs, jac, aux
 
@@ -225,7 +225,7 @@ class TorchBackend(Backend):
         jac = []
         for o, columns in zip(outputs, pushed):  # columns: (n_in, *out.shape)
             columns = columns.reshape(columns.shape[0], o.numel()).T  # (out_size, n_in)
-            jac.append(tuple(block.reshape(*o.shape, *p.shape)
+            jac.append(tuple(block.reshape(tuple(o.shape) + tuple(p.shape))
                              for block, p in zip(columns.split(sizes, dim=1), primals)))
         return outputs, tuple(jac), aux
 
@@ -250,7 +250,7 @@ class TorchBackend(Backend):
                 row = []
                 for block, p in zip(columns.split(sizes), primals):
                     block = block.movedim(0, -1)  # (B, *out.shape[1:], n_j)
-                    row.append(block.reshape(*o.shape, *p.shape[1:]))
+                    row.append(block.reshape(tuple(o.shape) + tuple(p.shape[1:])))
                 jac.append(tuple(row))
             return outputs, tuple(jac), aux
         outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
@@ -260,7 +260,7 @@ class TorchBackend(Backend):
                                 [(p.shape, p.dtype, p.device) for p in primals])
         sizes = [math.prod(o.shape[1:]) for o in outputs]
         blocks = [pulled_j.split(sizes) for pulled_j in pulled]  # (m_i, B, *in_j.shape[1:])
-        jac = tuple(tuple(blocks[j][i].movedim(0, 1).reshape(*o.shape, *p.shape[1:])
+        jac = tuple(tuple(blocks[j][i].movedim(0, 1).reshape(tuple(o.shape) + tuple(p.shape[1:]))
                           for j, p in enumerate(primals)) for i, o in enumerate(outputs))
         return outputs, jac, aux
 

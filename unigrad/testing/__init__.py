@@ -1,5 +1,15 @@
-"""Validation tools: gradient checks against finite differences and across backends."""
+"""Validation tools: gradient checks against finite differences and across backends.
+
+- :func:`check_grads`: one backend's JVPs and VJPs against finite differences and each other, to any order.
+- :func:`compare` / :func:`assert_backends_agree`: one function on every backend, one table.
+- :mod:`unigrad.testing.strategies`: hypothesis strategies for shapes, dtypes, arrays and random
+  portable programs (imported on demand: it needs hypothesis).
+"""
 
 from ._check_grads import TOLERANCES, GradientCheckError, check_grads
+from ._programs import Program, ProgramCase, check_program
+from ._compare import (AGREE, CONVENTION, DISAGREE, PAIRWISE_TOLERANCES, BackendResult, Comparison,
+                       assert_backends_agree, compare)
 
-__all__ = ["check_grads", "GradientCheckError", "TOLERANCES"]
+__all__ = ["check_grads", "GradientCheckError", "TOLERANCES", "compare", "assert_backends_agree", "Comparison",
+           "BackendResult", "PAIRWISE_TOLERANCES", "AGREE", "DISAGREE", "CONVENTION", "Program", "ProgramCase", "check_program"]

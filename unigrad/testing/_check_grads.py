@@ -102,15 +102,17 @@ class _Checker:
         def h(*arrays):
             xs = [b.asarray(np.asarray(a).astype(dt), dtype=dt.name) for a, dt in zip(arrays, self.fd_dtypes)]
             return [np.asarray(b.to_numpy(o), dtype=np.complex128 if b.dtype(o) in COMPLEX else np.float64)
-                    for o in g(*xs)]
+                    for o in b.evaluate(g, xs)]
         return h
 
-    def run(self, fn, order, modes, prefix):
+    def run(self, fn, order, modes, derived):
+        """Checks of ``fn``; ``derived`` names how fn was derived from f ("" for f itself, "VJP", "JVP of VJP")."""
+        label = (lambda check: check if not derived else f"{check} of {derived}")
         g = self.flat(fn)
         b = self.backend
         primals = self.leaves
         points = [np.asarray(b.to_numpy(x)).astype(dt) for x, dt in zip(primals, self.fd_dtypes)]
-        outputs = g(*primals)
+        outputs = b.evaluate(g, primals)
         out_dtypes = [b.dtype(o) for o in outputs]
         tangents = [_random_like(self.rng, p, d) for p, d in zip(points, self.dtypes)]
         cotangents = [_random_like(self.rng, b.to_numpy(o), d) for o, d in zip(outputs, out_dtypes)]
@@ -130,7 +132,7 @@ class _Checker:
                 for i, (a, e) in enumerate(zip(ad, expected)):
                     bad = _worst(b.to_numpy(a), _real_if_real(e, out_dtypes[i]), rtol, atol)
                     if bad is not None:
-                        self.fail(f"{prefix}JVP", self.names[k], i, bad, "finite differences")
+                        self.fail(label("JVP"), self.names[k], i, bad, "finite differences")
         if "rev" in modes:
             _, vjp_fn = _api.vjp(g, *primals, backend=b)
             vjp_out = vjp_fn(cotangents_b)
@@ -142,14 +144,14 @@ class _Checker:
                 rhs = _inner(cotangents, [_real_if_real(e, d) for e, d in zip(expected_dir, out_dtypes)])
                 bad = _worst(np.asarray(lhs), np.asarray(rhs), rtol, atol)
                 if bad is not None:
-                    self.fail(f"{prefix}VJP", self.names[k], None, bad,
+                    self.fail(label("VJP"), self.names[k], None, bad,
                               "finite differences (dot-product test <vjp(u), v> vs <u, fd_jvp(v)>)")
         if jvp_out is not None and vjp_out is not None:
             lhs = _inner(cotangents, jvp_np)
             rhs = _inner(vjp_np, tangents)
             bad = _worst(np.asarray(lhs), np.asarray(rhs), self.tol["transpose"], self.tol["transpose"])
             if bad is not None:
-                self.fail(f"{prefix}transpose test <u, J v> vs <J^T u, v>", "all arguments", None, bad,
+                self.fail(label("transpose test <u, J v> vs <J^T u, v>"), "all arguments", None, bad,
                           "the VJP (they must agree exactly up to rounding)")
         if order > 1:
             if not b.capabilities.higher_order:
@@ -160,21 +162,21 @@ class _Checker:
 
                 def jvp_of(*leaves):
                     return _api.jvp(g, leaves, fixed_t, backend=b)[1]
-                self.run_derived(jvp_of, n, order - 1, modes, f"JVP of {prefix}" if prefix else "JVP of ")
+                self.run_derived(jvp_of, n, order - 1, modes, label("JVP"))
             if "rev" in modes:
                 fixed_c = cotangents_b
 
                 def vjp_of(*leaves):
                     return _api.vjp(g, *leaves, backend=b)[1](fixed_c)
-                self.run_derived(vjp_of, n, order - 1, modes, f"VJP of {prefix}" if prefix else "VJP of ")
+                self.run_derived(vjp_of, n, order - 1, modes, label("VJP"))
 
-    def run_derived(self, fn, n, order, modes, prefix):
+    def run_derived(self, fn, n, order, modes, derived):
         sub = object.__new__(_Checker)
         sub.__dict__.update(self.__dict__)
         sub.args = tuple(self.leaves)
         sub.argnums = tuple(range(n))
         sub.treedef = optree.tree_structure(tuple(self.leaves))
-        sub.run(fn, order, modes, prefix.replace("of of", "of"))
+        sub.run(fn, order, modes, derived)
 
     def fail(self, check, arg_name, output_index, bad, against):
         idx, actual, expected, excess = bad

@@ -1,10 +1,17 @@
-"""unigrad's pytest plugin: ``--unigrad-backends``, ``--unigrad-devices`` and a ``backend`` fixture.
+"""unigrad's pytest plugin: ``--unigrad-backends``, ``--unigrad-devices``, and the ``backend``,
+``device`` and ``unigrad_backends`` fixtures.
 
 Registered through the ``pytest11`` entry point, so any project that installs
 unigrad can parametrise its tests over every installed backend::
 
     def test_my_gradient(backend):
         g = unigrad.grad(loss, backend=backend)(w)
+
+or compare all of them in one test (``unigrad_backends`` is the list of selected, loadable
+backends; session-scoped, so it works with hypothesis' ``@given``)::
+
+    def test_agree(unigrad_backends):
+        unigrad.testing.assert_backends_agree(loss, (w,), backends=unigrad_backends)
 """
 
 from __future__ import annotations
@@ -70,3 +77,20 @@ def device(request):
         if not ({"cuda", "gpu"} & kinds):
             pytest.skip(f"no GPU for backend {b.name!r}")
     return name
+
+
+@pytest.fixture(scope="session")
+def unigrad_backends(request):
+    """The names of the backends selected by ``--unigrad-backends`` that load (others are left out)."""
+    import unigrad
+
+    names = []
+    for name in _selected_backends(request.config):
+        try:
+            unigrad.get_backend(name)
+        except (ImportError, ValueError):
+            continue
+        names.append(name)
+    if not names:
+        pytest.skip("no selected backend loads")
+    return names

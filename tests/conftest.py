@@ -1,0 +1,138 @@
+"""Shared test set-up: hypothesis profiles, and backends with deliberately wrong derivatives.
+
+Hypothesis profiles: ``ci`` (the default) runs few examples, with no deadline, derandomized (the
+same examples on every run, so a failure reproduces) and without the example database;
+``thorough`` runs many random examples. Choose with ``UNIGRAD_HYPOTHESIS_PROFILE=thorough``.
+
+Broken backends (fixture ``broken_backend``): subclasses of the NumPy tape whose namespace swaps
+one operation for a copy with a wrong derivative rule. The primal values stay right, so only a
+derivative check can notice. They prove that every checker can fail.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=10, deadline=None, derandomize=True, database=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=500, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("UNIGRAD_HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken backends
+# ---------------------------------------------------------------------------------------------
+
+def _broken_namespace(name, **overrides):
+    """A copy of the tape's namespace with some functions replaced."""
+    from unigrad.tape import _namespace as tape_namespace
+
+    ns = types.ModuleType(f"broken_namespace_{name}")
+    ns.__dict__.update({k: v for k, v in vars(tape_namespace).items() if not k.startswith("__")})
+    ns.__dict__.update(overrides)
+    return ns
+
+
+def _first_instead_of_sum(c, x, ans):
+    """Reduce a cotangent to ``x``'s shape by taking the first entry of each broadcast axis
+    instead of summing over it: the dropped-broadcast-sum bug (right shape, wrong values)."""
+    from unigrad.tape._core import _ndim, _shape
+
+    nb = _ndim(c) - _ndim(ans)
+    xs, ans_shape = _shape(x), _shape(ans)
+    lead = len(ans_shape) - len(xs)
+    index = ((slice(None),) * nb + (0,) * lead
+             + tuple(slice(0, 1) if s == 1 and a != 1 else slice(None) for s, a in zip(xs, ans_shape[lead:])))
+    return c[index]
+
+
+def make_broken_backend(bug: str):
+    """A NumpyBackend subclass with one wrong derivative rule.
+
+    Bugs:
+      ``sin_scale``: d sin = 1.001 cos (off by 1e-3 relative; JVP and VJP both wrong, consistently).
+      ``matmul_transposed``: the VJP of matmul for its first operand uses b instead of b^T
+        (runs silently for square matrices; the JVP is right).
+      ``broadcast_sum``: the VJP of multiply takes the first row of a broadcast axis instead of
+        summing over it (the JVP is right).
+      ``second_derivative``: sin's first derivative is right, but it is written with a cos whose own
+        derivative has the wrong sign, so second derivatives are wrong.
+    """
+    from unigrad.tape import NumpyBackend
+    from unigrad.tape import _namespace as xp
+    from unigrad.tape import _primitives as P
+    from unigrad.tape._core import Primitive
+
+    if bug == "sin_scale":
+        prim = Primitive("sin", np.sin, vjps=(lambda g, ans, x: g * (P.cos(x) * 1.001),),
+                         jvps=(lambda t, ans, x: t * (P.cos(x) * 1.001),))
+        overrides = {"sin": lambda x, /: prim(xp._arr(x))}
+    elif bug == "matmul_transposed":
+        prim = Primitive("matmul", np.matmul, vjps=(lambda g, ans, a, b: P.matmul(g, b), P.matmul.vjps[1]),
+                         jvps=P.matmul.jvps, broadcasts=True)
+
+        def matmul(x1, x2, /):
+            if xp._ndim(x1) >= 2 and xp._ndim(x2) >= 2:
+                return prim(xp._arr(x1), xp._arr(x2))
+            return xp.matmul(x1, x2)
+        overrides = {"matmul": matmul}
+    elif bug == "broadcast_sum":
+        prim = Primitive("multiply", np.multiply,
+                         vjps=(lambda g, ans, x, y: _first_instead_of_sum(g * y, x, ans),
+                               lambda g, ans, x, y: _first_instead_of_sum(g * x, y, ans)),
+                         jvps=P.multiply.jvps, broadcasts=True)
+        overrides = {"multiply": lambda x1, x2, /: prim(xp._arr(x1), xp._arr(x2))}
+    elif bug == "second_derivative":
+        wrong_cos = Primitive("cos", np.cos, vjps=(lambda g, ans, x: g * P.sin(x),),  # should be -sin
+                              jvps=(lambda t, ans, x: t * P.sin(x),))
+        prim = Primitive("sin", np.sin, vjps=(lambda g, ans, x: g * wrong_cos(x),),
+                         jvps=(lambda t, ans, x: t * wrong_cos(x),))
+        overrides = {"sin": lambda x, /: prim(xp._arr(x))}
+    else:
+        raise ValueError(f"unknown bug {bug!r}")
+    namespace = _broken_namespace(bug, **overrides)
+
+    class Broken(NumpyBackend):
+        name = f"broken_{bug}"
+        array_modules = ()  # NumPy arrays and tape tracers already belong to "numpy"
+
+        def namespace(self):
+            return namespace
+
+    Broken.__name__ = Broken.__qualname__ = f"Broken_{bug}"
+    return Broken
+
+
+BUGS = ("sin_scale", "matmul_transposed", "broadcast_sum", "second_derivative")
+
+
+@pytest.fixture
+def register_backend():
+    """``register_backend(name, factory)``: registered for this test only."""
+    import unigrad
+
+    names = []
+
+    def register(name, factory):
+        unigrad.register_backend(name, factory)
+        names.append(name)
+        return name
+
+    yield register
+    for name in names:
+        unigrad.unregister_backend(name)
+
+
+@pytest.fixture
+def broken_backend(request, register_backend):
+    """The name of a registered broken backend; parametrise indirectly with a name from BUGS."""
+    cls = make_broken_backend(request.param)
+    return register_backend(cls.name, cls)

@@ -1,0 +1,205 @@
+"""check_grads: passes on correct functions (every installed backend, float64 and float32, complex,
+pytrees, argnums, order 3) and, on deliberately wrong derivatives, fails with a message naming the
+check, the argument, the worst element and both values."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import numpy as np
+import pytest
+
+import unigrad
+from unigrad.tape import NumpyBackend
+from unigrad.tape import _namespace as tape_xp
+from unigrad.tape import _primitives as P
+from unigrad.tape._core import Primitive
+from unigrad.testing import GradientCheckError, check_grads
+
+Pair = collections.namedtuple("Pair", "w b")
+
+
+def smooth(x, y):
+    xp = unigrad.namespace(x, y)
+    return xp.sum(xp.tanh(xp.matmul(x, y)) * xp.sin(x[:, :1])) + xp.exp(y[0, 0] / 4)
+
+
+def mlp(params, x):
+    xp = unigrad.namespace(x)
+    hidden = xp.tanh(xp.matmul(x, params["layers"][0].w) + params["layers"][0].b)
+    return xp.mean((xp.matmul(hidden, params["layers"][1].w) + params["layers"][1].b) ** 2), hidden
+
+
+RNG = np.random.default_rng(3)
+X, Y = RNG.standard_normal((3, 2)), RNG.standard_normal((2, 4))
+PARAMS = {"layers": [Pair(RNG.standard_normal((2, 3)), RNG.standard_normal(3)),
+                     Pair(RNG.standard_normal((3, 1)), RNG.standard_normal(1))]}
+
+
+def test_order_three_on_the_tape():
+    check_grads(smooth, (X, Y), order=3)
+
+
+def test_every_backend_order_two(backend):
+    order = 2 if unigrad.get_backend(backend).capabilities.higher_order else 1
+    check_grads(smooth, (X, Y), order=order, backend=backend)
+
+
+def test_every_backend_float32(backend):
+    check_grads(smooth, (X.astype(np.float32), Y.astype(np.float32)), order=1, backend=backend)
+
+
+def test_every_backend_complex(backend):
+    if not unigrad.get_backend(backend).capabilities.complex:
+        pytest.skip(f"{backend} has no complex support")
+
+    def holomorphic(z):
+        xp = unigrad.namespace(z)
+        return xp.sin(z) * z + xp.exp(z / 3)
+
+    def real_valued(z):  # not holomorphic: the house (JAX) convention decides the VJP
+        xp = unigrad.namespace(z)
+        return xp.sum(xp.real(z * xp.conj(z))) + xp.sum(xp.imag(z) ** 3)
+
+    z = np.array([0.5 + 1j, -0.3 + 0.2j, 1.1 - 0.7j])
+    check_grads(holomorphic, (z,), order=1, backend=backend)
+    check_grads(real_valued, (z,), order=1, backend=backend)
+
+
+def test_complex_second_order_on_the_tape():
+    def f(z):
+        xp = unigrad.namespace(z)
+        return xp.sum(xp.abs(z) ** 2 + xp.real(xp.sin(z)))
+
+    check_grads(f, (np.array([0.5 + 1j, -0.3 + 0.2j]),), order=2)
+
+
+def test_pytrees_and_argnums():
+    check_grads(mlp, (PARAMS, RNG.standard_normal((5, 2))), order=2)  # tuple output, dict/list/namedtuple input
+    check_grads(mlp, (PARAMS, RNG.standard_normal((5, 2))), order=1, argnums=0)
+
+    def with_axis(x, axis):
+        xp = unigrad.namespace(x)
+        return xp.sum(xp.sin(x), axis=axis)
+
+    check_grads(with_axis, (X, 1), argnums=0, order=2)  # the int argument is passed through
+
+
+def test_modes_one_at_a_time():
+    check_grads(smooth, (X, Y), order=2, modes=("fwd",))
+    check_grads(smooth, (X, Y), order=2, modes=("rev",))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="modes must be"):
+        check_grads(smooth, (X, Y), modes=("sideways",))
+    with pytest.raises(ValueError, match="order must be a positive int"):
+        check_grads(smooth, (X, Y), order=0)
+    with pytest.raises(TypeError, match="args must be a tuple"):
+        check_grads(smooth, X)
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages: which check, which argument, the worst element and both values
+# ---------------------------------------------------------------------------------------------
+
+def backend_class(name, **overrides):
+    ns = type(tape_xp)(f"namespace_{name}")
+    ns.__dict__.update({k: v for k, v in vars(tape_xp).items() if not k.startswith("__")})
+    ns.__dict__.update(overrides)
+    return type(name, (NumpyBackend,), {"name": name, "array_modules": (), "namespace": lambda self: ns})
+
+
+def sin_with(vjp_rule=None, jvp_rule=None):
+    prim = Primitive("sin", np.sin, vjps=(vjp_rule or P.sin.vjps[0],), jvps=(jvp_rule or P.sin.jvps[0],))
+    return lambda x, /: prim(tape_xp._arr(x))
+
+
+def cos_with(vjp_ok=True, jvp_ok=True):
+    """cos whose own derivative rules are right or have the wrong sign."""
+    vjp_sign, jvp_sign = (1 if vjp_ok else -1), (1 if jvp_ok else -1)
+    return Primitive("cos", np.cos, vjps=(lambda g, ans, x: g * (-P.sin(x)) * vjp_sign,),
+                     jvps=(lambda t, ans, x: t * (-P.sin(x)) * jvp_sign,))
+
+
+def sin_of(x):
+    xp = unigrad.namespace(x)
+    return xp.sin(x)
+
+
+def parse(message):
+    """(got, expected) from a check_grads message ("got np.float64(0.5), expected np.float64(0.49)")."""
+    number = r"(?:np\.float64\()?([-+\d.eE]+)\)?"
+    match = re.search(rf"got {number}, expected {number}", message)
+    return float(match.group(1)), float(match.group(2))
+
+
+def test_jvp_message_names_argument_index_and_values(register_backend):
+    off = register_backend("off", backend_class(
+        "off", sin=sin_with(lambda g, ans, x: g * P.cos(x) * 1.01, lambda t, ans, x: t * P.cos(x) * 1.01)))
+    x = np.array([0.1, 0.9, -0.4])
+    with pytest.raises(GradientCheckError) as info:
+        check_grads(lambda a, b: unigrad.namespace(a).sin(b) * a, (np.ones(3), x), backend=off)
+    message = str(info.value)
+    assert message.startswith("check_grads [off]: JVP check failed for argument 1, output 0 at index (")
+    index = int(re.search(r"at index \((\d+),\)", message).group(1))
+    got, expected = parse(message)
+    assert got / expected == pytest.approx(1.01, rel=1e-6)
+    assert "from finite differences" in message and "the tolerance" in message
+    assert 0 <= index < 3
+
+
+def test_pytree_argument_names(register_backend):
+    off = register_backend("off", backend_class(
+        "off", sin=sin_with(lambda g, ans, x: g * P.cos(x) * 1.01, lambda t, ans, x: t * P.cos(x) * 1.01)))
+
+    def f(tree):
+        xp = unigrad.namespace(tree["a"])
+        return xp.sin(tree["b"][1]) + tree["a"]
+
+    tree = {"a": np.ones(2), "b": [np.ones(2), np.array([0.3, 0.6])]}
+    with pytest.raises(GradientCheckError, match=r"JVP check failed for argument 0\['b'\]\[1\]"):
+        check_grads(f, (tree,), backend=off)
+
+
+def test_vjp_message(register_backend):
+    vjp_only = register_backend("vjp_only", backend_class(
+        "vjp_only", sin=sin_with(vjp_rule=lambda g, ans, x: g * P.cos(x) * 1.01)))
+    with pytest.raises(GradientCheckError, match=r"\[vjp_only\]: VJP check failed for argument 0: got .*, expected "
+                                                 r".*dot-product test"):
+        check_grads(sin_of, (np.array([0.2, 0.5]),), backend=vjp_only)
+    # forward mode alone is right
+    check_grads(sin_of, (np.array([0.2, 0.5]),), backend=vjp_only, modes=("fwd",))
+
+
+def test_transpose_message(register_backend):
+    vjp_only = register_backend("vjp_only", backend_class(
+        "vjp_only", sin=sin_with(vjp_rule=lambda g, ans, x: g * P.cos(x) * 1.01)))
+    # finite differences too lax to notice; the exact transpose test still does
+    with pytest.raises(GradientCheckError, match=r"transpose test <u, J v> vs <J\^T u, v> check failed for all "
+                                                 r"arguments.*the VJP"):
+        check_grads(sin_of, (np.array([0.2, 0.5]),), backend=vjp_only, tolerances={"fd": (0.5, 0.5)})
+
+
+def test_second_order_messages_name_the_nesting(register_backend):
+    wrong_cos = cos_with(vjp_ok=False, jvp_ok=False)
+    second = register_backend("second", backend_class("second", sin=sin_with(
+        lambda g, ans, x: g * wrong_cos(x), lambda t, ans, x: t * wrong_cos(x))))
+    x = np.array([0.2, 0.5])
+    check_grads(sin_of, (x,), backend=second, order=1)  # first derivatives are right
+    with pytest.raises(GradientCheckError, match=r"JVP of JVP check failed for argument 0, output 0"):
+        check_grads(sin_of, (x,), backend=second, order=2, modes=("fwd",))
+    with pytest.raises(GradientCheckError, match=r"VJP of VJP check failed for argument 0"):
+        check_grads(sin_of, (x,), backend=second, order=2, modes=("rev",))
+
+
+def test_mixed_second_order_message_follows_jax_naming(register_backend):
+    # sin's VJP rule uses a cos whose forward-mode rule is wrong: only forward-over-reverse fails,
+    # i.e. the JVP of the function x -> vjp(f, x)(u): JAX calls this check "JVP of VJP"
+    fwd_wrong = cos_with(vjp_ok=True, jvp_ok=False)
+    mixed = register_backend("mixed", backend_class("mixed", sin=sin_with(vjp_rule=lambda g, ans, x: g * fwd_wrong(x))))
+    x = np.array([0.2, 0.5])
+    check_grads(sin_of, (x,), backend=mixed, order=2, modes=("fwd",))  # forward over forward is right
+    with pytest.raises(GradientCheckError, match=r"JVP of VJP check failed"):
+        check_grads(sin_of, (x,), backend=mixed, order=2)

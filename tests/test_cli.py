@@ -1,0 +1,202 @@
+"""The ``unigrad`` command (``info``, ``check``, ``bench``) and the shipped examples."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import runpy
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import unigrad
+from unigrad._cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+MODULE = textwrap.dedent('''
+    import numpy as np
+    import unigrad
+
+    def energy(x, w):
+        xp = unigrad.namespace(x, w)
+        return xp.sum(xp.tanh(xp.matmul(x, w)) ** 2)
+
+    def energy_inputs():
+        rng = np.random.default_rng(1)
+        return rng.standard_normal((3, 2)), rng.standard_normal((2, 4))
+
+    def make(seed=0):
+        rng = np.random.default_rng(seed)
+        return rng.standard_normal((2, 2)), rng.standard_normal((2, 3))
+
+    def with_labels(x, labels):
+        xp = unigrad.namespace(x)
+        return xp.sum(xp.sin(x) * labels)
+
+    def with_labels_inputs():
+        return np.linspace(0.1, 1, 4), np.arange(4)
+
+    def relu(x):
+        xp = unigrad.namespace(x)
+        return xp.maximum(x, xp.zeros_like(x))
+
+    not_callable = 3
+''')
+
+
+@pytest.fixture
+def module(tmp_path):
+    path = tmp_path / "functions.py"
+    path.write_text(MODULE)
+    return path
+
+
+def run(argv):
+    out = io.StringIO()
+    code = main(argv, out=out)
+    return code, out.getvalue()
+
+
+def test_info():
+    code, text = run(["info"])
+    assert code == 0
+    assert text.startswith(f"unigrad {unigrad.__version__}")
+    numpy_row = next(line for line in text.splitlines() if line.startswith("numpy "))
+    assert "yes" in numpy_row and "cpu" in numpy_row and "forward_mode" in numpy_row
+
+
+def test_info_json():
+    code, text = run(["info", "--json"])
+    info = json.loads(text)
+    assert code == 0 and info["unigrad"] == unigrad.__version__
+    assert info["backends"]["numpy"]["available"] is True
+    assert info["backends"]["numpy"]["capabilities"]["higher_order"] is True
+
+
+def test_check_with_shapes(module):
+    code, text = run(["check", f"{module}:energy", "--shapes", "3,2", "2x4", "--backends", "numpy"])
+    assert code == 0, text
+    assert "overall: agree" in text and "argnums (0, 1)" in text
+
+
+def test_check_finds_the_inputs_function_beside_the_target(module):
+    code, text = run(["check", f"{module}:energy", "--backends", "numpy", "--json"])
+    report = json.loads(text)
+    assert code == 0 and report["verdict"] == "agree"
+    assert report["backends"][0]["output_shapes"] == [[]]
+    assert report["function"] == f"{module}:energy"
+
+
+def test_check_with_an_inputs_builder(module):
+    code, text = run(["check", f"{module}:energy", "--inputs", "make", "--backends", "numpy", "--seed", "5",
+                      "--json"])
+    assert code == 0 and json.loads(text)["seed"] == 5
+    code, text = run(["check", f"{module}:energy", "--inputs", f"{module}:make", "--backends", "numpy"])
+    assert code == 0, text
+
+
+def test_check_module_colon_function(module, monkeypatch):
+    monkeypatch.chdir(module.parent)
+    monkeypatch.syspath_prepend(str(module.parent))
+    code, text = run(["check", "functions:energy", "--backends", "numpy", "--markdown"])
+    assert code == 0, text
+    assert "| backend | device |" in text and "Overall: **agree**" in text
+
+
+def test_check_auto_argnums_skips_integer_arguments(module):
+    code, text = run(["check", f"{module}:with_labels", "--backends", "numpy", "--json"])
+    assert code == 0 and json.loads(text)["argnums"] == [0]
+    code, text = run(["check", f"{module}:with_labels", "--backends", "numpy", "--argnums", "0,1"])
+    assert code == 2  # integer labels cannot be differentiated: a usage error
+
+
+def test_check_options(module):
+    code, text = run(["check", f"{module}:energy", "--backends", "numpy", "--dtype", "float32", "--order", "2",
+                      "--argnums", "1", "--repeat", "2", "--jacobian", "no"])
+    assert code == 0, text
+    assert "float32" in text and "2nd fd" in text and "Jac fd" not in text and "argnums (1,)" in text
+
+
+def test_convention_difference_exits_zero(module, register_backend):
+    from unigrad.tape import NumpyBackend
+    from unigrad.tape import _namespace as xp
+
+    class TorchLikeRelu(NumpyBackend):  # derivative 0 at a tie, like torch's relu
+        name = "torchlike"
+        array_modules = ()
+
+        def namespace(self):
+            ns = type(xp)("torchlike_namespace")
+            ns.__dict__.update({k: v for k, v in vars(xp).items() if not k.startswith("__")})
+            ns.maximum = lambda a, b, /: xp.where(a > b, a, b)
+            return ns
+
+    register_backend("torchlike", TorchLikeRelu)
+    code, text = run(["check", f"{module}:relu", "--shapes", "3", "--backends", "numpy,torchlike"])
+    assert code == 0  # random inputs: no kink, plain agreement
+    path = module.parent / "at_zero.py"
+    path.write_text(MODULE + "\ndef relu_inputs():\n    return (np.array([0.0, 1.0, -1.0]),)\n")
+    code, text = run(["check", f"{path}:relu", "--backends", "numpy,torchlike"])
+    assert code == 0, text
+    assert "overall: convention difference" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["check", "{module}:energy", "--backends", "numpy", "--inputs", "nothing_here"], "no attribute 'nothing_here'"),
+    (["check", "{module}:relu", "--backends", "numpy"], "no inputs for relu: pass --shapes"),
+    (["check", "{module}:missing", "--backends", "numpy"], "has no attribute 'missing'"),
+    (["check", "{module}:not_callable", "--backends", "numpy"], "'not_callable' is not callable"),
+    (["check", "{module}", "--backends", "numpy"], "is not MODULE:FUNC"),
+    (["check", "no/such/file.py:f"], "no such file"),
+    (["check", "no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
+    (["check", "{module}:relu", "--shapes", "3,a"], "is not a shape"),
+    (["check", "{module}:energy", "--argnums", "x"], "--argnums must be"),
+])
+def test_usage_errors(module, capsys, argv, message):
+    argv = [a.replace("{module}", str(module)) for a in argv]
+    code, _ = run(argv)
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_points_to_the_suite():
+    code, text = run(["bench"])
+    assert code == 0 and "benchmarks/" in text
+
+
+def test_python_dash_m_and_the_examples_on_the_tape():
+    # a fresh process: the console entry point, the examples' input builders, exit status 0
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run([sys.executable, "-m", "unigrad", "check", "examples/mlp_loss.py:loss",
+                             "--backends", "numpy"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "overall: agree" in result.stdout and "argnums (0, 1, 2)" in result.stdout
+
+
+@pytest.mark.parametrize("target", ["mlp_loss.py:loss", "per_example_jacobian.py:features",
+                                    "per_example_jacobian.py:jacobian_penalty"])
+def test_examples_check_on_every_installed_backend(unigrad_backends, target):
+    # the penalty's derivatives go through batched_jacobian (second order): no full Jacobian of it, for time
+    extra = ["--jacobian", "no"] if target.endswith("jacobian_penalty") else []
+    code, text = run(["check", str(EXAMPLES / target), "--backends", ",".join(unigrad_backends), *extra])
+    assert code == 0, text
+
+
+@pytest.mark.parametrize("example", ["mlp_loss.py", "per_example_jacobian.py"])
+def test_examples_run(unigrad_backends, example, capsys):
+    runpy.run_path(str(EXAMPLES / example), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    installed = [name for name, info in unigrad.backends().items() if info["available"]]
+    assert [line.split(":")[0].strip() for line in lines] == sorted(installed, key=lambda n: n != "numpy")
+    if example == "per_example_jacobian.py":
+        for line in lines:
+            assert "(6, 3, 4)" in line
+            assert float(line.rsplit(":", 1)[1]) < 1e-12  # matches the hand-written Jacobians
+    else:
+        assert all("loss = 0.6134800918" in line for line in lines)

@@ -1,0 +1,296 @@
+"""The ``unigrad`` command: ``info``, ``check`` and ``bench``.
+
+``unigrad info``                       backends, versions, devices, capabilities (``--json``)
+``unigrad check FILE.py:FUNC``         FUNC's value and derivatives on every installed backend, against
+``unigrad check MODULE:FUNC``          each other and finite differences; exit status 0 when they
+                                       agree (or differ only by a convention at a kink), 1 when not
+``unigrad bench``                      where the benchmark suite lives
+
+Inputs for ``check``, in order of precedence:
+  ``--inputs FILE.py:BUILDER`` (or ``MODULE:BUILDER``, or ``BUILDER`` beside FUNC): a function
+  returning the tuple of arguments (it may take a ``seed`` keyword);
+  ``--shapes 3,4 4``: one random normal array per shape (``()`` or ``scalar`` for 0-d), of ``--dtype``;
+  otherwise a function named ``FUNC_inputs`` beside FUNC (the convention the examples follow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_DISAGREE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A problem with the command line: reported without a traceback, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading functions
+# ---------------------------------------------------------------------------------------------
+
+def _split_target(spec: str):
+    module, sep, attr = spec.rpartition(":")
+    if not sep or not module or not attr:
+        raise UsageError(f"{spec!r} is not MODULE:FUNC or path/to/file.py:FUNC")
+    return module, attr
+
+
+def _load_module(module: str):
+    """A module by dotted name, or a Python file by path (its directory goes on sys.path for its imports)."""
+    path = Path(module)
+    if module.endswith(".py") or path.exists() or os.sep in module or "/" in module:
+        if not path.is_file():
+            raise UsageError(f"no such file: {module}")
+        path = path.resolve()
+        name = "unigrad_cli_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_").replace(".", "_")
+        if name in sys.modules:
+            return sys.modules[name]
+        directory = str(path.parent)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except Exception:
+            del sys.modules[name]
+            raise
+        return mod
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules in the current directory import
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"cannot import module {module!r}: {exc}") from None
+
+
+def _get_attr(mod, attr: str, what: str):
+    obj = mod
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"{what}: {getattr(mod, '__file__', mod.__name__)} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise UsageError(f"{what}: {attr!r} is not callable")
+    return obj
+
+
+def load_target(spec: str):
+    """``(function, module)`` for ``MODULE:FUNC`` or ``path.py:FUNC``."""
+    module, attr = _split_target(spec)
+    mod = _load_module(module)
+    return _get_attr(mod, attr, spec), mod, attr
+
+
+def _parse_shape(text: str):
+    text = text.strip()
+    if text in ("", "()", "scalar", "0d", "0-d"):
+        return ()
+    text = text.strip("()[]").replace("x", ",")
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UsageError(f"--shapes: {text!r} is not a shape like 3,4 or () for 0-d") from None
+
+
+def build_inputs(args, mod, attr):
+    """The tuple of arguments for the checked function (see the module docstring for the precedence)."""
+    if args.inputs:
+        if ":" in args.inputs:
+            builder_mod, builder_attr = _split_target(args.inputs)
+            builder = _get_attr(_load_module(builder_mod), builder_attr, "--inputs")
+        else:
+            builder = _get_attr(mod, args.inputs, "--inputs")
+        return _call_builder(builder, args.seed)
+    if args.shapes:
+        rng = np.random.default_rng(args.seed)
+        dtype = np.dtype(args.dtype or "float64")
+        out = []
+        for text in args.shapes:
+            shape = _parse_shape(text)
+            x = rng.standard_normal(shape)
+            if dtype.kind == "c":
+                x = x + 1j * rng.standard_normal(shape)
+            out.append(np.asarray(x).astype(dtype))
+        return tuple(out)
+    conventional = attr.rpartition(".")[2] + "_inputs"
+    builder = getattr(mod, conventional, None)
+    if builder is None:
+        raise UsageError(f"no inputs for {attr}: pass --shapes (e.g. --shapes 3,4 4), --inputs FILE.py:BUILDER, "
+                         f"or define {conventional}() beside {attr}")
+    return _call_builder(builder, args.seed)
+
+
+def _call_builder(builder, seed):
+    try:
+        params = inspect.signature(builder).parameters
+    except (TypeError, ValueError):
+        params = {}
+    result = builder(seed=seed) if "seed" in params else builder()
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def _auto_argnums(inputs):
+    """Every argument whose leaves are all floating or complex arrays (or Python floats)."""
+    import optree
+
+    chosen = []
+    for i, arg in enumerate(inputs):
+        leaves = optree.tree_leaves(arg)
+        if leaves and all(_inexact(x) for x in leaves):
+            chosen.append(i)
+    if not chosen:
+        raise UsageError("no argument holds only floating-point arrays to differentiate; pass --argnums")
+    return tuple(chosen)
+
+
+def _inexact(x):
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, (float, complex)):
+        return True
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return False
+    from ._dtypes import INEXACT, dtype_name
+
+    return dtype_name(dtype) in INEXACT
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------------
+
+def cmd_info(args, out) -> int:
+    import unigrad
+
+    report = unigrad.backends()
+    if args.json:
+        print(json.dumps({"unigrad": unigrad.__version__, "python": platform.python_version(),
+                          "numpy": np.__version__, "backends": report}, indent=2, default=str), file=out)
+        return EXIT_OK
+    print(f"unigrad {unigrad.__version__}  (Python {platform.python_version()}, NumPy {np.__version__})", file=out)
+    rows = [("backend", "available", "version", "devices", "capabilities")]
+    notes = []
+    for name, info in report.items():
+        if info["available"]:
+            caps = ", ".join(k for k, v in (info["capabilities"] or {}).items() if v)
+            rows.append((name, "yes", str(info["version"]), ", ".join(info["devices"] or ()), caps))
+        else:
+            rows.append((name, "no", "", "", ""))
+            notes.append(f"  {name}: {info['error']}")
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    for k, row in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
+        if k == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+    if notes:
+        print("\nunavailable:", file=out)
+        for line in notes:
+            print(line, file=out)
+    return EXIT_OK
+
+
+def cmd_check(args, out) -> int:
+    from .testing import compare
+
+    f, mod, attr = load_target(args.target)
+    inputs = build_inputs(args, mod, attr)
+    if args.argnums in (None, "auto"):
+        argnums = _auto_argnums(inputs)
+    elif args.argnums == "all":
+        argnums = tuple(range(len(inputs)))
+    else:
+        try:
+            argnums = tuple(int(a) for a in args.argnums.split(",") if a.strip())
+        except ValueError:
+            raise UsageError(f"--argnums must be 'auto', 'all' or integers like 0,1; got {args.argnums!r}") from None
+    devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
+    try:
+        report = compare(f, inputs, backends=args.backends, devices=devices, argnums=argnums, dtype=args.dtype,
+                         seed=args.seed, order=args.order, reference=args.reference,
+                         jacobian={"auto": "auto", "yes": True, "no": False}[args.jacobian], repeats=args.repeat)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    report.function = args.target
+    if args.json:
+        print(report.to_json(), file=out)
+    elif args.markdown:
+        print(report.to_markdown(), file=out)
+    else:
+        print(report.table(), file=out)
+    return EXIT_OK if report.ok else EXIT_DISAGREE
+
+
+def cmd_bench(args, out) -> int:
+    print("unigrad bench: the benchmark suite lives in benchmarks/ in the unigrad source tree; "
+          "see benchmarks/ (and docs/) for how to run it.", file=out)
+    return EXIT_OK
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="unigrad", description="One autodiff interface over many engines.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="installed backends: versions, devices, capabilities")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+
+    check = sub.add_parser(
+        "check", help="compare a function's derivatives across backends and with finite differences",
+        description="Evaluate FUNC's value, VJP, JVP and Jacobian on every backend, compare them with each "
+                    "other and with finite differences, print the table and exit 0 if they agree (or "
+                    "differ only by a convention at a non-differentiable point), 1 if not.")
+    check.add_argument("target", help="MODULE:FUNC or path/to/file.py:FUNC")
+    check.add_argument("--shapes", nargs="+", metavar="SHAPE",
+                       help="one random normal input per shape, e.g. --shapes 3,4 4 (() for 0-d)")
+    check.add_argument("--inputs", metavar="BUILDER",
+                       help="FILE.py:FUNC, MODULE:FUNC or a name beside the target: returns the arguments "
+                            "(default: TARGET_inputs beside the target)")
+    check.add_argument("--dtype", help="cast floating inputs to this dtype (float64, float32, complex128...)")
+    check.add_argument("--backends", default="all", help="comma-separated backend names, or all (default)")
+    check.add_argument("--devices", default="cpu", help="comma-separated devices: cpu, cuda, cuda:1, gpu")
+    check.add_argument("--argnums", default="auto",
+                       help="arguments to differentiate: 0,1 / all / auto (every all-floating argument; default)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the random inputs and directions")
+    check.add_argument("--order", type=int, choices=(1, 2), default=1, help="2 also checks the JVP of the VJP")
+    check.add_argument("--reference", help="backend the others are compared with (default numpy)")
+    check.add_argument("--jacobian", choices=("auto", "yes", "no"), default="auto",
+                       help="compute full Jacobians (auto: when small)")
+    check.add_argument("--repeat", type=int, default=1, help="time each quantity this many times, keep the best")
+    fmt = check.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="machine-readable output")
+    fmt.add_argument("--markdown", action="store_true", help="a Markdown table")
+
+    sub.add_parser("bench", help="the benchmark suite")
+    return parser
+
+
+def main(argv=None, out=None) -> int:
+    """Entry point of the ``unigrad`` console script and ``python -m unigrad``; returns the exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process is ours: keep TensorFlow's logs quiet
+    out = out or sys.stdout
+    args = _parser().parse_args(argv)
+    command = {"info": cmd_info, "check": cmd_check, "bench": cmd_bench}[args.command]
+    try:
+        return command(args, out)
+    except UsageError as exc:
+        print(f"unigrad {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -112,6 +112,7 @@ def test_unknown_backend_with_an_extra_suggests_it(monkeypatch):
     from unigrad import _registry
 
     monkeypatch.setattr(_registry, "_discover", lambda: {})
+    monkeypatch.setattr(_registry, "_instances", {})  # as on a machine where jax was never installed
     with pytest.raises(ValueError, match=r"pip install 'unigrad\[jax\]'"):
         _registry.get_backend("jax")
 

@@ -165,9 +165,13 @@ def test_usage_errors(module, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_bench_points_to_the_suite():
-    code, text = run(["bench"])
-    assert code == 0 and "benchmarks/" in text
+def test_bench_runs_the_suite_runner(monkeypatch):
+    import subprocess
+
+    seen = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    code, _ = run(["bench", "--quick"])
+    assert code == 0 and seen[0][1].endswith("benchmarks/run.py") and seen[0][2:] == ["--quick"]
 
 
 def test_python_dash_m_and_the_examples_on_the_tape():

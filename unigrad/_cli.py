@@ -4,7 +4,7 @@
 ``unigrad check FILE.py:FUNC``         FUNC's value and derivatives on every installed backend, against
 ``unigrad check MODULE:FUNC``          each other and finite differences; exit status 0 when they
                                        agree (or differ only by a convention at a kink), 1 when not
-``unigrad bench``                      where the benchmark suite lives
+``unigrad bench``                      the benchmark suite (benchmarks/run.py of a checkout)
 
 Inputs for ``check``, in order of precedence:
   ``--inputs FILE.py:BUILDER`` (or ``MODULE:BUILDER``, or ``BUILDER`` beside FUNC): a function
@@ -237,9 +237,19 @@ def cmd_check(args, out) -> int:
 
 
 def cmd_bench(args, out) -> int:
-    print("unigrad bench: the benchmark suite lives in benchmarks/ in the unigrad source tree; "
-          "see benchmarks/ (and docs/) for how to run it.", file=out)
-    return EXIT_OK
+    """Run benchmarks/run.py of the source tree unigrad was installed from (or the current directory)."""
+    import pathlib
+    import subprocess
+
+    candidates = [pathlib.Path.cwd() / "benchmarks" / "run.py",
+                  pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"]
+    runner = next((c for c in candidates if c.is_file()), None)
+    if runner is None:
+        raise UsageError("the benchmark suite (benchmarks/run.py) ships with the unigrad source tree, not the "
+                         "installed package: run this from a checkout")
+    command = [sys.executable, str(runner)] + (["--quick"] if args.quick else []) + (
+        ["--json", args.json] if args.json else [])
+    return subprocess.run(command).returncode
 
 
 def _parser():
@@ -275,7 +285,9 @@ def _parser():
     fmt.add_argument("--json", action="store_true", help="machine-readable output")
     fmt.add_argument("--markdown", action="store_true", help="a Markdown table")
 
-    sub.add_parser("bench", help="the benchmark suite")
+    bench = sub.add_parser("bench", help="the benchmark suite (ratios against native and peer implementations)")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
+    bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     return parser
 
 

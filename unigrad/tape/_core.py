@@ -330,18 +330,23 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
         old = cts.get(idx)
         cts[idx] = g if old is None else old + g
     nb = len(batch_shape)
-    start = max((i for i in out_indices if i is not None), default=-1)
+    start = max(cts, default=-1)
+    pop, get = cts.pop, cts.get
     for idx in range(start, n_inputs - 1, -1):
-        g = cts.pop(idx, None)
+        g = pop(idx, None)
         if g is None:
             continue
         prim, parents, vals, ans, params = tape[idx]
         vjps = prim.vjps
         for i, pidx in parents:
             c = vjps[i](g, ans, *vals, **params)
-            if prim.broadcasts:
-                c = _real_like(unbroadcast(c, _shape(vals[i]), nb), vals[i])
-            old = cts.get(pidx)
+            if prim.broadcasts:  # traced values and cotangents all have .shape and .dtype
+                x = vals[i]
+                if c.shape[nb:] != x.shape or c.ndim != x.ndim + nb:
+                    c = unbroadcast(c, _shape(x), nb)
+                if c.dtype.kind == "c" and x.dtype.kind != "c":
+                    c = real(c)
+            old = get(pidx)
             cts[pidx] = c if old is None else old + c
     grads = []
     for i in range(n_inputs):
@@ -414,4 +419,4 @@ def push(f, primals, tangents, has_aux, batch_shape=()):
 
 
 # These two are used by the engine itself; the rule table defines them (import cycle broken at the end).
-from ._primitives import _real_like, broadcast_to, reduce_sum, reshape  # noqa: E402
+from ._primitives import broadcast_to, real, reduce_sum, reshape  # noqa: E402

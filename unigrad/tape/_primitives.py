@@ -342,9 +342,9 @@ def _keep_shape(shape, axis):
 
 def _expand_reduced(g, ans, x, axis, keepdims):
     """Cotangent of a reduction's output, reshaped and broadcast to ``(*batch, *x.shape)``."""
-    gs = _shape(g)
-    xs = _shape(x)
-    nb = len(gs) - _ndim(ans)
+    gs = tuple(g.shape)
+    xs = tuple(x.shape)
+    nb = len(gs) - len(ans.shape)
     if not keepdims and (nb or len(axis) != len(xs)):  # a full reduction's scalar broadcasts as it is
         g = reshape(g, gs[:nb] + _keep_shape(xs, axis))
     return broadcast_to(g, gs[:nb] + xs)

@@ -107,6 +107,20 @@ def _check_like(b: Backend, value, reference, what: str, fname: str):
     return value
 
 
+def _tangent_leaves(t, tangents, fname):
+    """The tangents' leaves, checked against the primals' structure, shapes, dtypes and devices."""
+    b = t.backend
+    try:
+        leaves = t.treedef.flatten_up_to(tuple(tangents))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{fname}: tangents must have the structure of primals, {t.treedef}; ({exc})") from None
+    return tuple(
+        tl if (b.is_array(tl) and b.shape(tl) == b.shape(p) and b.dtype(tl) == b.dtype(p)
+               and b.device(tl) == b.device(p))
+        else _check_like(b, tl, p, "tangent for " + t.names_fn()[k], fname)
+        for k, (tl, p) in enumerate(zip(leaves, t.leaves)))
+
+
 def _normalize_argnums(argnums, nargs: int, fname: str):
     single = isinstance(argnums, int) and not isinstance(argnums, bool)
     seq = (argnums,) if single else argnums
@@ -404,16 +418,7 @@ def jvp(f: Callable, primals, tangents, has_aux: bool = False, backend=None):
                          f"{len(tangents)}")
     t = _Traced(f, tuple(primals), None, has_aux, backend, "jvp", all_args=True)
     b = t.backend
-    try:
-        tan_leaves = t.treedef.flatten_up_to(tuple(tangents))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"jvp: tangents must have the structure of primals, {t.treedef}; ({exc})") from None
-    names = t.names_fn
-    tan_leaves = tuple(
-        tl if (b.is_array(tl) and b.shape(tl) == b.shape(p) and b.dtype(tl) == b.dtype(p)
-               and b.device(tl) == b.device(p))
-        else _check_like(b, tl, p, "tangent for " + names()[k], "jvp")
-        for k, (tl, p) in enumerate(zip(tan_leaves, t.leaves)))
+    tan_leaves = _tangent_leaves(t, tangents, "jvp")
     outputs, tangents_out, aux = b.jvp(t.flat_f, t.leaves, tan_leaves, has_aux=has_aux)
     result = (t.output(outputs), t.output(tangents_out))
     return result + (t.aux(aux),) if has_aux else result
@@ -845,13 +850,7 @@ def hvp(f: Callable, primals, tangents, backend=None):
         raise TypeError("hvp: primals and tangents must be tuples or lists")
     t = _Traced(f, tuple(primals), None, False, backend, "hvp", all_args=True)
     b = t.backend
-    try:
-        tan_leaves = t.treedef.flatten_up_to(tuple(tangents))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"hvp: tangents must have the structure of primals, {t.treedef}; ({exc})") from None
-    names = t.names_fn
-    tan_leaves = tuple(_check_like(b, tl, p, "tangent for " + names()[k], "hvp")
-                       for k, (tl, p) in enumerate(zip(tan_leaves, t.leaves)))
+    tan_leaves = _tangent_leaves(t, tangents, "hvp")
     outputs = b.evaluate(t.flat_f, t.leaves)
     _scalar_check(b, outputs, "hvp")
     return t.inputs_like(b.hvp(t.flat_f, t.leaves, tan_leaves))

@@ -367,17 +367,21 @@ def _writable(g):
     return g
 
 
-def record(f, primals, has_aux):
-    """Run ``f`` under a new reverse trace. Returns (trace, out_values, out_indices, aux)."""
-    trace = ReverseTrace()
+def _run_traced(trace, f, inputs, has_aux):
+    """``f(*inputs)`` one level deeper; the depth is restored and the trace closed even if ``f`` raises."""
     token = _depth.set(trace.level)
     try:
-        inputs = [trace.new_input(p) for p in primals]
         result = f(*inputs)
     finally:
         _depth.reset(token)
         trace.active = False
-    outs, aux = result if has_aux else (result, ())
+    return result if has_aux else (result, ())
+
+
+def record(f, primals, has_aux):
+    """Run ``f`` under a new reverse trace. Returns (trace, out_values, out_indices, aux)."""
+    trace = ReverseTrace()
+    outs, aux = _run_traced(trace, f, [trace.new_input(p) for p in primals], has_aux)
     out_values, out_indices = [], []
     for o in outs:
         if isinstance(o, RTracer) and o.trace is trace:
@@ -399,14 +403,7 @@ def _strip(a, trace):
 def push(f, primals, tangents, has_aux, batch_shape=()):
     """Run ``f`` under a new forward trace. Returns (out_values, out_tangents, aux)."""
     trace = ForwardTrace(batch_shape)
-    token = _depth.set(trace.level)
-    try:
-        inputs = [FTracer(trace, p, t) for p, t in zip(primals, tangents)]
-        result = f(*inputs)
-    finally:
-        _depth.reset(token)
-        trace.active = False
-    outs, aux = result if has_aux else (result, ())
+    outs, aux = _run_traced(trace, f, [FTracer(trace, p, t) for p, t in zip(primals, tangents)], has_aux)
     values, tans = [], []
     for o in outs:
         if isinstance(o, FTracer) and o.trace is trace:

@@ -83,17 +83,8 @@ class _Checker:
             self.tol.update(tolerances)
         self.fd_dtypes = [fd.fd_dtype(d, b.capabilities.float64) for d in self.dtypes]
 
-    # The function of the differentiated leaves only, returning a flat tuple of outputs.
     def flat(self, fn):
-        treedef, argnums, args = self.treedef, self.argnums, self.args
-
-        def g(*leaves):
-            diff = optree.tree_unflatten(treedef, list(leaves))
-            call = list(args)
-            for k, i in enumerate(argnums):
-                call[i] = diff[k]
-            return tuple(optree.tree_leaves(fn(*call)))
-        return g
+        return flat_function(fn, self.args, self.argnums, self.treedef)
 
     def numpy_eval(self, g):
         """g as a function of NumPy arrays in the finite-difference dtype, returning NumPy arrays."""
@@ -186,6 +177,18 @@ class _Checker:
             f"check_grads [{self.backend.name}]: {check.strip()} check failed for {arg_name}{where}{at}: "
             f"got {actual!r}, expected {expected!r} from {against} "
             f"(error {excess:.3g}x the tolerance rtol={self.tol['fd'][0]:g}, atol={self.tol['fd'][1]:g})")
+
+
+def flat_function(fn, args, argnums, treedef):
+    """``fn`` as a function of the leaves of ``args[argnums]`` (structured as ``treedef``), the other
+    arguments fixed, returning a flat tuple of output leaves."""
+    def g(*leaves):
+        diff = optree.tree_unflatten(treedef, list(leaves))
+        call = list(args)
+        for k, i in enumerate(argnums):
+            call[i] = diff[k]
+        return tuple(optree.tree_leaves(fn(*call)))
+    return g
 
 
 def _real_if_real(x, dtype_name):

@@ -38,7 +38,7 @@ import optree
 from .. import _api, _registry
 from .. import finite_differences as fd
 from .._dtypes import COMPLEX, INEXACT
-from ._check_grads import TOLERANCES
+from ._check_grads import TOLERANCES, flat_function
 
 __all__ = ["compare", "assert_backends_agree", "Comparison", "BackendResult", "PAIRWISE_TOLERANCES",
            "AGREE", "DISAGREE", "CONVENTION"]
@@ -513,15 +513,7 @@ class _Problem:
 
     def flat_function(self, args_b):
         """f as a function of the differentiated leaves only, returning a flat tuple of output leaves."""
-        f, treedef, argnums = self.f, self.treedef, self.argnums
-
-        def g(*leaves):
-            diff = optree.tree_unflatten(treedef, list(leaves))
-            call = list(args_b)
-            for k, i in enumerate(argnums):
-                call[i] = diff[k]
-            return tuple(optree.tree_leaves(f(*call)))
-        return g
+        return flat_function(self.f, args_b, self.argnums, self.treedef)
 
 
 def _random_directions(specs, seed, stream):

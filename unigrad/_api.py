@@ -115,9 +115,7 @@ def _tangent_leaves(t, tangents, fname):
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{fname}: tangents must have the structure of primals, {t.treedef}; ({exc})") from None
     return tuple(
-        tl if (b.is_array(tl) and b.shape(tl) == b.shape(p) and b.dtype(tl) == b.dtype(p)
-               and b.device(tl) == b.device(p))
-        else _check_like(b, tl, p, "tangent for " + t.names_fn()[k], fname)
+        tl if b.matches(tl, p) else _check_like(b, tl, p, "tangent for " + t.names_fn()[k], fname)
         for k, (tl, p) in enumerate(zip(leaves, t.leaves)))
 
 
@@ -267,13 +265,13 @@ class _Traced:
         return self._key
 
     def output(self, leaves):
-        return optree.tree_unflatten(self.out_tree, list(leaves))
+        return _unflatten(self.out_tree, leaves)
 
     def aux(self, leaves):
-        return optree.tree_unflatten(self.aux_tree, list(leaves))
+        return _unflatten(self.aux_tree, leaves)
 
     def inputs_like(self, leaves):
-        return optree.tree_unflatten(self.treedef, list(leaves))
+        return _unflatten(self.treedef, leaves)
 
     def jacobian_tree(self, jac):
         """jac[i][j] -> the output structure, each leaf replaced by the input structure."""
@@ -281,6 +279,12 @@ class _Traced:
 
     def output_names(self):
         return _leaf_names(self.output(range(self.out_tree.num_leaves)), "output")
+
+
+def _unflatten(treedef, leaves):
+    if treedef.is_leaf():  # the common single array: no need for optree's general machinery
+        return leaves[0]
+    return optree.tree_unflatten(treedef, list(leaves))
 
 
 class _Programs:
@@ -378,8 +382,7 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
         names = None
         checked = []
         for k, (c, o) in enumerate(zip(cts, outputs)):
-            if not (b.is_array(c) and b.shape(c) == b.shape(o) and b.dtype(c) == b.dtype(o)
-                    and b.device(c) == b.device(o)):
+            if not b.matches(c, o):
                 names = names or _leaf_names(optree.tree_unflatten(out_tree, list(range(len(cts)))), "cotangent")
                 c = _check_like(b, c, o, f"{names[k]} (for an output of shape {b.shape(o)}, "
                                          f"dtype {b.dtype(o)})", "vjp_fn")
@@ -387,7 +390,7 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
         grads = vjp_flat(tuple(checked))
         return t.inputs_like(grads)
 
-    out = optree.tree_unflatten(out_tree, list(outputs))
+    out = _unflatten(out_tree, outputs)
     if has_aux:
         return out, vjp_fn, t.aux(aux)
     return out, vjp_fn
@@ -937,9 +940,16 @@ def namespace(*arrays):
       ...     return xp.sum(xp.tanh(x @ w) ** 2)
     """
     active = _registry.active_backend.get()
-    if active is not None and any(active.is_array(x) for x in arrays) and all(
-            active.is_array(x) or isinstance(x, _PY_SCALARS) for x in arrays):
-        return active.namespace()
+    if active is not None:  # inside a transform: its backend's namespace, if the arrays are its own
+        own = False
+        for x in arrays:
+            if active.is_array(x):
+                own = True
+            elif not isinstance(x, _PY_SCALARS):
+                break
+        else:
+            if own:
+                return active.namespace()
     owner = None
     for x in arrays:
         name = _registry._array_owner(x)

@@ -117,6 +117,11 @@ class Backend:
         xp = self.namespace()
         return xp.astype(x, getattr(xp, dtype))
 
+    def matches(self, value, reference) -> bool:
+        """``value`` is an own array with ``reference``'s shape, dtype and device (it needs no checks)."""
+        return (self.is_array(value) and self.shape(value) == self.shape(reference)
+                and self.dtype(value) == self.dtype(reference) and self.device(value) == self.device(reference))
+
     def zeros_like(self, x):
         return self.namespace().zeros_like(x)
 

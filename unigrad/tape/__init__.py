@@ -70,6 +70,9 @@ class NumpyBackend(Backend):
     def cast(self, x, dtype):
         return namespace_module.astype(x, np.dtype(dtype))
 
+    def matches(self, value, reference):
+        return type(value) is np.ndarray and value.shape == reference.shape and value.dtype == reference.dtype
+
     def zeros_like(self, x):
         return np.zeros(x.shape, dtype=x.dtype)
 

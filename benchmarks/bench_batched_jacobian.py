@@ -18,11 +18,11 @@ import argparse
 import json
 import os
 import sys
-import timeit
 
 import numpy as np
 
 import unigrad
+from bench_tape import best_times
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -44,9 +44,6 @@ def mlp(w1, b1, w2, x):
     return xp.tanh(xp.tanh(x @ w1 + b1) @ w2)
 
 
-def best(fn, number, repeat):
-    fn()  # warm up (compilation, caches)
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
 
 
 def native(name, w1, b1, w2, x):
@@ -87,7 +84,7 @@ def native(name, w1, b1, w2, x):
 
 
 def run(backends, quick=False):
-    number, repeat = (5, 3) if quick else (20, 7)
+    number, repeat = (5, 3) if quick else (20, 15)
     w1, b1, w2, x = problem()
     results = {}
     for name in backends:
@@ -103,8 +100,8 @@ def run(backends, quick=False):
             return out
 
         np.testing.assert_allclose(unigrad.to_numpy(ours(*args)), native_value(), rtol=2e-5, atol=2e-6)
-        t_native = best(native_call, number, repeat)
-        t_ours = best(ours_call, number, repeat)
+        native_call(), ours_call()  # warm up: compilation, caches, the independence probe
+        t_native, t_ours = best_times([native_call, ours_call], number, repeat)
         results[name] = {"native_seconds": t_native, "unigrad_seconds": t_ours, "ratio": t_ours / t_native,
                          "compiled": b.capabilities.compile}
     return results

@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results = {"versions": {n: i["version"] for n, i in unigrad.backends().items() if i["available"]}}
     print("== the NumPy tape ==")
-    bench_tape.main(["--quick"] if args.quick else [])
     results["tape"] = bench_tape.run(args.quick)
+    bench_tape.report(results["tape"])
     print("\n== per-example Jacobians (batched_jacobian, compile=True) against native compiled forms ==")
     names = [n for n in ("jax", "torch", "tensorflow") if n in results["versions"]]
     results["batched_jacobian"] = bench_batched_jacobian.run(names, args.quick)

@@ -516,3 +516,35 @@ def test_helpers():
     np.testing.assert_array_equal(_np(g), [2.0, 4.0])
     _, (t,), _ = JAX.jvp(lambda x: (x ** 2,), (x64,), (JAX.asarray(np.ones(2, np.float32)),))
     assert t.dtype == jnp.float64
+
+
+def test_per_example_path_only_when_f_may_run_one_example_at_a_time():
+    """jax vectorises batch-of-one Jacobians when the probe confirmed f allows it; never when f uses its
+    position in the batch or a non-differentiated argument could be batched (then the sum trick)."""
+    rng = np.random.default_rng(11)
+    x, w, y = rng.standard_normal((5, 3)), rng.standard_normal((3, 3)), rng.standard_normal((5, 3))
+    cases = {
+        "separable": (lambda x, w: unigrad.namespace(x).tanh(x @ w), (x, w)),
+        "uses its position": (lambda x, w: x * unigrad.namespace(x).reshape(
+            unigrad.namespace(x).astype(unigrad.namespace(x).arange(x.shape[0]), x.dtype), (-1, 1)) @ w, (x, w)),
+        "batched other argument": (lambda x, y: unigrad.namespace(x).sin(x) * y, (x, y)),
+    }
+    backend = unigrad.get_backend("jax")
+    calls = []
+    original = type(backend).per_example_jacobian
+
+    def spy(self, *args, **kwargs):
+        calls.append(True)
+        return original(self, *args, **kwargs)
+
+    type(backend).per_example_jacobian = spy
+    try:
+        for name, (f, args) in cases.items():
+            calls.clear()
+            for compile in (False, True):
+                got = unigrad.batched_jacobian(f, backend="jax", compile=compile)(*args)
+                want = unigrad.batched_jacobian(f, backend="numpy")(*args)
+                _close(got, want)
+            assert bool(calls) == (name == "separable"), name
+    finally:
+        type(backend).per_example_jacobian = original

@@ -241,8 +241,9 @@ class _Traced:
                 raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
             out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else _check_output(b, o, k, fname, self)
                                for k, o in enumerate(out_leaves))
-            if self.batch is not None:  # batched_jacobian: f must map a batch to a batch
-                _batch_size(b, out_leaves, self.output_names, fname, "output", expected=self.batch)
+            if self.batch is not None:  # batched_jacobian: f must map a batch (of any size) to a batch
+                _batch_size(b, out_leaves, self.output_names, fname, "output",
+                            expected=b.shape(diff_leaves[0])[0])
             if has_aux:
                 aux_leaves, self.aux_tree = optree.tree_flatten(aux)
                 return out_leaves, tuple(aux_leaves)
@@ -672,17 +673,17 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         raise ValueError(f"batched_jacobian: check_independence must be one of {_INDEPENDENCE}; "
                          f"got {check_independence!r}")
     modes = _ModeCache()
-    programs = {"rev": _Programs(), "fwd": _Programs()} if compile else None
-    probed = set()
+    probed = {}  # signature -> whether f is separable (probed once per signature)
 
-    def kernel_for(chosen):
+    def kernel_for(chosen, separable):
         def kernel(b, flat_f, leaves):
-            outs, jac, aux = b.batched_jacobian(flat_f, leaves, mode=chosen, chunk_size=chunk_size,
-                                                has_aux=has_aux)
+            method = b.per_example_jacobian if separable else b.batched_jacobian
+            outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk_size, has_aux=has_aux)
             return outs, _flatten_blocks(jac), aux
         return kernel
 
-    kernels = {"rev": kernel_for("rev"), "fwd": kernel_for("fwd")}
+    kernels = {(m, sep): kernel_for(m, sep) for m in ("rev", "fwd") for sep in (False, True)}
+    programs = {key: _Programs() for key in kernels} if compile else None
 
     def batched_jacobian_f(*args):
         t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian", device=device)
@@ -690,13 +691,20 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         batch = t.batch = _batch_size(b, t.leaves, t.names_fn, "batched_jacobian", "input")
         if batch == 0:
             return _empty_batched_jacobian(t, has_aux)
+        key = t.static_key()
+        # Separable: f may also be evaluated one example at a time, and a backend may vectorise that
+        # (jax.vmap of a batch-of-one Jacobian). Only once the probe has confirmed it for this signature,
+        # and never when a non-differentiated array could be batched too.
+        separable = False
         if check_independence != "never":
-            key = t.static_key()
             if check_independence == "always" or key is None or key not in probed:
-                if _probe_independence(t, batch, has_aux) and key is not None:
-                    probed.add(key)
+                if _probe_independence(t, batch, has_aux):
+                    probed[key] = (not any(b.shape(d)[:1] == (batch,) for d in t.dynamic)
+                                   and _probe_separable(t, batch, has_aux))
+            separable = probed.get(key, False)
         chosen = mode if mode != "auto" else modes.choose(t, per_example=True)
-        outputs, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
+        outputs, blocks, aux = _execute(f, t, kernels[chosen, separable],
+                                        programs[chosen, separable] if programs else None)
         result = t.jacobian_tree(_unflatten_blocks(blocks, len(t.leaves)))
         return (result, t.aux(aux)) if has_aux else result
 
@@ -765,6 +773,24 @@ def _probe_independence(t, batch, has_aux=False, seed=0):
                 f"{i} of example {j} (|d out/d in| up to {d[j]:.3g}); per-example Jacobians would be wrong. "
                 f"Use jacobian() for the full Jacobian (does f normalise over the batch, e.g. batch norm or "
                 f"x - x.mean(0)?), or pass check_independence='never' if this is intended")
+    return True
+
+
+def _probe_separable(t, batch, has_aux, seed=0):
+    """Does f give example k the same outputs alone (a batch of one) as inside the batch? (f may use
+    its position in the batch, ``xp.arange(x.shape[0])``: then only whole-batch evaluation is right.)"""
+    b = t.backend
+    k = int(np.random.default_rng(seed + batch).integers(batch))
+    whole = b.evaluate(t.flat_f, t.leaves)
+    alone = b.evaluate(t.flat_f, tuple(x[k:k + 1] for x in t.leaves))
+    if has_aux:
+        whole, alone = whole[0], alone[0]
+    for w, a in zip(whole, alone):
+        # a batch of one may round differently (other BLAS kernels): compare to the dtype's precision
+        rtol = 1e-10 if b.dtype(a) in ("float64", "complex128") else 1e-3
+        w, a = b.to_numpy(w[k:k + 1]).astype(np.complex128), b.to_numpy(a).astype(np.complex128)
+        if w.shape != a.shape or not np.all(np.abs(w - a) <= rtol * max(1.0, float(np.max(np.abs(w), initial=0)))):
+            return False
     return True
 
 

@@ -256,6 +256,15 @@ class Backend:
                 jac[i][j] = xp.reshape(g, (self.shape(out)[0], *out_tail, *in_tail))
         return outputs, tuple(tuple(r) for r in jac), aux
 
+    def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
+        """``batched_jacobian`` for an ``f`` that may also be evaluated one example at a time
+        (``f(x)[i] == f(x[i:i+1])[0]``: the core checks it once per signature when it probes the batch).
+
+        A backend may vectorise per-example Jacobians of batch-of-one calls (``jax.vmap`` of
+        ``jax.jacrev``), which its compiler can simplify better; the default is ``batched_jacobian``.
+        """
+        return self.batched_jacobian(f, primals, mode=mode, chunk_size=chunk_size, has_aux=has_aux)
+
     def hessian(self, f, primals, *, chunk_size=None):
         """Hessian of a scalar-output flat ``f``: ``jac[j][k]`` of shape ``primal_j.shape + primal_k.shape``.
 

@@ -9,13 +9,13 @@ structure. Backends only see flat tuples of their own arrays.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import optree
 
 from . import _registry
-from ._dtypes import COMPLEX, FLOATING, INEXACT, dtype_name
+from ._dtypes import COMPLEX, INEXACT, dtype_name
 from .backend import Backend
 
 __all__ = [
@@ -37,16 +37,13 @@ def _convert(b: Backend, x, what: str):
     if isinstance(x, (np.ndarray, np.generic)) or isinstance(x, _PY_SCALARS):
         return b.asarray(np.asarray(x))
     owner = _registry._array_owner(x)
-    if owner is not None:  # another backend's array: through NumPy (adapters may use DLPack in asarray)
-        return b.asarray(x) if hasattr(x, "__dlpack__") and _try_dlpack(b, x) else b.asarray(
-            _registry.get_backend(owner).to_numpy(x))
+    if owner is not None:  # another backend's array: zero-copy through DLPack where b takes it, else NumPy
+        if b.accepts_dlpack and hasattr(x, "__dlpack__"):
+            return b.asarray(x)
+        return b.asarray(_registry.get_backend(owner).to_numpy(x))
     if hasattr(x, "__array__"):
         return b.asarray(np.asarray(x))
     raise TypeError(f"{what} must be an array or a Python scalar; got {type(x).__name__}")
-
-
-def _try_dlpack(b, x) -> bool:
-    return getattr(b, "accepts_dlpack", False)
 
 
 def _keep_or_convert(b: Backend, x):

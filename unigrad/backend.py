@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from ._dtypes import dtype_name
 
@@ -65,6 +65,8 @@ class Backend:
     name: str = "abstract"
     array_modules: tuple[str, ...] = ()
     capabilities: Capabilities = Capabilities()
+    #: ``asarray`` takes other frameworks' arrays directly (objects with ``__dlpack__``, zero-copy).
+    accepts_dlpack: bool = False
 
     # ------------------------------------------------------------------ required
     def namespace(self):

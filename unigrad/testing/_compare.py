@@ -439,8 +439,8 @@ def _check_directional(quantity, dd: _Directional, ad, tol, what) -> Check:
     seg_err, seg_where = _segment_error(ad, plus, minus)
     if seg_err <= tol:
         return Check(quantity, "fd", err, tol, "kink",
-                     f"convention difference at a non-differentiable point: a valid one-sided value "
-                     f"(between the one-sided derivatives along the tangent)")
+                     "convention difference at a non-differentiable point: a valid one-sided value "
+                     "(between the one-sided derivatives along the tangent)")
     k, idx, a, (m, p) = seg_where
     return Check(quantity, "fd", err, tol, "fail",
                  f"differs from finite differences at a non-differentiable point: {what(k)} at index "

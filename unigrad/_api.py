@@ -779,7 +779,10 @@ def _probe_separable(t, batch, has_aux, seed=0):
     b = t.backend
     k = int(np.random.default_rng(seed + batch).integers(batch))
     whole = b.evaluate(t.flat_f, t.leaves)
-    alone = b.evaluate(t.flat_f, tuple(x[k:k + 1] for x in t.leaves))
+    try:
+        alone = b.evaluate(t.flat_f, tuple(x[k:k + 1] for x in t.leaves))
+    except Exception:  # f needs the whole batch (fixed sizes, reshapes over it...): not separable
+        return False
     if has_aux:
         whole, alone = whole[0], alone[0]
     for w, a in zip(whole, alone):

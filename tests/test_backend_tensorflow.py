@@ -6,7 +6,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import threading  # noqa: E402
+
 
 import numpy as np  # noqa: E402
 import optree  # noqa: E402
@@ -18,6 +18,7 @@ import array_api_compat.numpy as anp  # noqa: E402
 
 import unigrad  # noqa: E402
 from unigrad.testing import check_grads  # noqa: E402
+from unigrad.testing._threads import assert_threads_exact  # noqa: E402
 
 TF = "tensorflow"
 
@@ -323,26 +324,7 @@ def test_concurrent_threads_give_exact_results():
                 unigrad.batched_jacobian(lambda x: tf.tanh(x) * x[:, :1], mode="rev",
                                          check_independence="never")(x))
 
-    expected = [[_np(r) for r in work(x)] for x in xs]
-    results, errors = [None] * 8, []
-    barrier = threading.Barrier(8)
-
-    def worker(i):
-        try:
-            barrier.wait()
-            results[i] = [_np(r) for r in work(xs[i])]
-        except Exception as exc:  # reported below with the thread's index
-            errors.append((i, exc))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    for got, want in zip(results, expected):
-        for a, e in zip(got, want):
-            np.testing.assert_array_equal(a, e)
+    assert_threads_exact(work, xs)
 
 
 # ------------------------------------------------------------------ compile, devices, conversion

@@ -14,6 +14,7 @@ import pytest
 import unigrad
 from unigrad import _registry
 from unigrad.tape import NumpyBackend
+from unigrad.testing._threads import assert_threads_exact
 
 
 class Tagged(NumpyBackend):
@@ -186,25 +187,11 @@ def test_threads_give_exact_results():
         xp = unigrad.namespace(x)
         return xp.sum(xp.tanh(x @ w) ** 2)
 
-    expected = [(unigrad.grad(f)(x), unigrad.hessian(lambda x: f(x))(x[:2]), unigrad.jacobian(
-        lambda x: x @ w, mode="fwd")(x)) for x in xs]
-    results = [None] * 8
-    barrier = threading.Barrier(8)
+    def work(x):
+        return (unigrad.grad(f)(x), unigrad.hessian(lambda x: f(x))(x[:2]),
+                unigrad.jacobian(lambda x: x @ w, mode="fwd")(x))
 
-    def worker(i):
-        barrier.wait()
-        for _ in range(5):
-            results[i] = (unigrad.grad(f)(xs[i]), unigrad.hessian(lambda x: f(x))(xs[i][:2]),
-                          unigrad.jacobian(lambda x: x @ w, mode="fwd")(xs[i]))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for got, want in zip(results, expected):
-        for a, b in zip(got, want):
-            np.testing.assert_array_equal(a, b)
+    assert_threads_exact(work, xs, repeats=5)
 
 
 def test_an_exception_inside_f_leaves_no_state():
@@ -232,3 +219,13 @@ def test_import_unigrad_imports_no_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "UNIGRAD_BACKEND": ""})
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_thread_harness_catches_shared_state():
+    import itertools
+
+    counter = itertools.count()  # shared between threads: results depend on scheduling
+    with pytest.raises(AssertionError):
+        assert_threads_exact(lambda x: np.array(float(next(counter))) * x, [np.ones(2)] * 4)
+    with pytest.raises(AssertionError, match="raised in threads"):
+        assert_threads_exact(lambda x: 1 / 0, [np.ones(2)] * 2)

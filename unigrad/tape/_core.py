@@ -56,7 +56,7 @@ class Primitive:
         self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
 
     def __call__(self, *args, **params):
-        top = None  # bind(), inlined: this is the hottest call of the tape
+        top = None  # the highest-level trace among the arguments processes the call
         for a in args:
             if isinstance(a, Tracer):
                 tr = a.trace
@@ -71,15 +71,8 @@ class Primitive:
 
 
 def bind(prim: Primitive, args, params):
-    top = None
-    for a in args:
-        if isinstance(a, Tracer):
-            tr = a.trace
-            if top is None or tr.level > top.level:
-                top = tr
-    if top is None:
-        return prim.impl(*args, **params)
-    return top.process(prim, args, params)
+    """Apply ``prim``: the highest-level trace among the arguments processes it (see ``Primitive.__call__``)."""
+    return prim(*args, **params)
 
 
 class Trace:

@@ -12,14 +12,13 @@ NumPy tape and finite differences are the references.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 import unigrad
 from unigrad.finite_differences import jacobian as fd_jacobian
 from unigrad.testing import check_grads
+from unigrad.testing._threads import assert_threads_exact
 
 __all__ = [name for name in dir() if name.startswith("test_")]  # filled at the end
 
@@ -188,28 +187,7 @@ def test_threads_give_exact_results(backend, data):
                 unigrad.jacobian(lambda x: mlp(w, b, x), mode="fwd", backend=backend)(x[:2]),
                 unigrad.hvp(lambda x: mlp_loss(w, b, x), (x,), (x,), backend=backend)[0])
 
-    expected = [[_np(r) for r in work(x)] for x in xs]
-    results = [None] * 8
-    errors = []
-    barrier = threading.Barrier(8)
-
-    def worker(i):
-        try:
-            barrier.wait()
-            for _ in range(3):
-                results[i] = [_np(r) for r in work(xs[i])]
-        except Exception as exc:  # reported below with the thread's index
-            errors.append((i, exc))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    for got, want in zip(results, expected):
-        for a, e in zip(got, want):
-            np.testing.assert_array_equal(a, e)
+    assert_threads_exact(work, xs)
 
 
 def test_transforms_work_under_framework_no_grad(backend):

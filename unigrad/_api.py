@@ -195,7 +195,11 @@ class _Traced:
         n_args = len(args)
         if all_args:
             treedef = self.treedef
-            self._assemble = lambda diff_leaves, dynamic_leaves: optree.tree_unflatten(treedef, diff_leaves)
+            if treedef.num_leaves == treedef.num_children == len(args) and all(
+                    c.is_leaf() for c in treedef.children()):  # every primal is one array
+                self._assemble = lambda diff_leaves, dynamic_leaves: diff_leaves
+            else:
+                self._assemble = lambda diff_leaves, dynamic_leaves: optree.tree_unflatten(treedef, diff_leaves)
             self.flat_f = self.make_flat(f, self.dynamic)
             return
 
@@ -233,11 +237,15 @@ class _Traced:
                     raise TypeError(f"{fname}: with has_aux=True the function must return a pair "
                                     f"(output, aux); got {type(result).__name__}")
                 result, aux = result
-            out_leaves, self.out_tree = optree.tree_flatten(result)
-            if not out_leaves:
-                raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
-            out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else _check_output(b, o, k, fname, self)
-                               for k, o in enumerate(out_leaves))
+            if b.is_array(result):  # the common single array: no pytree machinery
+                self.out_tree = _LEAF
+                out_leaves = (result if b.dtype(result) in INEXACT else _check_output(b, result, 0, fname, self),)
+            else:
+                out_leaves, self.out_tree = optree.tree_flatten(result)
+                if not out_leaves:
+                    raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
+                out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else
+                                   _check_output(b, o, k, fname, self) for k, o in enumerate(out_leaves))
             if self.batch is not None:  # batched_jacobian: f must map a batch (of any size) to a batch
                 _batch_size(b, out_leaves, self.output_names, fname, "output",
                             expected=b.shape(diff_leaves[0])[0])
@@ -277,6 +285,9 @@ class _Traced:
 
     def output_names(self):
         return _leaf_names(self.output(range(self.out_tree.num_leaves)), "output")
+
+
+_LEAF = optree.tree_structure(0)  # the tree of a single array
 
 
 def _unflatten(treedef, leaves):
@@ -373,7 +384,7 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
 
     def vjp_fn(cotangent):
         try:
-            cts = out_tree.flatten_up_to(cotangent)
+            cts = (cotangent,) if out_tree is _LEAF else out_tree.flatten_up_to(cotangent)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"vjp_fn: the cotangent must have the structure of the output, {out_tree}; "
                              f"got {optree.tree_structure(cotangent, none_is_leaf=True)} ({exc})") from None

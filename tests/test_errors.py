@@ -153,3 +153,12 @@ def test_leaked_tracer_is_an_error():
 def test_converting_a_traced_value_to_numpy_is_an_error():
     with pytest.raises(TypeError, match="cannot be converted to a NumPy array"):
         unigrad.grad(lambda x: np.asarray(x).sum())(np.ones(2))
+
+
+def test_argnums_checks_are_not_skipped_after_a_valid_call():
+    f = unigrad.grad(lambda x, y: (x * y).sum(), argnums=1)
+    f(np.ones(2), np.ones(2))
+    with pytest.raises(TypeError, match="argnums"):
+        unigrad.grad(lambda x, y: (x * y).sum(), argnums=True)(np.ones(2), np.ones(2))
+    with pytest.raises(TypeError, match="argnums"):
+        unigrad.grad(lambda x, y: (x * y).sum(), argnums=(True,))(np.ones(2), np.ones(2))

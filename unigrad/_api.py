@@ -116,7 +116,16 @@ def _tangent_leaves(t, tangents, fname):
         for k, (tl, p) in enumerate(zip(leaves, t.leaves)))
 
 
+_ARGNUMS: dict = {}  # (argnums, nargs) -> normalised, for the valid ones (checked once, reused per call)
+
+
 def _normalize_argnums(argnums, nargs: int, fname: str):
+    # only exact ints are cached: True == 1 would otherwise find 1's entry and skip its TypeError
+    exact = type(argnums) is int or (type(argnums) is tuple and all(type(a) is int for a in argnums))
+    key = (argnums, nargs) if exact else None
+    known = _ARGNUMS.get(key) if key is not None else None
+    if known is not None:
+        return known
     single = isinstance(argnums, int) and not isinstance(argnums, bool)
     seq = (argnums,) if single else argnums
     if not isinstance(seq, (tuple, list)) or not seq or not all(
@@ -131,7 +140,10 @@ def _normalize_argnums(argnums, nargs: int, fname: str):
         if a in out:
             raise ValueError(f"{fname}: argnums={argnums!r} repeats argument {a}")
         out.append(a)
-    return single, tuple(out)
+    result = single, tuple(out)
+    if key is not None and len(_ARGNUMS) < 1024:
+        _ARGNUMS[key] = result
+    return result
 
 
 _DYNAMIC = object()  # marks a non-differentiated leaf that is an array (an input of a compiled program)
@@ -562,9 +574,17 @@ class _ModeCache:
 
     def choose(self, t, per_example):
         """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``."""
-        n_out = sum(math.prod(s[1:] if per_example else s) for s in self.output_shapes(t))
-        n_in = sum(math.prod(t.backend.shape(x)[1:] if per_example else t.backend.shape(x)) for x in t.leaves)
-        return "fwd" if n_in < n_out else "rev"
+        key = (t.static_key(), per_example, "mode")
+        mode = self.sizes.get(key)
+        if mode is None:
+            n_out = sum(math.prod(s[1:] if per_example else s) for s in self.output_shapes(t))
+            n_in = sum(math.prod(t.backend.shape(x)[1:] if per_example else t.backend.shape(x)) for x in t.leaves)
+            mode = "fwd" if n_in < n_out else "rev"
+            if key[0] is not None:
+                if len(self.sizes) >= self.maxsize:
+                    self.sizes.pop(next(iter(self.sizes)))
+                self.sizes[key] = mode
+        return mode
 
 
 def _flatten_blocks(jac):

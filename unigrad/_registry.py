@@ -77,6 +77,7 @@ def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool
         _factories[name] = factory
         _instances.pop(name, None)
         _errors.pop(name, None)
+        _owners.clear()
 
 
 def unregister_backend(name: str) -> None:
@@ -85,6 +86,7 @@ def unregister_backend(name: str) -> None:
         _factories.pop(name, None)
         _instances.pop(name, None)
         _errors.pop(name, None)
+        _owners.clear()
 
 
 def _names() -> list[str]:
@@ -249,6 +251,19 @@ def _array_owner(x) -> str | None:
     t = type(x)
     if t in _NOT_OWNED:
         return None
+    owner = _owners.get(t, _UNKNOWN)
+    if owner is _UNKNOWN:
+        owner = _find_owner(t)
+        if owner is not None:  # a type no backend owns may get one when its framework's adapter loads
+            _owners[t] = owner
+    return owner
+
+
+_UNKNOWN = object()
+_owners: dict = {}  # array type -> backend name (cleared when registrations change)
+
+
+def _find_owner(t) -> str | None:
     mod = t.__module__.partition(".")[0]
     if mod in ("builtins", "numpy"):
         return None

@@ -10,7 +10,7 @@ The broken backends (tests/conftest.py) are the NumPy tape with one rule changed
 from __future__ import annotations
 
 import io
-import textwrap
+import inspect
 
 import numpy as np
 import pytest
@@ -146,21 +146,7 @@ def test_program_search_catches(broken_backend):
     check_program(minimal, backend="numpy", order=order)
 
 
-MODULE = textwrap.dedent('''
-    import unigrad
-
-    def f_sin(x):
-        xp = unigrad.namespace(x)
-        return xp.sum(xp.sin(x) * x)
-
-    def f_matmul(a, b):
-        xp = unigrad.namespace(a, b)
-        return xp.tanh(xp.matmul(a, b))
-
-    def f_multiply(a, b):
-        xp = unigrad.namespace(a, b)
-        return xp.multiply(a, b)
-''')
+MODULE = "import unigrad\n\n\n" + "\n\n".join(inspect.getsource(f) for f in (f_sin, f_matmul, f_multiply))
 
 
 @pytest.mark.parametrize("broken_backend", BUGS, indirect=True)

@@ -550,15 +550,19 @@ def _concat_vjp(i):
     return rule
 
 
-def concat(*xs, axis):
-    """Concatenate along a negative ``axis``; built per arity so the rule table stays one row."""
-    prim = _concat_prims.get(len(xs))
+def _of_arity(name, n, impl, vjp_rule, jvp_rule):
+    """The primitive ``name`` for ``n`` operands, made on first use: variadic operations (concat,
+    einsum) keep one row in the rule table, with rules built per operand position."""
+    prim = PRIMITIVES.get(f"{name}{n}")
     if prim is None:
-        n = len(xs)
-        prim = defprim(f"concat{n}", _concat_impl, vjp=tuple(_concat_vjp(i) for i in range(n)),
-                       jvp=tuple(_concat_jvp(i) for i in range(n)))
-        _concat_prims[n] = prim
-    return prim(*xs, axis=axis)
+        prim = defprim(f"{name}{n}", impl, vjp=tuple(vjp_rule(i) for i in range(n)),
+                       jvp=tuple(jvp_rule(i) for i in range(n)))
+    return prim
+
+
+def concat(*xs, axis):
+    """Concatenate along a negative ``axis``."""
+    return _of_arity("concat", len(xs), _concat_impl, _concat_vjp, _concat_jvp)(*xs, axis=axis)
 
 
 def _concat_jvp(i):
@@ -570,7 +574,6 @@ def _concat_jvp(i):
     return rule
 
 
-_concat_prims: dict[int, Primitive] = {}
 
 
 # ------------------------------------------------------------------------- indexing
@@ -731,16 +734,9 @@ def _einsum_jvp(i):
 def einsum(*xs, labels, out):
     """Einstein summation with integer ``labels`` per operand and ``out`` labels (no ellipsis, no
     size-1 broadcasting: the namespace expands those). One primitive per arity, like ``concat``."""
-    prim = _einsum_prims.get(len(xs))
-    if prim is None:
-        n = len(xs)
-        prim = defprim(f"einsum{n}", _einsum_impl, vjp=tuple(_einsum_vjp(i) for i in range(n)),
-                       jvp=tuple(_einsum_jvp(i) for i in range(n)))
-        _einsum_prims[n] = prim
-    return prim(*xs, labels=labels, out=out)
+    return _of_arity("einsum", len(xs), _einsum_impl, _einsum_vjp, _einsum_jvp)(*xs, labels=labels, out=out)
 
 
-_einsum_prims: dict[int, Primitive] = {}
 
 
 # ------------------------------------------------------------------------- linear algebra

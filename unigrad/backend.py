@@ -176,43 +176,18 @@ class Backend:
         chunks of ``chunk_size`` rows.
         """
         outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
-        rows = self._pull_basis(vjp_fn, outputs, chunk_size)  # per primal: (n_out, *primal.shape)
-        jac = self._split_rows(rows, outputs, primals, rows_are_outputs=True)
-        return outputs, jac, aux
+        n_out = sum(math.prod(self.shape(o)) for o in outputs)
+        rows = self._map_chunks(lambda *g: vjp_fn(g), lambda a, b: self._basis(outputs, a, b), n_out, chunk_size,
+                                self._specs(primals))  # per primal: (n_out, *primal.shape)
+        return outputs, self._split_rows(rows, outputs, primals, rows_are_outputs=True), aux
 
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
         """Forward-mode Jacobian: returns ``(outputs, jac, aux)``; pushes the input basis through ``jvp``."""
-        xp = self.namespace()
-        sizes = [math.prod(self.shape(p)) for p in primals]
-        n_in = sum(sizes)
-        outputs = aux = None
-        columns = None  # per output: list of (chunk, *out.shape)
-        for start, stop in _chunks(n_in, chunk_size):
-            basis = self._basis(primals, start, stop)  # per primal: (chunk, *primal.shape)
-            if self.capabilities.vmap:
-                push = self.vmap(lambda *t: self.jvp(f, primals, t)[1], [0] * len(primals))
-                outs_t = push(*basis)
-            else:
-                per_row = [self.jvp(f, primals, tuple(b[r] for b in basis))[1] for r in range(stop - start)]
-                outs_t = tuple(xp.stack([row[i] for row in per_row]) for i in range(len(per_row[0]))) if per_row else None
-            if outputs is None:
-                outputs, _, aux = self.jvp(f, primals, tuple(self.zeros_like(p) for p in primals), has_aux=has_aux)
-            if outs_t is None:
-                continue
-            if columns is None:
-                columns = [[] for _ in outputs]
-            for i, t in enumerate(outs_t):
-                columns[i].append(t)
-        if outputs is None:  # no inputs at all (every primal has size 0)
-            outputs, _, aux = self.jvp(f, primals, tuple(self.zeros_like(p) for p in primals), has_aux=has_aux)
-        cols = []
-        for i, out in enumerate(outputs):
-            if columns is None:
-                cols.append(xp.zeros((0, *self.shape(out)), dtype=out.dtype, device=self.device(out)))
-            else:
-                cols.append(xp.concat(columns[i], axis=0) if len(columns[i]) > 1 else columns[i][0])
-        jac = self._split_rows(cols, primals, outputs, rows_are_outputs=False)
-        return outputs, jac, aux
+        outputs, aux, push_f = self._forward(f, primals, has_aux)
+        n_in = sum(math.prod(self.shape(p)) for p in primals)
+        cols = self._map_chunks(lambda *t: self.jvp(push_f, primals, t)[1], lambda a, b: self._basis(primals, a, b),
+                                n_in, chunk_size, self._specs(outputs))  # per output: (n_in, *out.shape)
+        return outputs, self._split_rows(cols, primals, outputs, rows_are_outputs=False), aux
 
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """Per-example Jacobians of ``f`` mapping a batch to a batch, rows independent.
@@ -227,19 +202,18 @@ class Backend:
         """
         xp = self.namespace()
         if mode == "fwd":
-            outputs, _, aux = self.jvp(f, primals, tuple(self.zeros_like(p) for p in primals), has_aux=has_aux)
-            per = [self._example_basis(p) for p in primals]  # (n_j, *primal.shape)
+            outputs, aux, push_f = self._forward(f, primals, has_aux)
             jac = [[None] * len(primals) for _ in outputs]
-            for j, basis in enumerate(per):
+            for j, p in enumerate(primals):
+                basis = self._example_basis(p)  # (n_j, *primal.shape)
                 n_j = self.shape(basis)[0]
-                tangents_j = lambda t, j=j: tuple(t if k == j else self.zeros_like(p) for k, p in enumerate(primals))
-                pushed = self._map_rows(lambda t: self.jvp(f, primals, tangents_j(t))[1], basis, n_j, chunk_size,
-                                        [(self.shape(o), o.dtype, self.device(o)) for o in outputs])
+                tangents_j = lambda t, j=j: tuple(t if k == j else self.zeros_like(q) for k, q in enumerate(primals))
+                pushed = self._map_chunks(lambda t: self.jvp(push_f, primals, tangents_j(t))[1],
+                                          lambda a, b: (basis[a:b],), n_j, chunk_size, self._specs(outputs))
                 for i, out in enumerate(outputs):
                     # pushed[i]: (n_j, B, *out[1:]) -> (B, *out[1:], *in_j[1:])
-                    t = pushed[i]
-                    out_tail, in_tail = self.shape(out)[1:], self.shape(primals[j])[1:]
-                    t = xp.reshape(t, (n_j, self.shape(out)[0], math.prod(out_tail)))
+                    out_tail, in_tail = self.shape(out)[1:], self.shape(p)[1:]
+                    t = xp.reshape(pushed[i], (n_j, self.shape(out)[0], math.prod(out_tail)))
                     t = xp.permute_dims(t, (1, 2, 0))
                     jac[i][j] = xp.reshape(t, (self.shape(out)[0], *out_tail, *in_tail))
             return outputs, tuple(tuple(r) for r in jac), aux
@@ -247,10 +221,9 @@ class Backend:
         jac = [[None] * len(primals) for _ in outputs]
         for i, out in enumerate(outputs):
             basis = self._example_basis(out)  # (m_i, *out.shape)
-            m_i = self.shape(basis)[0]
             cot = lambda g, i=i: tuple(g if k == i else self.zeros_like(o) for k, o in enumerate(outputs))
-            pulled = self._map_rows(lambda g: vjp_fn(cot(g)), basis, m_i, chunk_size,
-                                    [(self.shape(p), p.dtype, self.device(p)) for p in primals])
+            pulled = self._map_chunks(lambda g: vjp_fn(cot(g)), lambda a, b: (basis[a:b],), self.shape(basis)[0],
+                                      chunk_size, self._specs(primals))
             for j, p in enumerate(primals):
                 g = pulled[j]  # (m_i, B, *in_j[1:])
                 out_tail, in_tail = self.shape(out)[1:], self.shape(p)[1:]
@@ -322,47 +295,43 @@ class Backend:
         eye = xp.broadcast_to(eye, (m, shape[0], m))
         return xp.reshape(eye, (m, *shape))
 
-    def _map_rows(self, fn, rows, n, chunk_size, out_specs):
-        """Apply ``fn`` (one array in, tuple out) to each of the ``n`` leading rows of ``rows``, stacked."""
+    def _forward(self, f, primals, has_aux):
+        """The outputs and aux of ``f`` (one plain evaluation), and ``f`` without its aux for pushing tangents."""
+        result = self.evaluate(f, primals)
+        outputs, aux = result if has_aux else (result, None)
+        return outputs, aux, ((lambda *p: f(*p)[0]) if has_aux else f)
+
+    def _specs(self, arrays):
+        return [(self.shape(a), self.dtype(a), self.device(a)) for a in arrays]
+
+    def _map_chunks(self, fn, make_rows, n, chunk_size, out_specs):
+        """``fn(*row)`` for each of ``n`` rows, stacked on a new axis 0 (one result per ``out_specs`` entry).
+
+        ``make_rows(start, stop)`` builds the arguments' rows ``start:stop`` (a tuple of arrays), so at most
+        ``chunk_size`` rows exist at a time. Each chunk is vmapped when the backend has a vectorising
+        ``vmap``, else looped.
+        """
         xp = self.namespace()
-        if n == 0:
-            return tuple(xp.zeros((0, *s), dtype=d, device=dev) for s, d, dev in out_specs)
         pieces = []
         for start, stop in _chunks(n, chunk_size):
-            block = rows[start:stop]
+            rows = make_rows(start, stop)
             if self.capabilities.vmap:
-                pieces.append(self.vmap(fn, [0])(block))
+                pieces.append(tuple(self.vmap(lambda *r: tuple(fn(*r)), [0] * len(rows))(*rows)))
             else:
-                results = [fn(block[r]) for r in range(stop - start)]
-                pieces.append(tuple(xp.stack([r[k] for r in results]) for k in range(len(out_specs))))
+                results = [tuple(fn(*(r[k] for r in rows))) for k in range(stop - start)]
+                pieces.append(tuple(xp.stack([res[i] for res in results]) for i in range(len(out_specs))))
+        if not pieces:
+            return tuple(self.zeros((0, *shape), dtype, device=device) for shape, dtype, device in out_specs)
         if len(pieces) == 1:
             return pieces[0]
-        return tuple(xp.concat([p[k] for p in pieces], axis=0) for k in range(len(out_specs)))
-
-    def _pull_basis(self, vjp_fn, outputs, chunk_size):
-        xp = self.namespace()
-        n_out = sum(math.prod(self.shape(o)) for o in outputs)
-        pieces = []
-        for start, stop in _chunks(n_out, chunk_size):
-            basis = self._basis(outputs, start, stop)
-            if self.capabilities.vmap:
-                pieces.append(self.vmap(lambda *g: tuple(vjp_fn(g)), [0] * len(outputs))(*basis))
-            else:
-                per_row = [vjp_fn(tuple(b[r] for b in basis)) for r in range(stop - start)]
-                pieces.append(tuple(xp.stack([row[j] for row in per_row]) for j in range(len(per_row[0]))))
-        return pieces
+        return tuple(xp.concat([p[i] for p in pieces], axis=0) for i in range(len(out_specs)))
 
     def _split_rows(self, rows, row_owners, col_owners, rows_are_outputs):
         """Turn stacked basis results into ``jac[i_out][j_in]`` blocks of shape out.shape + in.shape."""
         xp = self.namespace()
         if rows_are_outputs:
-            # rows: list of chunks; each chunk is a tuple over primals (cols) of (chunk, *primal.shape)
-            outputs, primals = row_owners, col_owners
-            if rows:
-                per_primal = [xp.concat([c[j] for c in rows], axis=0) if len(rows) > 1 else rows[0][j]
-                              for j in range(len(primals))]
-            else:
-                per_primal = [xp.zeros((0, *self.shape(p)), dtype=p.dtype, device=self.device(p)) for p in primals]
+            # rows: per primal, (n_out, *primal.shape)
+            outputs, primals, per_primal = row_owners, col_owners, rows
             jac, offset = [], 0
             for out in outputs:
                 oshape = self.shape(out)

@@ -107,7 +107,9 @@ class NumpyBackend(Backend):
         for start, stop in _chunks(n_out, chunk):
             basis = self._basis(outs, start, stop)
             pieces.append(backward(trace, out_idx, basis, len(primals), primals, batch_shape=(stop - start,)))
-        jac = self._split_rows(pieces, outs, primals, rows_are_outputs=True)
+        rows = [namespace_module.concat([pc[j] for pc in pieces], axis=0) if len(pieces) > 1 else
+                (pieces[0][j] if pieces else np.zeros((0, *np.shape(p)), p.dtype)) for j, p in enumerate(primals)]
+        jac = self._split_rows(rows, outs, primals, rows_are_outputs=True)
         return outs, jac, (aux if has_aux else None)
 
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):

@@ -157,7 +157,8 @@ class TensorflowBackend(Backend):
             return tuple(_dense(acc.jvp(o, unconnected_gradients=_ZERO), o) for o in outs)
 
         n_in = sum(_size(p) for p in primals)
-        columns = _map_basis(push, lambda start, stop: self._basis(primals, start, stop), n_in, chunk_size, outputs)
+        columns = self._map_chunks(lambda *tangents: push(tangents), lambda start, stop: self._basis(primals, start, stop),
+                                   n_in, chunk_size, self._specs(outputs))
         return outputs, _columns_to_blocks(columns, outputs, primals), aux
 
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
@@ -198,7 +199,8 @@ class TensorflowBackend(Backend):
                 def units(start, stop, x=x):
                     return tf.eye(x.shape[1], dtype=x.dtype)[start:stop]
 
-                columns = _map_basis(push, units, x.shape[1], chunk_size, flat_outputs)  # per output: (n, B, m_i)
+                columns = self._map_chunks(push, lambda start, stop: (units(start, stop),), x.shape[1], chunk_size,
+                                           self._specs(flat_outputs))  # per output: (n, B, m_i)
                 for i, cols in enumerate(columns):
                     blocks[i, g] = tf.transpose(cols, (1, 2, 0))
             return outputs, _assemble(blocks, outputs, primals, in_groups, None, batch, conj=False), aux
@@ -227,9 +229,9 @@ class TensorflowBackend(Backend):
         """
         primals = _fresh(primals)
         if any(p.dtype.is_complex for p in primals):
-            columns = _map_basis(lambda tangents: _hvp(f, primals, tuple(tangents)),
-                                 lambda start, stop: self._basis(primals, start, stop),
-                                 sum(_size(p) for p in primals), chunk_size, primals)
+            columns = self._map_chunks(lambda *tangents: _hvp(f, primals, tangents),
+                                       lambda start, stop: self._basis(primals, start, stop),
+                                       sum(_size(p) for p in primals), chunk_size, self._specs(primals))
             return _columns_to_blocks(columns, primals, primals)
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as outer:
             outer.watch(primals)
@@ -355,14 +357,6 @@ def _pfor_options(chunk_size):
     if chunk_size == 1:  # pfor rejects parallel_iterations=1
         return {"experimental_use_pfor": False, "parallel_iterations": 1}
     return {"experimental_use_pfor": True, "parallel_iterations": chunk_size}
-
-
-def _map_basis(fn, basis, n, chunk_size, like):
-    """``tf.vectorized_map(fn)`` over rows ``0:n`` of ``basis(start, stop)``, in chunks; stacked per output."""
-    if n == 0:
-        return [tf.zeros((0, *o.shape), o.dtype) for o in like]
-    pieces = [tf.vectorized_map(fn, basis(start, stop)) for start, stop in _chunks(n, chunk_size)]
-    return [p[0] if len(pieces) == 1 else tf.concat(list(p), 0) for p in zip(*pieces)]
 
 
 def _columns_to_blocks(columns, rows_like, primals):

@@ -69,15 +69,6 @@ def _arg_names(args_tuple, positions, word="argument") -> list[str]:
     return [f"{word} {positions[p[0]]}" + "".join(f"[{q!r}]" for q in p[1:]) for p in paths]
 
 
-def _check_inexact(b: Backend, leaves, names_fn, fname: str, role: str):
-    for k, x in enumerate(leaves):
-        name = b.dtype(x)
-        if name not in INEXACT:
-            raise TypeError(
-                f"{fname}: {names_fn()[k]} has dtype {name}; only floating-point or complex {role} can be "
-                f"differentiated (cast it, e.g. to float64, or leave it out of argnums)")
-
-
 def _check_like(b: Backend, value, reference, what: str, fname: str):
     """One policy for cotangents and tangents: the reference's shape exactly; a floating dtype
     (complex too for a complex reference) cast to the reference's dtype; anything else is an error."""
@@ -116,7 +107,7 @@ def _tangent_leaves(t, tangents, fname):
         for k, (tl, p) in enumerate(zip(leaves, t.leaves)))
 
 
-_ARGNUMS: dict = {}  # (argnums, nargs) -> normalised, for the valid ones (checked once, reused per call)
+_ARGNUMS: dict = {}  # (argnums, nargs) -> (single, argnums, other positions) for the valid ones (checked once)
 
 
 def _normalize_argnums(argnums, nargs: int, fname: str):
@@ -140,10 +131,24 @@ def _normalize_argnums(argnums, nargs: int, fname: str):
         if a in out:
             raise ValueError(f"{fname}: argnums={argnums!r} repeats argument {a}")
         out.append(a)
-    result = single, tuple(out)
+    result = single, tuple(out), tuple(i for i in range(nargs) if i not in out)
     if key is not None and len(_ARGNUMS) < 1024:
         _ARGNUMS[key] = result
     return result
+
+
+# Array types met as leaves (optree flattens them to themselves): a flat argument list of these needs no
+# pytree flattening. Array types are not pytree nodes; registering one as a node after it was met here
+# would not be seen.
+_LEAF_ARRAYS: set = {np.ndarray}
+_FLAT_TREES: dict = {}  # (n, none_is_leaf) -> the structure of a tuple of n leaves
+
+
+def _flat_tree(n: int, none_is_leaf: bool):
+    tree = _FLAT_TREES.get((n, none_is_leaf))
+    if tree is None:
+        tree = _FLAT_TREES[n, none_is_leaf] = optree.tree_structure((0,) * n, none_is_leaf=none_is_leaf)
+    return tree
 
 
 _DYNAMIC = object()  # marks a non-differentiated leaf that is an array (an input of a compiled program)
@@ -155,83 +160,130 @@ class _Traced:
     Non-differentiated arguments are split into array leaves (``dynamic``: converted to the
     backend, inputs of a compiled program) and everything else (``static``: kept as given,
     part of a compiled program's cache key).
+
+    Every transform call builds one, so it is written for the common case -- arguments that are
+    already arrays of the backend -- which costs no pytree rebuilding, no conversion and no closure
+    beyond ``flat_f``; anything else takes the general path with the same checks.
     """
 
-    __slots__ = ("backend", "leaves", "treedef", "flat_f", "out_tree", "aux_tree", "fname", "names_fn",
-                 "dynamic", "static", "other_tree", "_assemble", "has_aux", "batch", "_key")
+    __slots__ = ("backend", "leaves", "treedef", "flat_f", "out_tree", "aux_tree", "fname", "dynamic", "static",
+                 "other_tree", "_assemble", "has_aux", "batch", "_key", "_dtypes", "_diff", "_argnums",
+                 "_single", "_flat")
 
     def __init__(self, f, args, argnums, has_aux, backend, fname, all_args=False, device=None):
         self.fname, self.has_aux, self.batch, self._key = fname, has_aux, None, False
+        self.out_tree = self.aux_tree = None
         if all_args:  # vjp / jvp: every primal is differentiated
-            single, argnums = False, tuple(range(len(args)))
-            diff = tuple(args)
+            single, argnums, rest = False, None, ()
+            diff = args if type(args) is tuple else tuple(args)
             others = ()
         else:
             if not args:
                 raise TypeError(f"{fname}: the function must be called with at least one positional argument")
-            single, argnums = _normalize_argnums(argnums, len(args), fname)
-            diff = args[argnums[0]] if single else tuple(args[i] for i in argnums)
-            others = tuple(a for i, a in enumerate(args) if i not in argnums)
-        raw_leaves, self.treedef = optree.tree_flatten(diff)
-        other_leaves, self.other_tree = optree.tree_flatten(others, none_is_leaf=True) if others else ([], None)
+            single, argnums, rest = _normalize_argnums(argnums, len(args), fname)
+            diff = args[argnums[0]] if single else tuple([args[i] for i in argnums])
+            others = tuple([args[i] for i in rest])
+        self._diff, self._argnums, self._single = diff, argnums, single
+        # Fast path: every argument is an array of a type met before (a pytree leaf): no flattening.
+        if single:
+            flat = type(diff) in _LEAF_ARRAYS
+            if flat:
+                raw_leaves, treedef = [diff], _LEAF
+        else:
+            for a in diff:
+                if type(a) not in _LEAF_ARRAYS:
+                    flat = False
+                    break
+            else:
+                flat = True
+                raw_leaves, treedef = list(diff), _flat_tree(len(diff), False)
+        if not flat:
+            raw_leaves, treedef = optree.tree_flatten(diff)
+            # flat all the same when each differentiated argument is one leaf
+            flat = treedef.num_nodes == 1 if single else treedef.num_nodes == len(raw_leaves) + 1 == len(diff) + 1
+        self.treedef, self._flat = treedef, flat
+        if not others:
+            other_leaves, self.other_tree = (), None
+        else:
+            for a in others:
+                if type(a) not in _LEAF_ARRAYS:
+                    other_leaves, self.other_tree = optree.tree_flatten(others, none_is_leaf=True)
+                    break
+            else:
+                other_leaves, self.other_tree = list(others), _flat_tree(len(others), True)
         b = self.backend = _registry.resolve(backend, raw_leaves + other_leaves if other_leaves else raw_leaves)
-
-        def names_fn():
-            if all_args:
-                return _arg_names(diff, argnums, "primal")
-            if single:
-                return _leaf_names(diff, f"argument {argnums[0]}")
-            return _arg_names(diff, argnums)
-        self.names_fn = names_fn
         if device is None:
             device = _registry.current_device()
-        leaves = []
+        is_array, dtype = b.is_array, b.dtype
+        dtypes = []
         for k, x in enumerate(raw_leaves):
-            if not b.is_array(x):
-                x = _convert(b, x, names_fn()[k])
-            if device is not None:
-                x = b.asarray(x, device=device)
-            leaves.append(x)
-        self.leaves = tuple(leaves)
-        _check_inexact(b, self.leaves, names_fn, fname, "inputs")
+            if device is not None or not is_array(x):
+                x = raw_leaves[k] = self._place(x, k, device)
+            elif type(x) not in _LEAF_ARRAYS and len(_LEAF_ARRAYS) < 64:
+                _LEAF_ARRAYS.add(type(x))  # an array type: a pytree leaf (learnt for the fast path above)
+            name = dtype(x)
+            if name not in INEXACT:
+                raise TypeError(
+                    f"{fname}: {self.names_fn()[k]} has dtype {name}; only floating-point or complex inputs can be "
+                    f"differentiated (cast it, e.g. to float64, or leave it out of argnums)")
+            dtypes.append(name)
+        self.leaves, self._dtypes = tuple(raw_leaves), tuple(dtypes)
         dynamic, static = [], []
         for v in other_leaves:
-            v = _keep_or_convert(b, v)
-            if b.is_array(v):
-                dynamic.append(v if device is None else b.asarray(v, device=device))
-                static.append(_DYNAMIC)
-            else:
-                static.append(v)
+            if not is_array(v):
+                v = _keep_or_convert(b, v)
+                if not is_array(v):
+                    static.append(v)
+                    continue
+            dynamic.append(v if device is None else b.asarray(v, device=device))
+            static.append(_DYNAMIC)
         self.dynamic, self.static = tuple(dynamic), tuple(static)
-        self.out_tree = self.aux_tree = None
-        n_args = len(args)
         if all_args:
-            treedef = self.treedef
-            if treedef.num_leaves == treedef.num_children == len(args) and all(
-                    c.is_leaf() for c in treedef.children()):  # every primal is one array
-                self._assemble = lambda diff_leaves, dynamic_leaves: diff_leaves
-            else:
-                self._assemble = lambda diff_leaves, dynamic_leaves: optree.tree_unflatten(treedef, diff_leaves)
-            self.flat_f = self.make_flat(f, self.dynamic)
-            return
+            self._assemble = _identity_call if flat else (
+                lambda diff_leaves, dynamic_leaves: optree.tree_unflatten(treedef, list(diff_leaves)))
+        else:
+            self._assemble = self._assembler(len(args), argnums, rest, single, flat)
+        self.flat_f = self.make_flat(f, self.dynamic)
+
+    def _place(self, x, k, device):
+        b = self.backend
+        if not b.is_array(x):
+            x = _convert(b, x, self.names_fn()[k])
+        return x if device is None else b.asarray(x, device=device)
+
+    def names_fn(self):
+        """Readable names of the differentiated leaves (built only for an error message)."""
+        if self._argnums is None:
+            return _arg_names(self._diff, range(len(self._diff)), "primal")
+        if self._single:
+            return _leaf_names(self._diff, f"argument {self._argnums[0]}")
+        return _arg_names(self._diff, self._argnums)
+
+    def _assembler(self, n_args, argnums, rest, single, flat):
+        """``assemble(diff_leaves, dynamic_leaves)``: the positional arguments to call ``f`` with."""
+        treedef, other_tree, static = self.treedef, self.other_tree, self.static
+        # the other arguments are arrays, one each: the dynamic leaves are those arguments, in order
+        rest_flat = other_tree is None or (other_tree.num_nodes == len(static) + 1 == len(rest) + 1
+                                           and all(v is _DYNAMIC for v in static))
 
         def assemble(diff_leaves, dynamic_leaves):
-            it = iter(dynamic_leaves)
-            rest = () if self.other_tree is None else optree.tree_unflatten(
-                self.other_tree, [next(it) if v is _DYNAMIC else v for v in self.static])
-            tree = optree.tree_unflatten(self.treedef, list(diff_leaves))
-            call, rest_it = [None] * n_args, iter(rest)
+            call = [None] * n_args
             if single:
-                call[argnums[0]] = tree
+                call[argnums[0]] = diff_leaves[0] if flat else optree.tree_unflatten(treedef, list(diff_leaves))
             else:
-                for k, i in enumerate(argnums):
-                    call[i] = tree[k]
-            for i in range(n_args):
-                if i not in argnums:
-                    call[i] = next(rest_it)
+                tree = diff_leaves if flat else optree.tree_unflatten(treedef, list(diff_leaves))
+                for i, v in zip(argnums, tree):
+                    call[i] = v
+            if rest:
+                if rest_flat:
+                    others = dynamic_leaves
+                else:
+                    it = iter(dynamic_leaves)
+                    others = optree.tree_unflatten(other_tree, [next(it) if v is _DYNAMIC else v for v in static])
+                for i, v in zip(rest, others):
+                    call[i] = v
             return call
-        self._assemble = assemble
-        self.flat_f = self.make_flat(f, self.dynamic)
+        return assemble
 
     def make_flat(self, f, dynamic_leaves):
         """The flat function of the differentiated leaves, with the other arrays bound to ``dynamic_leaves``."""
@@ -270,13 +322,14 @@ class _Traced:
 
     def static_key(self):
         """The signature a compiled program or a cached decision depends on: argument structure,
-        non-array arguments, shapes and dtypes (None when something is not hashable). Computed once."""
+        non-array arguments, shapes and dtypes (None when something is not hashable). Computed once,
+        and hashed once (it is looked up in several caches per call)."""
         if self._key is False:
-            b = self.backend
+            b, dynamic = self.backend, self.dynamic
             try:
-                key = (b.name, self.treedef, self.other_tree, self.static, self.has_aux,
-                       tuple((b.shape(x), b.dtype(x)) for x in self.leaves + self.dynamic))
-                hash(key)
+                key = _Key((b.name, self.treedef, self.other_tree, self.static, self.has_aux,
+                            tuple(map(b.shape, self.leaves)), self._dtypes,
+                            tuple(map(b.shape, dynamic)), tuple(map(b.dtype, dynamic))))
             except TypeError:
                 key = None
             self._key = key
@@ -289,7 +342,9 @@ class _Traced:
         return _unflatten(self.aux_tree, leaves)
 
     def inputs_like(self, leaves):
-        return _unflatten(self.treedef, leaves)
+        if self._flat:
+            return leaves[0] if self._single else tuple(leaves)
+        return optree.tree_unflatten(self.treedef, list(leaves))
 
     def jacobian_tree(self, jac):
         """jac[i][j] -> the output structure, each leaf replaced by the input structure."""
@@ -302,8 +357,27 @@ class _Traced:
 _LEAF = optree.tree_structure(0)  # the tree of a single array
 
 
+def _identity_call(diff_leaves, dynamic_leaves):
+    return diff_leaves
+
+
+class _Key:
+    """A cache key (a tuple) whose hash is computed once: hashing pytree structures is not free."""
+
+    __slots__ = ("items", "hash")
+
+    def __init__(self, items):
+        self.items, self.hash = items, hash(items)
+
+    def __hash__(self):
+        return self.hash
+
+    def __eq__(self, other):
+        return self is other or (type(other) is _Key and self.hash == other.hash and self.items == other.items)
+
+
 def _unflatten(treedef, leaves):
-    if treedef.is_leaf():  # the common single array: no need for optree's general machinery
+    if treedef is _LEAF or treedef.is_leaf():  # the common single array: no need for optree's general machinery
         return leaves[0]
     return optree.tree_unflatten(treedef, list(leaves))
 
@@ -395,6 +469,8 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
     out_tree = t.out_tree
 
     def vjp_fn(cotangent):
+        if out_tree is _LEAF and b.matches(cotangent, outputs[0]):  # one output, a cotangent needing no checks
+            return t.inputs_like(vjp_flat((cotangent,)))
         try:
             cts = (cotangent,) if out_tree is _LEAF else out_tree.flatten_up_to(cotangent)
         except (ValueError, TypeError) as exc:

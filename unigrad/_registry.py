@@ -303,15 +303,18 @@ def resolve(explicit, leaves) -> Backend:
     """Selection order: explicit > use_backend > set_backend > UNIGRAD_BACKEND > input arrays > numpy."""
     if explicit is not None:
         return get_backend(explicit)
-    for var in (_context_backend, _default_backend):
-        v = var.get()
-        if v is not None:
-            return get_backend(v)
+    v = _context_backend.get()
+    if v is None:
+        v = _default_backend.get()
+    if v is not None:
+        return get_backend(v)
     env = _getenv("UNIGRAD_BACKEND")
     if env:
         return get_backend(env)
     owner = None
     for x in leaves:
+        if type(x) in _NOT_OWNED:  # NumPy arrays and Python scalars, the common case, without a call
+            continue
         name = _array_owner(x)
         if name is None:
             continue
@@ -319,4 +322,6 @@ def resolve(explicit, leaves) -> Backend:
             owner = name
         elif owner != name:
             raise TypeError(f"inputs mix arrays of backends {owner!r} and {name!r}; pass backend= to choose one")
-    return get_backend(owner or DEFAULT)
+    owner = owner or DEFAULT
+    inst = _instances.get(owner)
+    return inst if inst is not None else get_backend(owner)

@@ -470,7 +470,7 @@ class _Problem:
         args = tuple(args)
         if argnums == "all":
             argnums = tuple(range(len(args)))
-        _, self.argnums = _api._normalize_argnums(argnums, len(args), "compare")
+        _, self.argnums, _ = _api._normalize_argnums(argnums, len(args), "compare")
         if dtype is not None and dtype not in INEXACT:
             raise ValueError(f"compare: dtype must be one of {sorted(INEXACT)} or None; got {dtype!r}")
         self.dtype = dtype

@@ -166,13 +166,18 @@ class _Traced:
     beyond ``flat_f``; anything else takes the general path with the same checks.
     """
 
-    __slots__ = ("backend", "leaves", "treedef", "flat_f", "out_tree", "aux_tree", "fname", "dynamic", "static",
-                 "other_tree", "_assemble", "has_aux", "batch", "_key", "_dtypes", "_diff", "_argnums",
-                 "_single", "_flat")
+    __slots__ = ("backend", "leaves", "treedef", "flat_f", "fname", "dynamic", "static", "other_tree", "_assemble",
+                 "has_aux", "_key", "_dtypes", "_diff", "_argnums", "_single", "_flat", "_seen")
+
+    # What running f revealed (its output and aux structures) and the batch size f must keep, in a list
+    # that flat_f shares: flat_f holding the _Traced itself would make a reference cycle per call.
+    out_tree = property(lambda self: self._seen[0], lambda self, v: self._seen.__setitem__(0, v))
+    aux_tree = property(lambda self: self._seen[1], lambda self, v: self._seen.__setitem__(1, v))
+    batch = property(lambda self: self._seen[2], lambda self, v: self._seen.__setitem__(2, v))
 
     def __init__(self, f, args, argnums, has_aux, backend, fname, all_args=False, device=None):
-        self.fname, self.has_aux, self.batch, self._key = fname, has_aux, None, False
-        self.out_tree = self.aux_tree = None
+        self.fname, self.has_aux, self._key = fname, has_aux, False
+        self._seen = [None, None, None]  # out_tree, aux_tree, batch
         if all_args:  # vjp / jvp: every primal is differentiated
             single, argnums, rest = False, None, ()
             diff = args if type(args) is tuple else tuple(args)
@@ -239,7 +244,7 @@ class _Traced:
             static.append(_DYNAMIC)
         self.dynamic, self.static = tuple(dynamic), tuple(static)
         if all_args:
-            self._assemble = _identity_call if flat else (
+            self._assemble = None if flat else (
                 lambda diff_leaves, dynamic_leaves: optree.tree_unflatten(treedef, list(diff_leaves)))
         else:
             self._assemble = self._assembler(len(args), argnums, rest, single, flat)
@@ -287,10 +292,10 @@ class _Traced:
 
     def make_flat(self, f, dynamic_leaves):
         """The flat function of the differentiated leaves, with the other arrays bound to ``dynamic_leaves``."""
-        b, fname, has_aux, assemble = self.backend, self.fname, self.has_aux, self._assemble
+        b, fname, has_aux, assemble, seen = self.backend, self.fname, self.has_aux, self._assemble, self._seen
 
         def flat_f(*diff_leaves):
-            call = assemble(diff_leaves, dynamic_leaves)
+            call = diff_leaves if assemble is None else assemble(diff_leaves, dynamic_leaves)
             token = _registry.active_backend.set(b)
             try:
                 result = f(*call)
@@ -302,19 +307,19 @@ class _Traced:
                                     f"(output, aux); got {type(result).__name__}")
                 result, aux = result
             if b.is_array(result):  # the common single array: no pytree machinery
-                self.out_tree = _LEAF
-                out_leaves = (result if b.dtype(result) in INEXACT else _check_output(b, result, 0, fname, self),)
+                seen[0] = _LEAF
+                out_leaves = (result if b.dtype(result) in INEXACT else _check_output(b, result, 0, fname),)
             else:
-                out_leaves, self.out_tree = optree.tree_flatten(result)
+                out_leaves, seen[0] = optree.tree_flatten(result)
                 if not out_leaves:
                     raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
                 out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else
-                                   _check_output(b, o, k, fname, self) for k, o in enumerate(out_leaves))
-            if self.batch is not None:  # batched_jacobian: f must map a batch (of any size) to a batch
-                _batch_size(b, out_leaves, self.output_names, fname, "output",
+                                   _check_output(b, o, k, fname) for k, o in enumerate(out_leaves))
+            if seen[2] is not None:  # batched_jacobian: f must map a batch (of any size) to a batch
+                _batch_size(b, out_leaves, lambda: _output_names(seen[0]), fname, "output",
                             expected=b.shape(diff_leaves[0])[0])
             if has_aux:
-                aux_leaves, self.aux_tree = optree.tree_flatten(aux)
+                aux_leaves, seen[1] = optree.tree_flatten(aux)
                 return out_leaves, tuple(aux_leaves)
             return out_leaves
 
@@ -351,14 +356,10 @@ class _Traced:
         return self.output([self.inputs_like(row) for row in jac])
 
     def output_names(self):
-        return _leaf_names(self.output(range(self.out_tree.num_leaves)), "output")
+        return _output_names(self.out_tree)
 
 
 _LEAF = optree.tree_structure(0)  # the tree of a single array
-
-
-def _identity_call(diff_leaves, dynamic_leaves):
-    return diff_leaves
 
 
 class _Key:
@@ -426,7 +427,11 @@ def _execute(f, t, kernel, programs):
     return programs.run(f, t, kernel)
 
 
-def _check_output(b: Backend, o, k, fname, traced):
+def _output_names(out_tree):
+    return _leaf_names(_unflatten(out_tree, range(out_tree.num_leaves)), "output")
+
+
+def _check_output(b: Backend, o, k, fname):
     if not b.is_array(o):
         if isinstance(o, (float, complex)) and not isinstance(o, bool):
             o = b.asarray(np.asarray(o))

@@ -26,12 +26,10 @@ How it works, in one page:
 from __future__ import annotations
 
 import contextvars
-import itertools
 
 import numpy as np
 
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("unigrad_tape_depth", default=0)
-_trace_ids = itertools.count(1)
 
 
 class LeakedTracerError(RuntimeError):
@@ -49,11 +47,12 @@ class Primitive:
     rules where one formula is simpler (tangents hold None for constants).
     """
 
-    __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "__weakref__")
+    __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "partial", "__weakref__")
 
     def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False):
         self.name, self.impl = name, impl
         self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
+        self.partial = vjps is not None and None in vjps  # some arguments have a zero derivative
 
     def __call__(self, *args, **params):
         top = None  # the highest-level trace among the arguments processes the call
@@ -76,12 +75,11 @@ def bind(prim: Primitive, args, params):
 
 
 class Trace:
-    __slots__ = ("level", "active", "id")
+    __slots__ = ("level", "active")
 
     def __init__(self):
         self.level = _depth.get() + 1
         self.active = True
-        self.id = next(_trace_ids)
 
     def _leaked(self, prim):
         raise LeakedTracerError(
@@ -92,8 +90,9 @@ class Trace:
 class ReverseTrace(Trace):
     __slots__ = ("tape",)
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self):  # (Trace.__init__ written out: a trace per transform call)
+        self.level = _depth.get() + 1
+        self.active = True
         self.tape = []  # entries: None for an input, else (prim, parents, args, ans, params)
 
     def new_input(self, value):
@@ -103,27 +102,32 @@ class ReverseTrace(Trace):
     def process(self, prim, args, params):
         if not self.active:
             self._leaked(prim)
-        vals, parents = [], []
+        # the hottest loop of the tape: plain statements, no helper calls
+        vals, parents = list(args), []
         nested = False  # does a lower-level tracer remain after unwrapping this level?
         level = self.level
-        for i, a in enumerate(args):
+        i = 0
+        for a in args:
             if isinstance(a, Tracer):
-                if a.trace.level == level:
-                    if a.trace is not self:
-                        a.trace._leaked(prim)
-                    a_value = a.value
-                    vals.append(a_value)
+                tr = a.trace
+                if tr.level == level:
+                    if tr is not self:
+                        tr._leaked(prim)
+                    a_value = vals[i] = a.value
                     parents.append((i, a.index))
-                    if not nested and isinstance(a_value, Tracer):
+                    if isinstance(a_value, Tracer):
                         nested = True
-                    continue
-                nested = True
-            vals.append(a)
-        ans = bind(prim, vals, params) if nested else prim.impl(*vals, **params)
+                else:
+                    nested = True
+            i += 1
+        if nested:
+            ans = prim(*vals, **params)
+        else:
+            ans = prim.impl(*vals, **params) if params else prim.impl(*vals)
         vjps = prim.vjps
         if vjps is None:
             return ans
-        if None in vjps:
+        if prim.partial:
             parents = [(i, j) for i, j in parents if vjps[i] is not None]
             if not parents:
                 return ans
@@ -216,19 +220,28 @@ class Tracer:
     __array_ufunc__ = None  # make NumPy defer to our reflected operators
     __array_priority__ = 1000
 
+    # The value is a NumPy array or scalar (or a lower-level tracer), which have these attributes;
+    # a Python scalar does not.
     @property
     def shape(self):
-        v = self.value
-        return v.shape if isinstance(v, Tracer) else np.shape(v)
+        try:
+            return self.value.shape
+        except AttributeError:
+            return np.shape(self.value)
 
     @property
     def dtype(self):
-        v = self.value
-        return v.dtype if isinstance(v, Tracer) else np.result_type(v)
+        try:
+            return self.value.dtype
+        except AttributeError:
+            return np.result_type(self.value)
 
     @property
     def ndim(self):
-        return len(self.shape)
+        try:
+            return self.value.ndim
+        except AttributeError:
+            return np.ndim(self.value)
 
     @property
     def size(self):
@@ -330,10 +343,10 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
         if g is None:
             continue
         prim, parents, vals, ans, params = tape[idx]
-        vjps = prim.vjps
+        vjps, broadcasts = prim.vjps, prim.broadcasts
         for i, pidx in parents:
-            c = vjps[i](g, ans, *vals, **params)
-            if prim.broadcasts:  # traced values and cotangents all have .shape and .dtype
+            c = vjps[i](g, ans, *vals, **params) if params else vjps[i](g, ans, *vals)
+            if broadcasts:  # traced values and cotangents all have .shape and .dtype
                 x = vals[i]
                 if c.shape[nb:] != x.shape or c.ndim != x.ndim + nb:
                     c = unbroadcast(c, _shape(x), nb)
@@ -374,7 +387,9 @@ def _run_traced(trace, f, inputs, has_aux):
 def record(f, primals, has_aux):
     """Run ``f`` under a new reverse trace. Returns (trace, out_values, out_indices, aux)."""
     trace = ReverseTrace()
-    outs, aux = _run_traced(trace, f, [trace.new_input(p) for p in primals], has_aux)
+    n = len(primals)
+    trace.tape.extend([None] * n)  # the inputs' entries
+    outs, aux = _run_traced(trace, f, [RTracer(trace, primals[i], i) for i in range(n)], has_aux)
     out_values, out_indices = [], []
     for o in outs:
         if isinstance(o, RTracer) and o.trace is trace:
@@ -383,7 +398,7 @@ def record(f, primals, has_aux):
         else:
             out_values.append(_strip(o, trace))
             out_indices.append(None)
-    aux = tuple(_strip(a, trace) for a in aux)
+    aux = tuple([_strip(a, trace) for a in aux]) if aux else ()
     return trace, tuple(out_values), out_indices, aux
 
 

@@ -494,7 +494,7 @@ def _broadcast_jvp(t, ans, x, shape):
 def _broadcast_impl(x, shape):
     # np.broadcast_to costs microseconds of argument handling; small results are cheaper to materialise.
     if math.prod(shape) <= 4096:
-        out = np.empty(shape, dtype=np.result_type(x))
+        out = np.empty(shape, dtype=x.dtype if isinstance(x, np.ndarray) else np.result_type(x))
         out[...] = x
         return out
     return np.broadcast_to(x, shape)

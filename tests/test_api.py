@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -258,6 +260,55 @@ def test_compile_true_on_numpy_gives_the_same(transform):
     plain, compiled = make(f), make(f, compile=True)
     for y in (2.0, np.array(3.0)):
         np.testing.assert_allclose(compiled(x, y), plain(x, y))
+
+
+@pytest.mark.parametrize("transform", ["grad", "batched_jacobian"])
+def test_a_compiled_program_keeps_no_array_of_the_call_that_built_it(transform):
+    """The program cache lives as long as the transform: it must not pin the first call's inputs
+    (on a GPU that is memory nobody can free)."""
+    f = (lambda x, y: (unigrad.namespace(x).sin(x) * y).sum()) if transform == "grad" else (
+        lambda x, y: unigrad.namespace(x).sin(x) * y)
+    compiled = getattr(unigrad, transform)(f, compile=True)
+    x, y = np.linspace(0.1, 0.9, 4).reshape(2, 2), np.full((2, 2), 3.0)
+    refs = [weakref.ref(x), weakref.ref(y)]
+    first = compiled(x, y)
+    del x, y
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    np.testing.assert_allclose(compiled(np.linspace(0.1, 0.9, 4).reshape(2, 2), np.full((2, 2), 3.0)), first)
+
+
+def test_repeated_signatures_take_the_fast_path_with_the_same_answers_and_checks():
+    """A second call with the same argument types, shapes and dtypes reuses what the first derived
+    (structures, dtype checks, cache key); values, argument order, the selection and the checks of
+    anything else must still come from the call itself."""
+    f = lambda a, b, c: (unigrad.namespace(a).sin(a) * b ** 2 + c).sum()  # noqa: E731
+    g = unigrad.grad(f, argnums=(2, 0))
+    a, b, c = np.linspace(0.1, 0.5, 3), np.linspace(1.0, 2.0, 3), np.ones(3)
+    for scale in (1.0, 2.0, 3.0):  # the second and third calls start from the first one's prototype
+        gc_, ga = g(a * scale, b, c)
+        np.testing.assert_allclose(gc_, np.ones(3))
+        np.testing.assert_allclose(ga, np.cos(a * scale) * b ** 2)
+    with pytest.raises(TypeError, match="argument 0 has dtype int64"):  # same shapes, another dtype
+        g(np.arange(3), b, c)
+    with pytest.raises(TypeError, match="argument 2 has dtype int64"):
+        g(a, b, np.arange(3))
+    out, vjp_fn = unigrad.vjp(lambda x: x ** 2, a)
+    out2, vjp_fn2 = unigrad.vjp(lambda x: x ** 3, 2 * a)  # same signature, another function and point
+    np.testing.assert_allclose(vjp_fn2(np.ones(3))[0], 3 * (2 * a) ** 2)
+    np.testing.assert_allclose(vjp_fn(np.ones(3))[0], 2 * a)
+
+
+def test_the_fast_path_follows_the_selection_of_each_call():
+    torch = pytest.importorskip("torch")
+    g = unigrad.grad(lambda x: (x ** 2).sum())
+    x = np.linspace(0.1, 0.5, 3)
+    g(x), g(x)  # the signature of NumPy arrays on the numpy backend is known now
+    with unigrad.use_backend("torch"):
+        got = g(x)
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), 2 * x)
+    assert isinstance(g(x), np.ndarray)
 
 
 def test_device_cpu_accepted_and_unknown_rejected():

@@ -148,10 +148,82 @@ def _flat_tree(n: int, none_is_leaf: bool):
     tree = _FLAT_TREES.get((n, none_is_leaf))
     if tree is None:
         tree = _FLAT_TREES[n, none_is_leaf] = optree.tree_structure((0,) * n, none_is_leaf=none_is_leaf)
+        _TOKENS[id(tree)] = ("flat", n, none_is_leaf)
     return tree
 
 
+# Stand-ins for the structures above in cache keys (hashing an optree structure costs as much as the
+# rest of a key together). Keyed by id: these structures live as long as the process, so no other
+# object ever has their id.
+_TOKENS: dict = {}
+
+
+def _remember(cache: dict, key, value, maxsize: int = 32):
+    """``cache[key] = value``, dropping the oldest entry when full (safe when threads share the cache)."""
+    while len(cache) >= maxsize:
+        try:
+            cache.pop(next(iter(cache)), None)
+        except (StopIteration, RuntimeError):  # emptied or changed by another thread meanwhile
+            break
+    cache[key] = value
+
+
+_PRIMAL_PROTOS: dict = {}  # the prototypes of vjp, jvp and hvp calls (see _Traced)
+
+
+def _signature(args):
+    """The types, shapes and dtypes of ``args`` when every one is an array of a type met before, else None."""
+    sig = []
+    for a in args:
+        t = type(a)
+        if t not in _LEAF_ARRAYS:
+            return None
+        sig.append(t)
+        sig.append(a.shape)
+        sig.append(a.dtype)
+    return tuple(sig)
+
+
 _DYNAMIC = object()  # marks a non-differentiated leaf that is an array (an input of a compiled program)
+
+
+def _flat_function(f, b, fname, has_aux, assemble, seen, dynamic_leaves):
+    """``f`` as a function of the differentiated leaves alone, with the other arrays bound to ``dynamic_leaves``.
+
+    It returns the output leaves (and the aux leaves), checked, and records the structures it met in
+    ``seen`` (out_tree, aux_tree); ``seen[2]``, when set, is the batch size every output must keep.
+    """
+
+    def flat_f(*diff_leaves):
+        call = diff_leaves if assemble is None else assemble(diff_leaves, dynamic_leaves)
+        token = _registry.active_backend.set(b)
+        try:
+            result = f(*call)
+        finally:
+            _registry.active_backend.reset(token)
+        if has_aux:
+            if not (isinstance(result, (tuple, list)) and len(result) == 2):
+                raise TypeError(f"{fname}: with has_aux=True the function must return a pair "
+                                f"(output, aux); got {type(result).__name__}")
+            result, aux = result
+        if b.is_array(result):  # the common single array: no pytree machinery
+            seen[0] = _LEAF
+            out_leaves = (result if b.dtype(result) in INEXACT else _check_output(b, result, 0, fname),)
+        else:
+            out_leaves, seen[0] = optree.tree_flatten(result)
+            if not out_leaves:
+                raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
+            out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else
+                               _check_output(b, o, k, fname) for k, o in enumerate(out_leaves))
+        if seen[2] is not None:  # batched_jacobian: f must map a batch (of any size) to a batch
+            _batch_size(b, out_leaves, lambda: _output_names(seen[0]), fname, "output",
+                        expected=b.shape(diff_leaves[0])[0])
+        if has_aux:
+            aux_leaves, seen[1] = optree.tree_flatten(aux)
+            return out_leaves, tuple(aux_leaves)
+        return out_leaves
+
+    return flat_f
 
 
 class _Traced:
@@ -161,13 +233,14 @@ class _Traced:
     backend, inputs of a compiled program) and everything else (``static``: kept as given,
     part of a compiled program's cache key).
 
-    Every transform call builds one, so it is written for the common case -- arguments that are
-    already arrays of the backend -- which costs no pytree rebuilding, no conversion and no closure
-    beyond ``flat_f``; anything else takes the general path with the same checks.
+    Every transform call builds one, so the common case is fast: when every positional argument is
+    already an array of the backend, what the general path derives from the arguments' types, shapes
+    and dtypes (structures, checks, the cache key) is kept in the transform's ``protos`` and reused by
+    the next call with the same signature, which then only reads each argument's type, shape and dtype.
     """
 
-    __slots__ = ("backend", "leaves", "treedef", "flat_f", "fname", "dynamic", "static", "other_tree", "_assemble",
-                 "has_aux", "_key", "_dtypes", "_diff", "_argnums", "_single", "_flat", "_seen")
+    __slots__ = ("backend", "leaves", "treedef", "fname", "dynamic", "static", "other_tree", "has_aux", "_key",
+                 "_dtypes", "_diff", "_argnums", "_single", "_flat", "_seen", "_f", "_flat_f", "_assemble", "_call")
 
     # What running f revealed (its output and aux structures) and the batch size f must keep, in a list
     # that flat_f shares: flat_f holding the _Traced itself would make a reference cycle per call.
@@ -175,9 +248,26 @@ class _Traced:
     aux_tree = property(lambda self: self._seen[1], lambda self, v: self._seen.__setitem__(1, v))
     batch = property(lambda self: self._seen[2], lambda self, v: self._seen.__setitem__(2, v))
 
-    def __init__(self, f, args, argnums, has_aux, backend, fname, all_args=False, device=None):
+    def __init__(self, f, args, argnums, has_aux, backend, fname, all_args=False, device=None, protos=None):
         self.fname, self.has_aux, self._key = fname, has_aux, False
         self._seen = [None, None, None]  # out_tree, aux_tree, batch
+        # flat_f and the assembly of f's arguments are built on first use: a compiled call needs neither
+        self._f, self._flat_f = f, None
+        if device is None:
+            device = _registry.current_device()
+        proto_key = None
+        if protos is not None and device is None:
+            proto_key = _signature(args)
+            if proto_key is not None:
+                b = _registry.resolve(backend, args)
+                proto_key = (b, has_aux, proto_key)
+                try:
+                    proto = protos.get(proto_key)
+                except TypeError:  # an unhashable shape or dtype: no prototype
+                    proto, proto_key = None, None
+                if proto is not None:
+                    self._adopt(proto, b, args)
+                    return
         if all_args:  # vjp / jvp: every primal is differentiated
             single, argnums, rest = False, None, ()
             diff = args if type(args) is tuple else tuple(args)
@@ -204,26 +294,30 @@ class _Traced:
                 raw_leaves, treedef = list(diff), _flat_tree(len(diff), False)
         if not flat:
             raw_leaves, treedef = optree.tree_flatten(diff)
-            # flat all the same when each differentiated argument is one leaf
+            # flat all the same when each differentiated argument is one leaf (then the canonical structure)
             flat = treedef.num_nodes == 1 if single else treedef.num_nodes == len(raw_leaves) + 1 == len(diff) + 1
+            if flat:
+                treedef = _LEAF if single else _flat_tree(len(diff), False)
         self.treedef, self._flat = treedef, flat
         if not others:
             other_leaves, self.other_tree = (), None
         else:
             for a in others:
                 if type(a) not in _LEAF_ARRAYS:
-                    other_leaves, self.other_tree = optree.tree_flatten(others, none_is_leaf=True)
+                    other_leaves, other_tree = optree.tree_flatten(others, none_is_leaf=True)
+                    if other_tree.num_nodes == len(other_leaves) + 1 == len(others) + 1:
+                        other_tree = _flat_tree(len(others), True)  # the canonical structure
+                    self.other_tree = other_tree
                     break
             else:
                 other_leaves, self.other_tree = list(others), _flat_tree(len(others), True)
         b = self.backend = _registry.resolve(backend, raw_leaves + other_leaves if other_leaves else raw_leaves)
-        if device is None:
-            device = _registry.current_device()
         is_array, dtype = b.is_array, b.dtype
         dtypes = []
         for k, x in enumerate(raw_leaves):
             if device is not None or not is_array(x):
                 x = raw_leaves[k] = self._place(x, k, device)
+                proto_key = None  # converted: not the arguments as given
             elif type(x) not in _LEAF_ARRAYS and len(_LEAF_ARRAYS) < 64:
                 _LEAF_ARRAYS.add(type(x))  # an array type: a pytree leaf (learnt for the fast path above)
             name = dtype(x)
@@ -236,6 +330,7 @@ class _Traced:
         dynamic, static = [], []
         for v in other_leaves:
             if not is_array(v):
+                proto_key = None
                 v = _keep_or_convert(b, v)
                 if not is_array(v):
                     static.append(v)
@@ -243,12 +338,48 @@ class _Traced:
             dynamic.append(v if device is None else b.asarray(v, device=device))
             static.append(_DYNAMIC)
         self.dynamic, self.static = tuple(dynamic), tuple(static)
-        if all_args:
-            self._assemble = None if flat else (
-                lambda diff_leaves, dynamic_leaves: optree.tree_unflatten(treedef, list(diff_leaves)))
+        self._call = (len(args), rest, all_args)
+        self._assemble = None if all_args and flat else False
+        if proto_key is not None:  # every argument an array of b, as given: the next such call starts here
+            _remember(protos, proto_key, (self.treedef, self.other_tree, self.static, self._dtypes, self.static_key(),
+                                 argnums, single, self._call, self._assemble))
+
+    def _adopt(self, proto, b, args):
+        """Fill in from a prototype: a former call whose arguments had these types, shapes and dtypes."""
+        (self.treedef, self.other_tree, self.static, self._dtypes, self._key, argnums, single, self._call,
+         self._assemble) = proto
+        self.backend, self._flat, self._argnums, self._single = b, True, argnums, single
+        if argnums is None:
+            self.leaves = self._diff = args if type(args) is tuple else tuple(args)
+            self.dynamic = ()
         else:
-            self._assemble = self._assembler(len(args), argnums, rest, single, flat)
-        self.flat_f = self.make_flat(f, self.dynamic)
+            if single:
+                self._diff = args[argnums[0]]
+                self.leaves = (self._diff,)
+            else:
+                self.leaves = self._diff = tuple([args[i] for i in argnums])
+            rest = self._call[1]
+            self.dynamic = tuple([args[i] for i in rest]) if rest else ()
+
+    @property
+    def flat_f(self):
+        """``f`` as a function of the differentiated leaves (see ``_flat_function``)."""
+        fn = self._flat_f
+        if fn is None:
+            fn = self._flat_f = _flat_function(self._f, self.backend, self.fname, self.has_aux, self.assembly(),
+                                               self._seen, self.dynamic)
+        return fn
+
+    def assembly(self):
+        """``assemble(diff_leaves, dynamic_leaves)`` -> the positional arguments of ``f`` (None: the leaves)."""
+        if self._assemble is False:
+            n_args, rest, all_args = self._call
+            if all_args:
+                treedef = self.treedef
+                self._assemble = lambda diff_leaves, dynamic_leaves: optree.tree_unflatten(treedef, list(diff_leaves))
+            else:
+                self._assemble = self._assembler(n_args, self._argnums, rest, self._single, self._flat)
+        return self._assemble
 
     def _place(self, x, k, device):
         b = self.backend
@@ -290,41 +421,6 @@ class _Traced:
             return call
         return assemble
 
-    def make_flat(self, f, dynamic_leaves):
-        """The flat function of the differentiated leaves, with the other arrays bound to ``dynamic_leaves``."""
-        b, fname, has_aux, assemble, seen = self.backend, self.fname, self.has_aux, self._assemble, self._seen
-
-        def flat_f(*diff_leaves):
-            call = diff_leaves if assemble is None else assemble(diff_leaves, dynamic_leaves)
-            token = _registry.active_backend.set(b)
-            try:
-                result = f(*call)
-            finally:
-                _registry.active_backend.reset(token)
-            if has_aux:
-                if not (isinstance(result, (tuple, list)) and len(result) == 2):
-                    raise TypeError(f"{fname}: with has_aux=True the function must return a pair "
-                                    f"(output, aux); got {type(result).__name__}")
-                result, aux = result
-            if b.is_array(result):  # the common single array: no pytree machinery
-                seen[0] = _LEAF
-                out_leaves = (result if b.dtype(result) in INEXACT else _check_output(b, result, 0, fname),)
-            else:
-                out_leaves, seen[0] = optree.tree_flatten(result)
-                if not out_leaves:
-                    raise TypeError(f"{fname}: the function returned no arrays ({result!r})")
-                out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else
-                                   _check_output(b, o, k, fname) for k, o in enumerate(out_leaves))
-            if seen[2] is not None:  # batched_jacobian: f must map a batch (of any size) to a batch
-                _batch_size(b, out_leaves, lambda: _output_names(seen[0]), fname, "output",
-                            expected=b.shape(diff_leaves[0])[0])
-            if has_aux:
-                aux_leaves, seen[1] = optree.tree_flatten(aux)
-                return out_leaves, tuple(aux_leaves)
-            return out_leaves
-
-        return flat_f
-
     def static_key(self):
         """The signature a compiled program or a cached decision depends on: argument structure,
         non-array arguments, shapes and dtypes (None when something is not hashable). Computed once,
@@ -332,7 +428,8 @@ class _Traced:
         if self._key is False:
             b, dynamic = self.backend, self.dynamic
             try:
-                key = _Key((b.name, self.treedef, self.other_tree, self.static, self.has_aux,
+                key = _Key((b.name, _TOKENS.get(id(self.treedef), self.treedef),
+                            _TOKENS.get(id(self.other_tree), self.other_tree), self.static, self.has_aux,
                             tuple(map(b.shape, self.leaves)), self._dtypes,
                             tuple(map(b.shape, dynamic)), tuple(map(b.dtype, dynamic))))
             except TypeError:
@@ -360,6 +457,7 @@ class _Traced:
 
 
 _LEAF = optree.tree_structure(0)  # the tree of a single array
+_TOKENS[id(_LEAF)] = ("leaf",)
 
 
 class _Key:
@@ -387,36 +485,44 @@ class _Programs:
     """Compiled programs of one transform, one per static signature (``compile=True``).
 
     A program takes the differentiated leaves and the other array leaves and returns a flat tuple:
-    the outputs, the transform's result blocks and the aux leaves; the structures seen while
-    tracing are kept beside it to rebuild the user's pytrees.
+    the outputs (only with ``keep_outputs``: a Jacobian's caller never sees them, and each output of
+    a compiled program is a buffer to hand back), the transform's result blocks and the aux leaves.
+    The structures seen while tracing are kept beside it to rebuild the user's pytrees. A program
+    holds no array of the call that built it.
     """
 
-    def __init__(self, maxsize=32):
-        self.entries, self.maxsize = {}, maxsize
+    def __init__(self, maxsize=32, keep_outputs=True):
+        self.entries, self.maxsize, self.keep_outputs = {}, maxsize, keep_outputs
 
     def run(self, f, t, kernel):
         key = t.static_key()
         entry = self.entries.get(key) if key is not None else None
         if entry is None:
-            b, n = t.backend, len(t.leaves)
-            shapes = {}
-
-            def program(*arrays):
-                flat_f = t.make_flat(f, arrays[n:])
-                outs, blocks, aux = kernel(b, flat_f, arrays[:n])
-                shapes.update(out_tree=t.out_tree, aux_tree=t.aux_tree, n_out=len(outs), n_blocks=len(blocks))
-                return tuple(outs) + tuple(blocks) + tuple(aux or ())
-
-            entry = (b.compile(program), shapes)
+            entry = self._build(f, t, kernel)
             if key is not None:
-                if len(self.entries) >= self.maxsize:
-                    self.entries.pop(next(iter(self.entries)))
-                self.entries[key] = entry
-        compiled, shapes = entry
+                _remember(self.entries, key, entry, self.maxsize)
+        compiled, meta = entry
         flat = compiled(*t.leaves, *t.dynamic)
-        t.out_tree, t.aux_tree = shapes["out_tree"], shapes["aux_tree"]
-        n_out, n_blocks = shapes["n_out"], shapes["n_blocks"]
-        return flat[:n_out], flat[n_out:n_out + n_blocks], flat[n_out + n_blocks:]
+        out_tree, aux_tree, n_out, n_blocks = meta
+        t.out_tree, t.aux_tree = out_tree, aux_tree
+        end = n_out + n_blocks
+        return flat[:n_out], flat[n_out:end], flat[end:]
+
+    def _build(self, f, t, kernel):
+        b, n, keep = t.backend, len(t.leaves), self.keep_outputs
+        fname, has_aux, assemble = t.fname, t.has_aux, t.assembly()
+        batch = t.batch
+        meta = [None, None, 0, 0]  # out_tree, aux_tree, n_out, n_blocks: known once traced
+
+        def program(*arrays):
+            seen = [None, None, batch]
+            flat_f = _flat_function(f, b, fname, has_aux, assemble, seen, arrays[n:])
+            outs, blocks, aux = kernel(b, flat_f, arrays[:n])
+            outs = tuple(outs) if keep else ()
+            meta[:] = seen[0], seen[1], len(outs), len(blocks)
+            return outs + tuple(blocks) + tuple(aux or ())
+
+        return b.compile(program), meta
 
 
 def _execute(f, t, kernel, programs):
@@ -468,7 +574,7 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
       >>> vjp_fn(np.ones(3))
       (array([0., 2., 4.]),)
     """
-    t = _Traced(f, primals, None, has_aux, backend, "vjp", all_args=True)
+    t = _Traced(f, primals, None, has_aux, backend, "vjp", all_args=True, protos=_PRIMAL_PROTOS)
     b = t.backend
     outputs, vjp_flat, aux = b.vjp(t.flat_f, t.leaves, has_aux=has_aux)
     out_tree = t.out_tree
@@ -521,7 +627,7 @@ def jvp(f: Callable, primals, tangents, has_aux: bool = False, backend=None):
     if len(primals) != len(tangents):
         raise ValueError(f"jvp: primals and tangents must have the same length; got {len(primals)} and "
                          f"{len(tangents)}")
-    t = _Traced(f, tuple(primals), None, has_aux, backend, "jvp", all_args=True)
+    t = _Traced(f, tuple(primals), None, has_aux, backend, "jvp", all_args=True, protos=_PRIMAL_PROTOS)
     b = t.backend
     tan_leaves = _tangent_leaves(t, tangents, "jvp")
     outputs, tangents_out, aux = b.jvp(t.flat_f, t.leaves, tan_leaves, has_aux=has_aux)
@@ -572,13 +678,14 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
       (array(5.), array([0., 2., 4.]))
     """
     programs = _Programs() if compile else None
+    protos = {}  # argument signatures met (see _Traced)
 
     def kernel(b, flat_f, leaves):
         return _grad_kernel(b, flat_f, leaves, has_aux)
 
     def value_and_grad_f(*args, **kwargs):
         g = f if not kwargs else (lambda *a: f(*a, **kwargs))
-        t = _Traced(g, args, argnums, has_aux, backend, "grad", device=device)
+        t = _Traced(g, args, argnums, has_aux, backend, "grad", device=device, protos=protos)
         outputs, grads, aux = _execute(g, t, kernel, programs if not kwargs else None)
         value = t.output(outputs)
         grads = t.inputs_like(grads)
@@ -648,9 +755,7 @@ class _ModeCache:
                 outputs = outputs[0]
             shapes = tuple(t.backend.shape(o) for o in outputs)
             if key is not None:
-                if len(self.sizes) >= self.maxsize:
-                    self.sizes.pop(next(iter(self.sizes)))
-                self.sizes[key] = shapes
+                _remember(self.sizes, key, shapes, self.maxsize)
         return shapes
 
     def choose(self, t, per_example):
@@ -662,9 +767,7 @@ class _ModeCache:
             n_in = sum(math.prod(t.backend.shape(x)[1:] if per_example else t.backend.shape(x)) for x in t.leaves)
             mode = "fwd" if n_in < n_out else "rev"
             if key[0] is not None:
-                if len(self.sizes) >= self.maxsize:
-                    self.sizes.pop(next(iter(self.sizes)))
-                self.sizes[key] = mode
+                _remember(self.sizes, key, mode, self.maxsize)
         return mode
 
 
@@ -704,8 +807,8 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     """
     _check_mode(mode, "jacobian")
     _check_chunk(chunk_size, "jacobian")
-    modes = _ModeCache()
-    programs = {"rev": _Programs(), "fwd": _Programs()} if compile else None
+    modes, protos = _ModeCache(), {}
+    programs = {"rev": _Programs(keep_outputs=False), "fwd": _Programs(keep_outputs=False)} if compile else None
 
     def kernel_for(chosen):
         def kernel(b, flat_f, leaves):
@@ -717,7 +820,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     kernels = {"rev": kernel_for("rev"), "fwd": kernel_for("fwd")}
 
     def jacobian_f(*args):
-        t = _Traced(f, args, argnums, has_aux, backend, "jacobian", device=device)
+        t = _Traced(f, args, argnums, has_aux, backend, "jacobian", device=device, protos=protos)
         chosen = mode if mode != "auto" else modes.choose(t, per_example=False)
         _, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
         result = t.jacobian_tree(_unflatten_blocks(blocks, len(t.leaves)))
@@ -781,8 +884,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     if check_independence not in _INDEPENDENCE:
         raise ValueError(f"batched_jacobian: check_independence must be one of {_INDEPENDENCE}; "
                          f"got {check_independence!r}")
-    modes = _ModeCache()
-    probed = {}  # signature -> whether f is separable (probed once per signature)
+    modes, protos = _ModeCache(), {}
+    plans = {}  # signature -> (separable, mode): decided once per signature (the probes are not free)
 
     def kernel_for(chosen, separable):
         def kernel(b, flat_f, leaves):
@@ -792,28 +895,34 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         return kernel
 
     kernels = {(m, sep): kernel_for(m, sep) for m in ("rev", "fwd") for sep in (False, True)}
-    programs = {key: _Programs() for key in kernels} if compile else None
+    programs = {key: _Programs(keep_outputs=False) for key in kernels} if compile else None
 
-    def batched_jacobian_f(*args):
-        t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian", device=device)
-        b = t.backend
-        batch = t.batch = _batch_size(b, t.leaves, t.names_fn, "batched_jacobian", "input")
-        if batch == 0:
-            return _empty_batched_jacobian(t, has_aux)
+    def plan(t, batch):
+        """Whether f is separable (see below) and the mode, for this call's signature."""
         key = t.static_key()
+        known = plans.get(key) if key is not None and check_independence != "always" else None
+        if known is not None:
+            return known
         # Separable: f may also be evaluated one example at a time, and a backend may vectorise that
         # (jax.vmap of a batch-of-one Jacobian). Only once the probe has confirmed it for this signature,
         # and never when a non-differentiated array could be batched too.
-        separable = False
+        separable, settled = False, True
         if check_independence != "never":
-            if check_independence == "always" or key is None or key not in probed:
-                if _probe_independence(t, batch, has_aux):
-                    probed[key] = (not any(b.shape(d)[:1] == (batch,) for d in t.dynamic)
-                                   and _probe_separable(t, batch, has_aux))
-            separable = probed.get(key, False)
-        chosen = mode if mode != "auto" else modes.choose(t, per_example=True)
-        outputs, blocks, aux = _execute(f, t, kernels[chosen, separable],
-                                        programs[chosen, separable] if programs else None)
+            settled = _probe_independence(t, batch, has_aux)  # not on abstract values: again next call
+            separable = settled and not any(t.backend.shape(d)[:1] == (batch,) for d in t.dynamic) and \
+                _probe_separable(t, batch, has_aux)
+        known = (separable, mode if mode != "auto" else modes.choose(t, per_example=True))
+        if settled and key is not None:
+            _remember(plans, key, known)
+        return known
+
+    def batched_jacobian_f(*args):
+        t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian", device=device, protos=protos)
+        batch = t.batch = _batch_size(t.backend, t.leaves, t.names_fn, "batched_jacobian", "input")
+        if batch == 0:
+            return _empty_batched_jacobian(t, has_aux)
+        chosen_key = plan(t, batch)[::-1]  # (mode, separable)
+        _, blocks, aux = _execute(f, t, kernels[chosen_key], programs[chosen_key] if programs else None)
         result = t.jacobian_tree(_unflatten_blocks(blocks, len(t.leaves)))
         return (result, t.aux(aux)) if has_aux else result
 
@@ -940,8 +1049,8 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
              [ 0., 12.]])
     """
     _check_chunk(chunk_size, "hessian")
-    programs = {True: _Programs(), False: _Programs()} if compile else None
-    shapes = _ModeCache()
+    programs = {True: _Programs(keep_outputs=False), False: _Programs(keep_outputs=False)} if compile else None
+    shapes, protos = _ModeCache(), {}
 
     def nested(b, flat_f, leaves):
         def gradient(*p):  # the outputs ride along as aux: no value escapes the transform by side effect
@@ -955,7 +1064,7 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
         return (), _flatten_blocks(b.hessian(flat_f, leaves, chunk_size=chunk_size)), ()
 
     def hessian_f(*args):
-        t = _Traced(f, args, argnums, False, backend, "hessian", device=device)
+        t = _Traced(f, args, argnums, False, backend, "hessian", device=device, protos=protos)
         is_scalar = shapes.output_shapes(t) == ((),)
         _, blocks, _ = _execute(f, t, scalar if is_scalar else nested,
                                 programs[is_scalar] if programs else None)
@@ -989,7 +1098,7 @@ def hvp(f: Callable, primals, tangents, backend=None):
     """
     if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
         raise TypeError("hvp: primals and tangents must be tuples or lists")
-    t = _Traced(f, tuple(primals), None, False, backend, "hvp", all_args=True)
+    t = _Traced(f, tuple(primals), None, False, backend, "hvp", all_args=True, protos=_PRIMAL_PROTOS)
     b = t.backend
     tan_leaves = _tangent_leaves(t, tangents, "hvp")
     outputs = b.evaluate(t.flat_f, t.leaves)

@@ -1,6 +1,7 @@
 """The NumPy tape against a hand-written NumPy backprop and HIPS autograd, in one process.
 
-Reports ratios (not absolute times):
+Reports ratios (not absolute times; each the median over interleaved rounds of the per-round ratio,
+absolute times the best round):
   * gradient of an MLP loss (784-256-256-10, tanh, softmax cross-entropy, batch 128, float64):
     unigrad.grad / hand-written forward+backprop   (target <= 1.25)
     autograd.grad / hand-written forward+backprop  (for reference)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import timeit
 
@@ -22,19 +24,17 @@ import numpy as np
 import unigrad
 
 
-def best_time(fn, number, repeat):
-    """Best mean seconds per call over ``repeat`` runs of ``number`` calls (least disturbed by the machine)."""
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+def timed_rounds(fns, number, repeat):
+    """``repeat`` rounds; in each, the mean seconds per call of every function over ``number`` calls.
+    The functions' runs are interleaved, so a slow spell of a shared machine hits all of them alike."""
+    return [[timeit.timeit(fn, number=number) / number for fn in fns] for _ in range(repeat)]
 
 
-def best_times(fns, number, repeat):
-    """Like best_time for several functions, their runs interleaved, so a slow spell of a shared machine
-    hits all of them alike and the ratios stay meaningful."""
-    best = [float("inf")] * len(fns)
-    for _ in range(repeat):
-        for k, fn in enumerate(fns):
-            best[k] = min(best[k], timeit.timeit(fn, number=number) / number)
-    return best
+def ratio(rounds, i, j):
+    """Time of function i over time of function j: the median of the per-round ratios. A round's two
+    runs are adjacent in time, so a machine whose speed drifts from round to round (shared cores)
+    moves both alike; the median ignores the rounds a spike hit one side of."""
+    return statistics.median(r[i] / r[j] for r in rounds)
 
 
 def mlp_problem(seed=0, batch=128, sizes=(784, 256, 256, 10)):
@@ -123,10 +123,11 @@ def run(quick=False):
 
     grad_ug = unigrad.grad(mlp_loss)
     grad_ag = autograd.grad(mlp_loss_autograd)
-    t_hand, t_fwd, t_ug, t_ag = best_times([lambda: mlp_backprop_numpy(params, x, onehot),
-                                            lambda: mlp_forward_numpy(params, x, onehot),
-                                            lambda: grad_ug(params, x, onehot),
-                                            lambda: grad_ag(params, x, onehot)], number, repeat)
+    mlp_rounds = timed_rounds([lambda: mlp_backprop_numpy(params, x, onehot),
+                               lambda: mlp_forward_numpy(params, x, onehot),
+                               lambda: grad_ug(params, x, onehot),
+                               lambda: grad_ag(params, x, onehot)], number, repeat)
+    t_hand, t_fwd, t_ug, t_ag = (min(col) for col in zip(*mlp_rounds))
 
     xs = np.array([0.1, 0.2, 0.3])
     ones = np.ones(())
@@ -142,16 +143,17 @@ def run(quick=False):
         return fn(1.0)
 
     np.testing.assert_allclose(ug_vjp()[0], ag_vjp(), rtol=1e-12)
-    tn, tr = (200, 3) if quick else (1000, 15)
-    t_tiny_ug, t_tiny_ag = best_times([ug_vjp, ag_vjp], tn, tr)
+    tn, tr = (200, 3) if quick else (1000, 30)
+    tiny_rounds = timed_rounds([ug_vjp, ag_vjp], tn, tr)
+    t_tiny_ug, t_tiny_ag = (min(col) for col in zip(*tiny_rounds))
     return {
         "mlp_grad_seconds": {"hand_backprop": t_hand, "forward_only": t_fwd, "unigrad": t_ug, "autograd": t_ag},
-        "mlp_ratio_unigrad_vs_hand": t_ug / t_hand,
-        "mlp_ratio_autograd_vs_hand": t_ag / t_hand,
-        "mlp_ratio_unigrad_vs_forward": t_ug / t_fwd,
-        "mlp_ratio_unigrad_vs_autograd": t_ug / t_ag,
+        "mlp_ratio_unigrad_vs_hand": ratio(mlp_rounds, 2, 0),
+        "mlp_ratio_autograd_vs_hand": ratio(mlp_rounds, 3, 0),
+        "mlp_ratio_unigrad_vs_forward": ratio(mlp_rounds, 2, 1),
+        "mlp_ratio_unigrad_vs_autograd": ratio(mlp_rounds, 2, 3),
         "tiny_vjp_seconds": {"unigrad": t_tiny_ug, "autograd": t_tiny_ag},
-        "tiny_ratio_unigrad_vs_autograd": t_tiny_ug / t_tiny_ag,
+        "tiny_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 0, 1),
         "targets": {"mlp_ratio_unigrad_vs_hand": 1.25, "tiny_ratio_unigrad_vs_autograd": 0.5},
     }
 

@@ -36,9 +36,7 @@ def main(argv=None) -> int:
     print("\n== per-example Jacobians (batched_jacobian, compile=True) against native compiled forms ==")
     names = [n for n in ("jax", "torch", "tensorflow") if n in results["versions"]]
     results["batched_jacobian"] = bench_batched_jacobian.run(names, args.quick)
-    for name, v in results["batched_jacobian"].items():
-        print(f"  {name:11s} ratio {v['ratio']:.2f} (native {v['native_seconds'] * 1e3:.3f} ms, "
-              f"unigrad {v['unigrad_seconds'] * 1e3:.3f} ms)")
+    bench_batched_jacobian.report(results["batched_jacobian"])
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

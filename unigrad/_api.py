@@ -452,6 +452,12 @@ class _Traced:
         """jac[i][j] -> the output structure, each leaf replaced by the input structure."""
         return self.output([self.inputs_like(row) for row in jac])
 
+    def blocks_tree(self, blocks):
+        """The flat blocks (output-major) as the Jacobian's pytree (see ``jacobian_tree``)."""
+        if self._seen[0] is _LEAF and self._single and self._flat:  # one output, one input array
+            return blocks[0]
+        return self.jacobian_tree(_unflatten_blocks(blocks, len(self.leaves)))
+
     def output_names(self):
         return _output_names(self.out_tree)
 
@@ -503,8 +509,8 @@ class _Programs:
                 _remember(self.entries, key, entry, self.maxsize)
         compiled, meta = entry
         flat = compiled(*t.leaves, *t.dynamic)
-        out_tree, aux_tree, n_out, n_blocks = meta
-        t.out_tree, t.aux_tree = out_tree, aux_tree
+        seen = t._seen
+        seen[0], seen[1], n_out, n_blocks = meta
         end = n_out + n_blocks
         return flat[:n_out], flat[n_out:end], flat[end:]
 
@@ -823,7 +829,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
         t = _Traced(f, args, argnums, has_aux, backend, "jacobian", device=device, protos=protos)
         chosen = mode if mode != "auto" else modes.choose(t, per_example=False)
         _, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
-        result = t.jacobian_tree(_unflatten_blocks(blocks, len(t.leaves)))
+        result = t.blocks_tree(blocks)
         return (result, t.aux(aux)) if has_aux else result
 
     _wraps(jacobian_f, f, "jacobian")
@@ -897,12 +903,16 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     kernels = {(m, sep): kernel_for(m, sep) for m in ("rev", "fwd") for sep in (False, True)}
     programs = {key: _Programs(keep_outputs=False) for key in kernels} if compile else None
 
-    def plan(t, batch):
-        """Whether f is separable (see below) and the mode, for this call's signature."""
+    def plan(t):
+        """(mode, separable, batch size) for this call: decided once per signature (probes are not free)."""
         key = t.static_key()
         known = plans.get(key) if key is not None and check_independence != "always" else None
         if known is not None:
             return known
+        batch = _batch_size(t.backend, t.leaves, t.names_fn, "batched_jacobian", "input")
+        if batch == 0:
+            return None, False, 0
+        t.batch = batch
         # Separable: f may also be evaluated one example at a time, and a backend may vectorise that
         # (jax.vmap of a batch-of-one Jacobian). Only once the probe has confirmed it for this signature,
         # and never when a non-differentiated array could be batched too.
@@ -911,19 +921,19 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             settled = _probe_independence(t, batch, has_aux)  # not on abstract values: again next call
             separable = settled and not any(t.backend.shape(d)[:1] == (batch,) for d in t.dynamic) and \
                 _probe_separable(t, batch, has_aux)
-        known = (separable, mode if mode != "auto" else modes.choose(t, per_example=True))
+        known = (mode if mode != "auto" else modes.choose(t, per_example=True), separable, batch)
         if settled and key is not None:
             _remember(plans, key, known)
         return known
 
     def batched_jacobian_f(*args):
         t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian", device=device, protos=protos)
-        batch = t.batch = _batch_size(t.backend, t.leaves, t.names_fn, "batched_jacobian", "input")
-        if batch == 0:
+        chosen, separable, t.batch = plan(t)
+        if t.batch == 0:
             return _empty_batched_jacobian(t, has_aux)
-        chosen_key = plan(t, batch)[::-1]  # (mode, separable)
-        _, blocks, aux = _execute(f, t, kernels[chosen_key], programs[chosen_key] if programs else None)
-        result = t.jacobian_tree(_unflatten_blocks(blocks, len(t.leaves)))
+        kernel = (chosen, separable)
+        _, blocks, aux = _execute(f, t, kernels[kernel], programs[kernel] if programs else None)
+        result = t.blocks_tree(blocks)
         return (result, t.aux(aux)) if has_aux else result
 
     _wraps(batched_jacobian_f, f, "batched_jacobian")

@@ -31,18 +31,28 @@ from unigrad import Backend, Capabilities
 
 __all__ = ["JaxBackend"]
 
-# Dtypes JAX truncates to 32 bits outside the x64 context.
+# Dtypes JAX truncates to 32 bits outside the x64 context, by type code (hashing a dtype costs more
+# than the rest of the test; two codes can name one dtype, e.g. 'l' and 'q' for int64 on Linux).
 _WIDE = frozenset(np.dtype(n) for n in ("float64", "complex128", "int64", "uint64"))
+_WIDE_CHARS = frozenset(c for c in np.typecodes["All"] if np.dtype(c) in _WIDE)
 _NO_CONTEXT = contextlib.nullcontext()
+
+
+def _wide(arrays) -> bool:
+    """Is some array in ``arrays`` 64-bit?"""
+    for a in arrays:
+        d = getattr(a, "dtype", None)
+        if d is not None and getattr(d, "char", None) in _WIDE_CHARS:
+            return True
+    return False
 
 
 def _x64(*groups):
     """The scoped x64 context when some array in ``groups`` is 64-bit and x64 is not on already."""
     if not jax.config.jax_enable_x64:  # reads the thread-local value first, so nesting is free
         for group in groups:
-            for a in group:
-                if getattr(a, "dtype", None) in _WIDE:
-                    return jax.enable_x64(True)
+            if _wide(group):
+                return jax.enable_x64(True)
     return _NO_CONTEXT
 
 
@@ -384,9 +394,11 @@ class JaxBackend(Backend):
         jitted = jax.jit(fn)
 
         @functools.wraps(fn)
-        def compiled(*args):
-            with _x64(args):
-                return jitted(*args)
+        def compiled(*args):  # the hot path of every compiled call: no context manager unless needed
+            if not jax.config.jax_enable_x64 and _wide(args):
+                with jax.enable_x64(True):
+                    return jitted(*args)
+            return jitted(*args)
 
         return compiled
 

@@ -7,6 +7,7 @@ import gc
 import weakref
 
 import numpy as np
+import optree
 import pytest
 
 import unigrad
@@ -309,6 +310,28 @@ def test_the_fast_path_follows_the_selection_of_each_call():
     assert isinstance(got, torch.Tensor)
     np.testing.assert_allclose(got.numpy(), 2 * x)
     assert isinstance(g(x), np.ndarray)
+
+
+@pytest.mark.parametrize("transform", ["value_and_grad", "jacobian", "batched_jacobian"])
+def test_compiled_repeat_calls_go_straight_to_the_program_with_fresh_values(transform):
+    """From the second call of a signature on, a compiled transform calls its program directly:
+    the values, the argument order, aux and the selection must still be those of each call."""
+    def f(a, b, c):
+        xp = unigrad.namespace(a)
+        y = xp.sin(a) * b + c ** 2
+        return (y.sum() if transform == "value_and_grad" else y), {"y": y}
+
+    make = getattr(unigrad, transform)
+    plain = make(f, argnums=(2, 0), has_aux=True)
+    compiled = make(f, argnums=(2, 0), has_aux=True, compile=True)
+    a, b, c = np.linspace(0.1, 0.6, 6).reshape(3, 2), np.full((3, 2), 2.0), np.ones((3, 2))
+    for scale in (1.0, 2.0, 3.0):
+        got, want = compiled(a * scale, b, c * scale), plain(a * scale, b, c * scale)
+        for g, w in zip(optree.tree_leaves(got), optree.tree_leaves(want)):
+            np.testing.assert_allclose(g, w)
+    torch = pytest.importorskip("torch")
+    with unigrad.use_backend("torch"):  # another selection: not the numpy program
+        assert all(isinstance(v, torch.Tensor) for v in optree.tree_leaves(compiled(a, b, c)))
 
 
 def test_device_cpu_accepted_and_unknown_rejected():

@@ -240,7 +240,8 @@ class _Traced:
     """
 
     __slots__ = ("backend", "leaves", "treedef", "fname", "dynamic", "static", "other_tree", "has_aux", "_key",
-                 "_dtypes", "_diff", "_argnums", "_single", "_flat", "_seen", "_f", "_flat_f", "_assemble", "_call")
+                 "_dtypes", "_diff", "_argnums", "_single", "_flat", "_seen", "_f", "_flat_f", "_assemble", "_call",
+                 "as_given")
 
     # What running f revealed (its output and aux structures) and the batch size f must keep, in a list
     # that flat_f shares: flat_f holding the _Traced itself would make a reference cycle per call.
@@ -340,6 +341,7 @@ class _Traced:
         self.dynamic, self.static = tuple(dynamic), tuple(static)
         self._call = (len(args), rest, all_args)
         self._assemble = None if all_args and flat else False
+        self.as_given = proto_key is not None  # the arguments, as given, are the flat leaves
         if proto_key is not None:  # every argument an array of b, as given: the next such call starts here
             _remember(protos, proto_key, (self.treedef, self.other_tree, self.static, self._dtypes, self.static_key(),
                                  argnums, single, self._call, self._assemble))
@@ -348,7 +350,7 @@ class _Traced:
         """Fill in from a prototype: a former call whose arguments had these types, shapes and dtypes."""
         (self.treedef, self.other_tree, self.static, self._dtypes, self._key, argnums, single, self._call,
          self._assemble) = proto
-        self.backend, self._flat, self._argnums, self._single = b, True, argnums, single
+        self.backend, self._flat, self._argnums, self._single, self.as_given = b, True, argnums, single, True
         if argnums is None:
             self.leaves = self._diff = args if type(args) is tuple else tuple(args)
             self.dynamic = ()
@@ -461,6 +463,23 @@ class _Traced:
     def output_names(self):
         return _output_names(self.out_tree)
 
+    def shell(self):
+        """A copy with the structures and none of the arrays: what rebuilding a result needs."""
+        s = _Traced.__new__(_Traced)
+        s.backend, s.fname, s.has_aux, s.treedef, s.other_tree = (self.backend, self.fname, self.has_aux,
+                                                                   self.treedef, self.other_tree)
+        s._flat, s._single, s._seen = self._flat, self._single, list(self._seen)
+        s.leaves, s.dynamic = (None,) * len(self.leaves), (None,) * len(self.dynamic)
+        return s
+
+    def program_inputs(self):
+        """Where the program's inputs (leaves, then the other arrays) are among the arguments, when
+        they are the arguments as given."""
+        n_args, rest, all_args = self._call
+        if all_args:
+            return tuple(range(n_args))
+        return tuple(self._argnums) + tuple(rest)
+
 
 _LEAF = optree.tree_structure(0)  # the tree of a single array
 _TOKENS[id(_LEAF)] = ("leaf",)
@@ -529,6 +548,49 @@ class _Programs:
             return outs + tuple(blocks) + tuple(aux or ())
 
         return b.compile(program), meta
+
+
+_MISS = object()
+
+
+class _DirectCalls:
+    """Repeat calls of a compiled transform, straight to their program.
+
+    A call whose positional arguments are all arrays of the backend, as given, with no device
+    setting, is settled -- structures, checks, the transform's decisions, the program, and how to
+    rebuild the result -- by the backend and the arguments' types, shapes and dtypes. The first such
+    call goes the whole way and leaves here what the next one needs: the program, where its inputs
+    are among the arguments, and a structure-only copy of the call to rebuild the result with. On the
+    hot path of a compiled call, every step of Python it skips is time the native call does not have.
+    """
+
+    def __init__(self, backend, finish):
+        self.entries, self.backend, self.finish = {}, backend, finish
+
+    def call(self, args):
+        """The result, or ``_MISS`` when this call's signature has no program yet."""
+        sig = _signature(args)
+        if sig is None or _registry.current_device() is not None:
+            return _MISS
+        try:
+            entry = self.entries.get((_registry.resolve(self.backend, args), sig))
+        except TypeError:  # an unhashable shape or dtype
+            return _MISS
+        if entry is None:
+            return _MISS
+        compiled, meta, order, shell = entry
+        flat = compiled(*[args[i] for i in order])
+        n_out, n_blocks = meta[2], meta[3]
+        end = n_out + n_blocks
+        return self.finish(shell, flat[:n_out], flat[n_out:end], flat[end:])
+
+    def remember(self, t, args, programs):
+        """After a call ran ``programs``' program for ``t``: the next call with this signature goes direct."""
+        key = t.static_key()
+        entry = programs.entries.get(key) if t.as_given and key is not None else None
+        if entry is not None:
+            compiled, meta = entry
+            _remember(self.entries, (t.backend, _signature(args)), (compiled, meta, t.program_inputs(), t.shell()))
 
 
 def _execute(f, t, kernel, programs):
@@ -689,13 +751,23 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
     def kernel(b, flat_f, leaves):
         return _grad_kernel(b, flat_f, leaves, has_aux)
 
+    def finish(t, outputs, grads, aux):
+        value, grads = t.output(outputs), t.inputs_like(grads)
+        return ((value, t.aux(aux)), grads) if has_aux else (value, grads)
+
+    direct = _DirectCalls(backend, finish) if compile else None
+
     def value_and_grad_f(*args, **kwargs):
+        if direct is not None and not kwargs:
+            result = direct.call(args)
+            if result is not _MISS:
+                return result
         g = f if not kwargs else (lambda *a: f(*a, **kwargs))
         t = _Traced(g, args, argnums, has_aux, backend, "grad", device=device, protos=protos)
         outputs, grads, aux = _execute(g, t, kernel, programs if not kwargs else None)
-        value = t.output(outputs)
-        grads = t.inputs_like(grads)
-        return ((value, t.aux(aux)), grads) if has_aux else (value, grads)
+        if direct is not None and not kwargs:
+            direct.remember(t, args, programs)
+        return finish(t, outputs, grads, aux)
 
     _wraps(value_and_grad_f, f, "value_and_grad")
     return value_and_grad_f
@@ -777,6 +849,14 @@ class _ModeCache:
         return mode
 
 
+def _finish_jacobian(t, outs, blocks, aux):
+    return t.blocks_tree(blocks), t.aux(aux)
+
+
+def _finish_jacobian_no_aux(t, outs, blocks, aux):
+    return t.blocks_tree(blocks)
+
+
 def _flatten_blocks(jac):
     return tuple(block for row in jac for block in row)
 
@@ -825,12 +905,20 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
 
     kernels = {"rev": kernel_for("rev"), "fwd": kernel_for("fwd")}
 
+    finish = _finish_jacobian if has_aux else _finish_jacobian_no_aux
+    direct = _DirectCalls(backend, finish) if compile else None  # the mode is kept per signature
+
     def jacobian_f(*args):
+        if direct is not None:
+            result = direct.call(args)
+            if result is not _MISS:
+                return result
         t = _Traced(f, args, argnums, has_aux, backend, "jacobian", device=device, protos=protos)
         chosen = mode if mode != "auto" else modes.choose(t, per_example=False)
-        _, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
-        result = t.blocks_tree(blocks)
-        return (result, t.aux(aux)) if has_aux else result
+        outs, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
+        if direct is not None:
+            direct.remember(t, args, programs[chosen])
+        return finish(t, outs, blocks, aux)
 
     _wraps(jacobian_f, f, "jacobian")
     return jacobian_f
@@ -926,15 +1014,23 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             _remember(plans, key, known)
         return known
 
+    finish = _finish_jacobian if has_aux else _finish_jacobian_no_aux
+    direct = _DirectCalls(backend, finish) if compile and check_independence != "always" else None
+
     def batched_jacobian_f(*args):
+        if direct is not None:
+            result = direct.call(args)
+            if result is not _MISS:
+                return result
         t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian", device=device, protos=protos)
         chosen, separable, t.batch = plan(t)
         if t.batch == 0:
             return _empty_batched_jacobian(t, has_aux)
         kernel = (chosen, separable)
-        _, blocks, aux = _execute(f, t, kernels[kernel], programs[kernel] if programs else None)
-        result = t.blocks_tree(blocks)
-        return (result, t.aux(aux)) if has_aux else result
+        outs, blocks, aux = _execute(f, t, kernels[kernel], programs[kernel] if programs else None)
+        if direct is not None and plans.get(t.static_key()) is not None:  # the plan is settled
+            direct.remember(t, args, programs[kernel])
+        return finish(t, outs, blocks, aux)
 
     _wraps(batched_jacobian_f, f, "batched_jacobian")
     return batched_jacobian_f

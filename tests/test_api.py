@@ -334,6 +334,21 @@ def test_compiled_repeat_calls_go_straight_to_the_program_with_fresh_values(tran
         assert all(isinstance(v, torch.Tensor) for v in optree.tree_leaves(compiled(a, b, c)))
 
 
+def test_the_tapes_gradient_sweep_frees_each_entry_once_pulled_back():
+    """grad's single sweep drops the forward's intermediates as it goes (less memory at its peak);
+    a released trace refuses a second sweep instead of answering with zeros."""
+    from unigrad.tape._core import backward, record
+
+    x = np.linspace(0.1, 0.5, 3)
+    trace, outs, idx, _ = record(lambda x: (unigrad.namespace(x).sin(x * 2).sum(),), (x,), False)
+    (g,) = backward(trace, idx, (np.ones(()),), 1, (x,), release=True)
+    np.testing.assert_allclose(g, 2 * np.cos(2 * x))
+    assert all(entry is None for entry in trace.tape)
+    with pytest.raises(RuntimeError, match="release=True"):
+        backward(trace, idx, (np.ones(()),), 1, (x,))
+    np.testing.assert_allclose(unigrad.grad(lambda x: unigrad.namespace(x).sin(x * 2).sum())(x), g)
+
+
 def test_device_cpu_accepted_and_unknown_rejected():
     g = unigrad.grad(lambda x: (x ** 2).sum(), device="cpu")(np.ones(2))
     np.testing.assert_allclose(g, 2.0)

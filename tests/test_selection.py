@@ -30,6 +30,10 @@ class Tagged(NumpyBackend):
         self.calls.append("vjp")
         return super().vjp(f, primals, has_aux=has_aux)
 
+    def value_and_grad(self, f, primals, *, has_aux=False, check=None):
+        self.calls.append("value_and_grad")
+        return super().value_and_grad(f, primals, has_aux=has_aux, check=check)
+
 
 @pytest.fixture
 def tagged():

@@ -719,9 +719,7 @@ def _scalar_check(b, outputs, fname):
 
 
 def _grad_kernel(b, flat_f, leaves, has_aux):
-    outputs, vjp_flat, aux = b.vjp(flat_f, leaves, has_aux=has_aux)
-    _scalar_check(b, outputs, "grad")
-    return outputs, tuple(vjp_flat((b.ones_like(outputs[0]),))), aux
+    return b.value_and_grad(flat_f, leaves, has_aux=has_aux, check=lambda outputs: _scalar_check(b, outputs, "grad"))
 
 
 def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile: bool = False,

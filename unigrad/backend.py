@@ -240,6 +240,19 @@ class Backend:
         """
         return self.batched_jacobian(f, primals, mode=mode, chunk_size=chunk_size, has_aux=has_aux)
 
+    def value_and_grad(self, f, primals, *, has_aux=False, check=None):
+        """``(outputs, gradients, aux)`` of a flat ``f`` with one real scalar output: one reverse sweep
+        with a unit cotangent. ``check(outputs)`` runs between the forward and the backward sweep (it
+        raises for an output that is not a real scalar).
+
+        Generic default: ``vjp``. A backend whose ``vjp_fn`` keeps the forward's intermediates for
+        further calls may override it to free them during its single sweep.
+        """
+        outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
+        if check is not None:
+            check(outputs)
+        return outputs, tuple(vjp_fn((self.ones_like(outputs[0]),))), aux
+
     def hessian(self, f, primals, *, chunk_size=None):
         """Hessian of a scalar-output flat ``f``: ``jac[j][k]`` of shape ``primal_j.shape + primal_k.shape``.
 

@@ -89,6 +89,15 @@ class NumpyBackend(Backend):
 
         return outs, vjp_fn, (aux if has_aux else None)
 
+    def value_and_grad(self, f, primals, *, has_aux=False, check=None):
+        """One sweep that drops each tape entry once it is pulled back: the forward's intermediates are
+        freed as the sweep goes, so the gradients' arrays reuse their memory (fewer fresh pages)."""
+        trace, outs, out_idx, aux = record(f, primals, has_aux)
+        if check is not None:
+            check(outs)
+        grads = backward(trace, out_idx, (self.ones_like(outs[0]),), len(primals), primals, release=True)
+        return outs, grads, (aux if has_aux else None)
+
     def jvp(self, f, primals, tangents, *, has_aux=False):
         outs, tans, aux = push(f, primals, tangents, has_aux)
         return outs, tans, (aux if has_aux else None)

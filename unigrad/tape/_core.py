@@ -88,11 +88,12 @@ class Trace:
 
 
 class ReverseTrace(Trace):
-    __slots__ = ("tape",)
+    __slots__ = ("tape", "released")
 
     def __init__(self):  # (Trace.__init__ written out: a trace per transform call)
         self.level = _depth.get() + 1
         self.active = True
+        self.released = False
         self.tape = []  # entries: None for an input, else (prim, parents, args, ans, params)
 
     def new_input(self, value):
@@ -326,9 +327,16 @@ def _lower(x, trace):
 
 # ------------------------------------------------------------------------------- reverse sweep
 
-def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_values, batch_shape=()):
-    """Pull ``cotangents`` (each with ``batch_shape`` leading axes) back to the first ``n_inputs`` tape entries."""
+def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_values, batch_shape=(), release=False):
+    """Pull ``cotangents`` (each with ``batch_shape`` leading axes) back to the first ``n_inputs`` tape entries.
+
+    ``release``: drop each entry once pulled back, so the forward's intermediates are freed during the
+    sweep; the trace cannot be swept again.
+    """
     tape = trace.tape
+    if trace.released:
+        raise RuntimeError("this trace was swept with release=True; it cannot be swept again")
+    trace.released = release
     cts = {}
     for idx, g in zip(out_indices, cotangents):
         if idx is None:
@@ -354,6 +362,8 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
                     c = real(c)
             old = get(pidx)
             cts[pidx] = c if old is None else old + c
+        if release:
+            tape[idx] = None
     grads = []
     for i in range(n_inputs):
         g = cts.get(i)

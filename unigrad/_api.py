@@ -593,6 +593,21 @@ class _DirectCalls:
             _remember(self.entries, (t.backend, _signature(args)), (compiled, meta, t.program_inputs(), t.shell()))
 
 
+def _direct_first(direct, transform_f):
+    """``transform_f``, tried through ``direct`` first (keyword arguments always take the whole way)."""
+    if direct is None:
+        return transform_f
+
+    def direct_or_whole(*args, **kwargs):
+        if not kwargs:
+            result = direct.call(args)
+            if result is not _MISS:
+                return result
+        return transform_f(*args, **kwargs)
+
+    return direct_or_whole
+
+
 def _execute(f, t, kernel, programs):
     """Run ``kernel(backend, flat_f, leaves) -> (outputs, flat result blocks, aux)``, compiled when asked."""
     if programs is None:
@@ -756,10 +771,6 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
     direct = _DirectCalls(backend, finish) if compile else None
 
     def value_and_grad_f(*args, **kwargs):
-        if direct is not None and not kwargs:
-            result = direct.call(args)
-            if result is not _MISS:
-                return result
         g = f if not kwargs else (lambda *a: f(*a, **kwargs))
         t = _Traced(g, args, argnums, has_aux, backend, "grad", device=device, protos=protos)
         outputs, grads, aux = _execute(g, t, kernel, programs if not kwargs else None)
@@ -767,6 +778,7 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
             direct.remember(t, args, programs)
         return finish(t, outputs, grads, aux)
 
+    value_and_grad_f = _direct_first(direct, value_and_grad_f)
     _wraps(value_and_grad_f, f, "value_and_grad")
     return value_and_grad_f
 
@@ -907,10 +919,6 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     direct = _DirectCalls(backend, finish) if compile else None  # the mode is kept per signature
 
     def jacobian_f(*args):
-        if direct is not None:
-            result = direct.call(args)
-            if result is not _MISS:
-                return result
         t = _Traced(f, args, argnums, has_aux, backend, "jacobian", device=device, protos=protos)
         chosen = mode if mode != "auto" else modes.choose(t, per_example=False)
         outs, blocks, aux = _execute(f, t, kernels[chosen], programs[chosen] if programs else None)
@@ -918,6 +926,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
             direct.remember(t, args, programs[chosen])
         return finish(t, outs, blocks, aux)
 
+    jacobian_f = _direct_first(direct, jacobian_f)
     _wraps(jacobian_f, f, "jacobian")
     return jacobian_f
 
@@ -1016,10 +1025,6 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     direct = _DirectCalls(backend, finish) if compile and check_independence != "always" else None
 
     def batched_jacobian_f(*args):
-        if direct is not None:
-            result = direct.call(args)
-            if result is not _MISS:
-                return result
         t = _Traced(f, args, argnums, has_aux, backend, "batched_jacobian", device=device, protos=protos)
         chosen, separable, t.batch = plan(t)
         if t.batch == 0:
@@ -1030,6 +1035,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             direct.remember(t, args, programs[kernel])
         return finish(t, outs, blocks, aux)
 
+    batched_jacobian_f = _direct_first(direct, batched_jacobian_f)
     _wraps(batched_jacobian_f, f, "batched_jacobian")
     return batched_jacobian_f
 

@@ -172,16 +172,38 @@ _PRIMAL_PROTOS: dict = {}  # the prototypes of vjp, jvp and hvp calls (see _Trac
 
 
 def _signature(args):
-    """The types, shapes and dtypes of ``args`` when every one is an array of a type met before, else None."""
+    """``(key, leaves)``: the arguments' structure with each leaf's type, shape and dtype, and the leaves,
+    when every leaf is an array of a type met before; ``(None, None)`` otherwise. Arguments that are
+    arrays themselves (the common case) need no pytree flattening."""
     sig = []
     for a in args:
         t = type(a)
         if t not in _LEAF_ARRAYS:
-            return None
+            break
         sig.append(t)
         sig.append(a.shape)
         sig.append(a.dtype)
-    return tuple(sig)
+    else:
+        return tuple(sig), args
+    leaves, treedef = optree.tree_flatten(args, none_is_leaf=True)
+    sig = [treedef]  # not a type: no flat signature equals a pytree one
+    for a in leaves:
+        t = type(a)
+        if t not in _LEAF_ARRAYS:
+            return None, None
+        sig.append(t)
+        sig.append(a.shape)
+        sig.append(a.dtype)
+    return tuple(sig), leaves
+
+
+def _positions(sig, n_args, which):
+    """Where the leaves of the arguments ``which`` are among all the arguments' leaves (see ``_signature``)."""
+    counts = [1] * n_args if isinstance(sig[0], type) else [c.num_leaves for c in sig[0].children()]
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    return tuple(i for a in which for i in range(starts[a], starts[a + 1]))
 
 
 _DYNAMIC = object()  # marks a non-differentiated leaf that is an array (an input of a compiled program)
@@ -241,7 +263,7 @@ class _Traced:
 
     __slots__ = ("backend", "leaves", "treedef", "fname", "dynamic", "static", "other_tree", "has_aux", "_key",
                  "_dtypes", "_diff", "_argnums", "_single", "_flat", "_seen", "_f", "_flat_f", "_assemble", "_call",
-                 "as_given")
+                 "as_given", "_positions")
 
     # What running f revealed (its output and aux structures) and the batch size f must keep, in a list
     # that flat_f shares: flat_f holding the _Traced itself would make a reference cycle per call.
@@ -258,16 +280,16 @@ class _Traced:
             device = _registry.current_device()
         proto_key = None
         if protos is not None and device is None:
-            proto_key = _signature(args)
-            if proto_key is not None:
-                b = _registry.resolve(backend, args)
-                proto_key = (b, has_aux, proto_key)
+            sig, arg_leaves = _signature(args)
+            if sig is not None:
+                b = _registry.resolve(backend, arg_leaves)
+                proto_key = (b, has_aux, sig)
                 try:
                     proto = protos.get(proto_key)
                 except TypeError:  # an unhashable shape or dtype: no prototype
                     proto, proto_key = None, None
                 if proto is not None:
-                    self._adopt(proto, b, args)
+                    self._adopt(proto, b, args, arg_leaves)
                     return
         if all_args:  # vjp / jvp: every primal is differentiated
             single, argnums, rest = False, None, ()
@@ -341,27 +363,26 @@ class _Traced:
         self.dynamic, self.static = tuple(dynamic), tuple(static)
         self._call = (len(args), rest, all_args)
         self._assemble = None if all_args and flat else False
-        self.as_given = proto_key is not None  # the arguments, as given, are the flat leaves
-        if proto_key is not None:  # every argument an array of b, as given: the next such call starts here
+        self.as_given = proto_key is not None  # every leaf an array of b, as given
+        if proto_key is not None:  # the next call with this signature starts here
+            sig, n = proto_key[2], len(args)
+            self._positions = (_positions(sig, n, range(n) if all_args else argnums), _positions(sig, n, rest))
             _remember(protos, proto_key, (self.treedef, self.other_tree, self.static, self._dtypes, self.static_key(),
-                                 argnums, single, self._call, self._assemble))
+                                          argnums, single, self._call, self._assemble, flat, self._positions))
 
-    def _adopt(self, proto, b, args):
-        """Fill in from a prototype: a former call whose arguments had these types, shapes and dtypes."""
+    def _adopt(self, proto, b, args, arg_leaves):
+        """Fill in from a prototype: a former call whose arguments had this structure and these leaf
+        types, shapes and dtypes (``arg_leaves``: this call's leaves, see ``_signature``)."""
         (self.treedef, self.other_tree, self.static, self._dtypes, self._key, argnums, single, self._call,
-         self._assemble) = proto
-        self.backend, self._flat, self._argnums, self._single, self.as_given = b, True, argnums, single, True
+         self._assemble, self._flat, self._positions) = proto
+        self.backend, self._argnums, self._single, self.as_given = b, argnums, single, True
+        diff_at, dynamic_at = self._positions
+        self.leaves = tuple([arg_leaves[i] for i in diff_at])
+        self.dynamic = tuple([arg_leaves[i] for i in dynamic_at]) if dynamic_at else ()
         if argnums is None:
-            self.leaves = self._diff = args if type(args) is tuple else tuple(args)
-            self.dynamic = ()
+            self._diff = args if type(args) is tuple else tuple(args)
         else:
-            if single:
-                self._diff = args[argnums[0]]
-                self.leaves = (self._diff,)
-            else:
-                self.leaves = self._diff = tuple([args[i] for i in argnums])
-            rest = self._call[1]
-            self.dynamic = tuple([args[i] for i in rest]) if rest else ()
+            self._diff = args[argnums[0]] if single else tuple([args[i] for i in argnums])
 
     @property
     def flat_f(self):
@@ -473,12 +494,9 @@ class _Traced:
         return s
 
     def program_inputs(self):
-        """Where the program's inputs (leaves, then the other arrays) are among the arguments, when
-        they are the arguments as given."""
-        n_args, rest, all_args = self._call
-        if all_args:
-            return tuple(range(n_args))
-        return tuple(self._argnums) + tuple(rest)
+        """Where the program's inputs (leaves, then the other arrays) are among the arguments' leaves
+        (``_signature``), for a call whose leaves are all arrays as given."""
+        return self._positions[0] + self._positions[1]
 
 
 _LEAF = optree.tree_structure(0)  # the tree of a single array
@@ -569,17 +587,17 @@ class _DirectCalls:
 
     def call(self, args):
         """The result, or ``_MISS`` when this call's signature has no program yet."""
-        sig = _signature(args)
+        sig, leaves = _signature(args)
         if sig is None or _registry.current_device() is not None:
             return _MISS
         try:
-            entry = self.entries.get((_registry.resolve(self.backend, args), sig))
+            entry = self.entries.get((_registry.resolve(self.backend, leaves), sig))
         except TypeError:  # an unhashable shape or dtype
             return _MISS
         if entry is None:
             return _MISS
         compiled, meta, order, shell = entry
-        flat = compiled(*[args[i] for i in order])
+        flat = compiled(*[leaves[i] for i in order])
         n_out, n_blocks = meta[2], meta[3]
         end = n_out + n_blocks
         return self.finish(shell, flat[:n_out], flat[n_out:end], flat[end:])
@@ -590,7 +608,7 @@ class _DirectCalls:
         entry = programs.entries.get(key) if t.as_given and key is not None else None
         if entry is not None:
             compiled, meta = entry
-            _remember(self.entries, (t.backend, _signature(args)), (compiled, meta, t.program_inputs(), t.shell()))
+            _remember(self.entries, (t.backend, _signature(args)[0]), (compiled, meta, t.program_inputs(), t.shell()))
 
 
 def _direct_first(direct, transform_f):

@@ -324,6 +324,16 @@ def test_repeated_pytree_signatures_map_their_leaves_back_in_order(compile):
         np.testing.assert_allclose(gs, (h ** 2).sum())
 
 
+def test_vjp_and_jvp_of_a_function_of_no_arguments():
+    """As in JAX: nothing to differentiate, so the vjp returns no cotangents and the jvp a zero tangent."""
+    for _ in range(2):  # the second call starts from the first one's prototype
+        out, vjp_fn = unigrad.vjp(lambda: np.ones(2))
+        np.testing.assert_allclose(out, 1.0)
+        assert vjp_fn(np.ones(2)) == ()
+        out, tangent = unigrad.jvp(lambda: np.ones(2), (), ())
+        np.testing.assert_allclose(tangent, 0.0)
+
+
 def test_the_fast_path_follows_the_selection_of_each_call():
     torch = pytest.importorskip("torch")
     g = unigrad.grad(lambda x: (x ** 2).sum())

@@ -199,7 +199,8 @@ def _signature(args):
 
 def _positions(sig, n_args, which):
     """Where the leaves of the arguments ``which`` are among all the arguments' leaves (see ``_signature``)."""
-    counts = [1] * n_args if isinstance(sig[0], type) else [c.num_leaves for c in sig[0].children()]
+    flat = not sig or isinstance(sig[0], type)  # (no arguments: an empty signature)
+    counts = [1] * n_args if flat else [c.num_leaves for c in sig[0].children()]
     starts = [0]
     for c in counts:
         starts.append(starts[-1] + c)

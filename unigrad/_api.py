@@ -367,7 +367,10 @@ class _Traced:
         self.as_given = proto_key is not None  # every leaf an array of b, as given
         if proto_key is not None:  # the next call with this signature starts here
             sig, n = proto_key[2], len(args)
-            self._positions = (_positions(sig, n, range(n) if all_args else argnums), _positions(sig, n, rest))
+            diff_at = _positions(sig, n, range(n) if all_args else argnums)
+            # None: the differentiated leaves are all the leaves, in order (vjp's case: nothing to pick)
+            self._positions = (None if diff_at == tuple(range(len(arg_leaves))) else diff_at,
+                               _positions(sig, n, rest))
             _remember(protos, proto_key, (self.treedef, self.other_tree, self.static, self._dtypes, self.static_key(),
                                           argnums, single, self._call, self._assemble, flat, self._positions))
 
@@ -378,7 +381,10 @@ class _Traced:
          self._assemble, self._flat, self._positions) = proto
         self.backend, self._argnums, self._single, self.as_given = b, argnums, single, True
         diff_at, dynamic_at = self._positions
-        self.leaves = tuple([arg_leaves[i] for i in diff_at])
+        if diff_at is None:
+            self.leaves = arg_leaves if type(arg_leaves) is tuple else tuple(arg_leaves)
+        else:
+            self.leaves = tuple([arg_leaves[i] for i in diff_at])
         self.dynamic = tuple([arg_leaves[i] for i in dynamic_at]) if dynamic_at else ()
         if argnums is None:
             self._diff = args if type(args) is tuple else tuple(args)
@@ -497,7 +503,8 @@ class _Traced:
     def program_inputs(self):
         """Where the program's inputs (leaves, then the other arrays) are among the arguments' leaves
         (``_signature``), for a call whose leaves are all arrays as given."""
-        return self._positions[0] + self._positions[1]
+        diff_at, dynamic_at = self._positions
+        return (tuple(range(len(self.leaves))) if diff_at is None else diff_at) + dynamic_at
 
 
 _LEAF = optree.tree_structure(0)  # the tree of a single array

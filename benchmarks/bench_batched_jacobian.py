@@ -15,14 +15,13 @@ rounds of the per-round ratio (and the ratio of the best rounds); absolute times
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
 
 import unigrad
-from bench_tape import ratio, timed_rounds
+from bench_tape import ratio, show, timed_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -118,11 +117,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     available = {n for n, info in unigrad.backends().items() if info["available"]}
     names = [n for n in args.backends.split(",") if n in available]
-    r = run(names, args.quick)
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return 0
-    report(r)
+    show(run(names, args.quick), args.json, report)
     return 0
 
 

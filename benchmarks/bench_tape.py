@@ -163,12 +163,16 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    r = run(args.quick)
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return 0
-    report(r)
+    show(run(args.quick), args.json, report)
     return 0
+
+
+def show(results, as_json, report_fn):
+    """Print ``results`` as JSON, or as ``report_fn`` words them."""
+    if as_json:
+        print(json.dumps(results, indent=2))
+    else:
+        report_fn(results)
 
 
 def report(r):

@@ -488,9 +488,6 @@ class _Traced:
             return blocks[0]
         return self.jacobian_tree(_unflatten_blocks(blocks, len(self.leaves)))
 
-    def output_names(self):
-        return _output_names(self.out_tree)
-
     def shell(self):
         """A copy with the structures and none of the arrays: what rebuilding a result needs."""
         s = _Traced.__new__(_Traced)

@@ -96,10 +96,6 @@ class ReverseTrace(Trace):
         self.released = False
         self.tape = []  # entries: None for an input, else (prim, parents, args, ans, params)
 
-    def new_input(self, value):
-        self.tape.append(None)
-        return RTracer(self, value, len(self.tape) - 1)
-
     def process(self, prim, args, params):
         if not self.active:
             self._leaked(prim)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import os
 import sys
 import threading
@@ -20,7 +21,8 @@ from typing import Callable, Iterator
 
 from .backend import Backend
 
-__all__ = ["backends", "get_backend", "set_backend", "use_backend", "use_device", "register_backend"]
+__all__ = ["backends", "get_backend", "set_backend", "use_backend", "use_device", "register_backend",
+           "did_you_mean"]
 
 ENTRY_POINT_GROUP = "unigrad.backends"
 DEFAULT = "numpy"
@@ -131,7 +133,8 @@ def get_backend(name: str | Backend | None = None) -> Backend:
             if factory is None:
                 available = ", ".join(sorted(_names())) or "none"
                 hint = f" Install it with `pip install '{_EXTRAS[name]}'`." if name in _EXTRAS else ""
-                raise ValueError(f"unknown backend {name!r}; available backends: {available}.{hint}")
+                raise ValueError(f"unknown backend {name!r}{did_you_mean(name, _names())}; available backends: "
+                                 f"{available}.{hint}")
             inst = factory()
         except ValueError:
             raise
@@ -142,9 +145,29 @@ def get_backend(name: str | Backend | None = None) -> Backend:
                               f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(inst, Backend):
             raise TypeError(f"backend factory for {name!r} returned {type(inst).__name__}, not a unigrad.Backend")
+        if inst.name != name:  # the name it is selected by (a class may be registered under several)
+            inst.name = name
         _instances[name] = inst
         _errors.pop(name, None)
         return inst
+
+
+_ALIASES = {"pytorch": "torch", "tf": "tensorflow", "np": "numpy", "tape": "numpy", "jnp": "jax"}
+
+
+def did_you_mean(name, choices) -> str:
+    """`` (did you mean 'torch'?)`` for a misspelt or aliased backend name, else ``""``."""
+    if not isinstance(name, str):
+        return ""
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    match = lowered.get(name.lower())
+    if match is None and _ALIASES.get(name.lower()) in choices:
+        match = _ALIASES[name.lower()]
+    if match is None:
+        close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+        match = lowered[close[0]] if close else None
+    return f" (did you mean {match!r}?)" if match else ""
 
 
 def backends(*, load: bool = True) -> dict[str, dict]:

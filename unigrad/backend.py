@@ -1,41 +1,76 @@
 """The backend contract.
 
-A backend works on *flat tuples of its own arrays*. The core (``unigrad._api``)
-owns pytrees, ``argnums``, ``has_aux`` bookkeeping, conversion of inputs and
-every user-facing error; a backend only differentiates.
+A backend works on *flat tuples of its own arrays*. The core (``unigrad._call``,
+``unigrad._api``) owns pytrees, ``argnums``, ``has_aux`` bookkeeping, conversion
+of inputs and every user-facing error; a backend only differentiates.
 
 Conventions every method follows:
 
 * ``f`` is a flat function: ``f(*primals) -> tuple of arrays``; when
-  ``has_aux`` is true it returns ``(tuple_of_outputs, tuple_of_aux)``.
-* ``vjp_fn(cotangents)`` takes a tuple with one cotangent per output, each of
+  ``has_aux`` is true it returns ``(tuple_of_outputs, tuple_of_aux)``. The core
+  sets ``f.closure_arrays``: the backend's arrays ``f`` closes over (the
+  non-differentiated array arguments), for backends whose behaviour depends on
+  every input (JAX's scoped 64-bit mode); read it with ``getattr(f,
+  "closure_arrays", ())``.
+* ``vjp_fn(cotangents)`` takes a *tuple* with one cotangent per output, each of
   exactly the output's shape and dtype (the core has checked and cast them),
-  and returns one cotangent per primal -- zeros, never ``None``, for a primal
-  the outputs do not use.
+  and returns a tuple with one cotangent per primal -- zeros, never ``None``,
+  for a primal the outputs do not use.
 * Jacobians are returned as ``jac[i][j]`` with shape
   ``outputs[i].shape + primals[j].shape``.
+* The generic defaults always pass ``has_aux`` by keyword.
 
-Required: ``name``, ``namespace``, ``asarray``, ``to_numpy``, ``is_array``,
-``devices``, ``vjp``, ``jvp``. Everything else has a generic default here,
-built from the required methods; adapters override it with native fast
-paths and say what they support in ``capabilities`` instead of raising
-``NotImplementedError``.
+The whole contract, one table (docs/plugins.md has the same):
+
+=========================  ========  =====================================================
+method                     status    default / note
+=========================  ========  =====================================================
+``name``                   required  class attribute; the registry sets it to the name the
+                                     backend was registered under
+``namespace()``            required  the Array API namespace of the backend's arrays
+``asarray(x, dtype, device)`` required  NumPy arrays, Python scalars, own arrays
+``to_numpy(x)``            required
+``is_array(x)``            required  own arrays, including values ``f`` sees in a transform
+``vjp(f, primals, *, has_aux=False)``  required  ``(outputs, vjp_fn, aux)``
+``jvp(f, primals, tangents, *, has_aux=False)``  required  ``(outputs, tangents_out, aux)``
+``capabilities``           optional  all False by default: declare what you deliver
+``devices()``              optional  ``("cpu",)``
+``version()``, ``shape``, ``dtype``, ``device``, ``cast``, ``matches``,
+``zeros``, ``zeros_like``, ``ones_like``, ``stop_gradient``  optional  from the namespace
+``evaluate(f, primals)``   optional  ``f(*primals)``; the core's plain forward evaluations
+``value_and_grad(f, primals, *, has_aux, check)``  optional  one ``vjp`` with a unit cotangent
+``vmap(f, in_axes, out_axes, chunk_size)``  optional  a Python loop (``capabilities.vmap`` False)
+``jacrev`` / ``jacfwd``    optional  ``vjp`` / ``jvp`` over a unit basis, via ``map_chunks``
+``batched_jacobian``       optional  the sum trick over the per-example basis
+``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
+``hessian`` / ``hvp``      optional  forward over reverse
+``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
+=========================  ========  =====================================================
+
+The generic defaults call these namespace functions: ``eye(n, m, k=, dtype=,
+device=)``, ``zeros(shape, dtype=, device=)``, ``zeros_like``, ``ones_like``,
+``reshape``, ``permute_dims``, ``broadcast_to``, ``stack``, ``concat``,
+``astype``. Helpers adapters may use: :func:`chunks`, :meth:`Backend.unit_basis`,
+:meth:`Backend.example_basis`, :meth:`Backend.map_chunks`.
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ._dtypes import dtype_name
 
-__all__ = ["Backend", "Capabilities"]
+__all__ = ["Backend", "Capabilities", "chunks"]
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend supports natively.
+    """What a backend supports natively. Every field defaults to False (float64 to True: NumPy-based
+    engines compute it): a backend declares what it delivers, and the conformance suite proves each
+    declared capability and skips the undeclared ones.
 
     Attributes:
       forward_mode: ``jvp`` is true forward mode (not emulated by two VJPs).
@@ -46,16 +81,19 @@ class Capabilities:
       float64: float64 is computed in float64.
     """
 
-    forward_mode: bool = True
+    forward_mode: bool = False
     vmap: bool = False
     compile: bool = False
-    higher_order: bool = True
-    complex: bool = True
+    higher_order: bool = False
+    complex: bool = False
     float64: bool = True
 
 
-class Backend:
+class Backend(abc.ABC):
     """Base class of every backend; subclass it and register the subclass.
+
+    The required methods are abstract: a subclass missing one cannot be instantiated (the registry
+    reports the TypeError naming them).
 
     Class attribute ``array_modules`` names the top-level modules whose array
     types the backend owns (``("torch",)``); the core uses it to infer the
@@ -69,18 +107,22 @@ class Backend:
     accepts_dlpack: bool = False
 
     # ------------------------------------------------------------------ required
+    @abc.abstractmethod
     def namespace(self):
         """The Array API namespace for this backend's arrays."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def asarray(self, x, dtype=None, device=None):
         """Convert ``x`` (NumPy array, Python scalar, own array) to an own array."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def to_numpy(self, x):
         """A NumPy copy (or view) of an own array."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def is_array(self, x) -> bool:
         """True for own arrays, including the values ``f`` sees inside a transform."""
         raise NotImplementedError
@@ -89,10 +131,12 @@ class Backend:
         """Device names this backend can place arrays on (``"cpu"``, ``"cuda:0"``...)."""
         return ("cpu",)
 
+    @abc.abstractmethod
     def vjp(self, f, primals, *, has_aux=False):
         """Returns ``(outputs, vjp_fn, aux)``; ``aux`` is ``None`` without ``has_aux``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def jvp(self, f, primals, tangents, *, has_aux=False):
         """Returns ``(outputs, tangents_out, aux)``."""
         raise NotImplementedError
@@ -109,10 +153,14 @@ class Backend:
         return dtype_name(x.dtype)
 
     def device(self, x):
-        """The device object of an own array, as the namespace's creation functions take it."""
+        """The device object of an own array, as the namespace's creation functions take it
+        (``x.device`` where the array has one, else ``"cpu"``)."""
         from array_api_compat import device
 
-        return device(x)
+        try:
+            return device(x)
+        except Exception:  # not an Array API array (a plugin's own type): its attribute, or the CPU
+            return getattr(x, "device", "cpu")
 
     def cast(self, x, dtype: str):
         """``x`` converted to the dtype named ``dtype``."""
@@ -177,16 +225,17 @@ class Backend:
         """
         outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
         n_out = sum(math.prod(self.shape(o)) for o in outputs)
-        rows = self._map_chunks(lambda *g: vjp_fn(g), lambda a, b: self._basis(outputs, a, b), n_out, chunk_size,
-                                self._specs(primals))  # per primal: (n_out, *primal.shape)
+        rows = self.map_chunks(lambda *g: vjp_fn(g), lambda a, b: self.unit_basis(outputs, a, b), n_out, chunk_size,
+                               self._specs(primals))  # per primal: (n_out, *primal.shape)
         return outputs, self._split_rows(rows, outputs, primals, rows_are_outputs=True), aux
 
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
         """Forward-mode Jacobian: returns ``(outputs, jac, aux)``; pushes the input basis through ``jvp``."""
         outputs, aux, push_f = self._forward(f, primals, has_aux)
         n_in = sum(math.prod(self.shape(p)) for p in primals)
-        cols = self._map_chunks(lambda *t: self.jvp(push_f, primals, t)[1], lambda a, b: self._basis(primals, a, b),
-                                n_in, chunk_size, self._specs(outputs))  # per output: (n_in, *out.shape)
+        cols = self.map_chunks(lambda *t: self.jvp(push_f, primals, t, has_aux=False)[1],
+                               lambda a, b: self.unit_basis(primals, a, b), n_in, chunk_size,
+                               self._specs(outputs))  # per output: (n_in, *out.shape)
         return outputs, self._split_rows(cols, primals, outputs, rows_are_outputs=False), aux
 
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
@@ -205,11 +254,11 @@ class Backend:
             outputs, aux, push_f = self._forward(f, primals, has_aux)
             jac = [[None] * len(primals) for _ in outputs]
             for j, p in enumerate(primals):
-                basis = self._example_basis(p)  # (n_j, *primal.shape)
+                basis = self.example_basis(p)  # (n_j, *primal.shape)
                 n_j = self.shape(basis)[0]
                 tangents_j = lambda t, j=j: tuple(t if k == j else self.zeros_like(q) for k, q in enumerate(primals))
-                pushed = self._map_chunks(lambda t: self.jvp(push_f, primals, tangents_j(t))[1],
-                                          lambda a, b: (basis[a:b],), n_j, chunk_size, self._specs(outputs))
+                pushed = self.map_chunks(lambda t: self.jvp(push_f, primals, tangents_j(t), has_aux=False)[1],
+                                         lambda a, b: (basis[a:b],), n_j, chunk_size, self._specs(outputs))
                 for i, out in enumerate(outputs):
                     # pushed[i]: (n_j, B, *out[1:]) -> (B, *out[1:], *in_j[1:])
                     out_tail, in_tail = self.shape(out)[1:], self.shape(p)[1:]
@@ -220,10 +269,10 @@ class Backend:
         outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
         jac = [[None] * len(primals) for _ in outputs]
         for i, out in enumerate(outputs):
-            basis = self._example_basis(out)  # (m_i, *out.shape)
+            basis = self.example_basis(out)  # (m_i, *out.shape)
             cot = lambda g, i=i: tuple(g if k == i else self.zeros_like(o) for k, o in enumerate(outputs))
-            pulled = self._map_chunks(lambda g: vjp_fn(cot(g)), lambda a, b: (basis[a:b],), self.shape(basis)[0],
-                                      chunk_size, self._specs(primals))
+            pulled = self.map_chunks(lambda g: vjp_fn(cot(g)), lambda a, b: (basis[a:b],), self.shape(basis)[0],
+                                     chunk_size, self._specs(primals))
             for j, p in enumerate(primals):
                 g = pulled[j]  # (m_i, B, *in_j[1:])
                 out_tail, in_tail = self.shape(out)[1:], self.shape(p)[1:]
@@ -260,28 +309,28 @@ class Backend:
         """
 
         def gradient(*p):
-            _, jac, _ = self.jacrev(f, p)
+            _, jac, _ = self.jacrev(f, p, has_aux=False)
             return tuple(jac[0])
 
-        _, jac, _ = self.jacfwd(gradient, primals, chunk_size=chunk_size)
+        _, jac, _ = self.jacfwd(gradient, primals, chunk_size=chunk_size, has_aux=False)
         return jac
 
     def hvp(self, f, primals, tangents):
         """Hessian-vector product of a scalar-output flat ``f`` (forward over reverse): one per primal."""
 
         def gradient(*p):
-            outputs, vjp_fn, _ = self.vjp(f, p)
+            outputs, vjp_fn, _ = self.vjp(f, p, has_aux=False)
             return tuple(vjp_fn((self.namespace().ones_like(outputs[0]),)))
 
-        _, hv, _ = self.jvp(gradient, primals, tangents)
+        _, hv, _ = self.jvp(gradient, primals, tangents, has_aux=False)
         return hv
 
     def compile(self, fn: Callable) -> Callable:
         """A compiled version of ``fn`` (same signature); the default compiles nothing."""
         return fn
 
-    # ------------------------------------------------------------------ internals
-    def _basis(self, arrays, start, stop):
+    # ------------------------------------------------------------------ helpers for adapters
+    def unit_basis(self, arrays, start, stop):
         """Rows ``start:stop`` of the identity over the concatenated, flattened ``arrays``.
 
         Returns one array per input, shaped ``(stop - start, *array.shape)``.
@@ -298,7 +347,7 @@ class Backend:
             offset += size
         return tuple(out)
 
-    def _example_basis(self, x):
+    def example_basis(self, x):
         """``(m, *x.shape)``: the m = prod(x.shape[1:]) unit vectors of one example, repeated over the batch."""
         xp = self.namespace()
         shape = self.shape(x)
@@ -317,7 +366,7 @@ class Backend:
     def _specs(self, arrays):
         return [(self.shape(a), self.dtype(a), self.device(a)) for a in arrays]
 
-    def _map_chunks(self, fn, make_rows, n, chunk_size, out_specs):
+    def map_chunks(self, fn, make_rows, n, chunk_size, out_specs):
         """``fn(*row)`` for each of ``n`` rows, stacked on a new axis 0 (one result per ``out_specs`` entry).
 
         ``make_rows(start, stop)`` builds the arguments' rows ``start:stop`` (a tuple of arrays), so at most
@@ -326,7 +375,7 @@ class Backend:
         """
         xp = self.namespace()
         pieces = []
-        for start, stop in _chunks(n, chunk_size):
+        for start, stop in chunks(n, chunk_size):
             rows = make_rows(start, stop)
             if self.capabilities.vmap:
                 pieces.append(tuple(self.vmap(lambda *r: tuple(fn(*r)), [0] * len(rows))(*rows)))
@@ -338,6 +387,8 @@ class Backend:
         if len(pieces) == 1:
             return pieces[0]
         return tuple(xp.concat([p[i] for p in pieces], axis=0) for i in range(len(out_specs)))
+
+    _basis, _example_basis, _map_chunks = unit_basis, example_basis, map_chunks  # their former names
 
     def _split_rows(self, rows, row_owners, col_owners, rows_are_outputs):
         """Turn stacked basis results into ``jac[i_out][j_in]`` blocks of shape out.shape + in.shape."""
@@ -371,12 +422,16 @@ class Backend:
         return tuple(jac)
 
 
-def _chunks(n: int, chunk_size: int | None):
+def chunks(n: int, chunk_size: int | None) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``range(n)`` in pieces of at most ``chunk_size`` (all at once for None)."""
     if chunk_size is None or chunk_size >= n:
         return [(0, n)] if n else []
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer or None; got {chunk_size!r}")
     return [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
+
+
+_chunks = chunks  # the name adapters used before it was public
 
 
 def _take(xp, a, i, axis):

@@ -1,0 +1,536 @@
+"""One call of a transform, and the plan it shares with every call of the same signature.
+
+A transform call goes top-down through four steps:
+
+1. :func:`arguments` flattens the positional arguments once: their leaves, this call's structure,
+   and the *signature* -- the structure (dict key order included), each array leaf's type, shape
+   and dtype, and each other leaf's exact value (``1``, ``True`` and ``1.0`` differ; so do ``0.0``
+   and ``-0.0``).
+2. :func:`make_plan` derives what every call with that signature shares: the backend, which leaves
+   are differentiated (checked: floating dtypes only), which other leaves are arrays passed as
+   inputs (*dynamic*) and which are kept as given (*static*). A :class:`Plan` is immutable.
+3. :class:`Call` holds this call's leaves, converted and placed, and builds the flat function of
+   the differentiated leaves that backends differentiate. Results are rebuilt with *this call's*
+   structures, never a cached one.
+4. The transform runs its kernel, eagerly or as a compiled :class:`Program` (one per signature and
+   decision, for backends that compile).
+
+Caching is a separate layer: :class:`BoundedCache` maps a signature to a plan, a decision (the
+Jacobian mode) or a program. Each exists because the per-call Python work is a visible share of
+small calls (docs/benchmarks.md: the tiny tape ``vjp`` and the compiled JAX per-example Jacobian).
+Setting ``UNIGRAD_NO_CACHE=1`` turns every cache off: each call then derives everything anew, which
+must give the same results (the test suite runs both ways).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import optree
+
+from . import _checks, _registry
+from ._dtypes import INEXACT
+from .backend import Backend
+
+_NONE = type(None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache layer
+# ---------------------------------------------------------------------------------------------
+
+def caches_enabled() -> bool:
+    """False when the environment variable ``UNIGRAD_NO_CACHE`` is set to a true value."""
+    return (_registry._getenv("UNIGRAD_NO_CACHE") or "0").lower() not in ("1", "true", "yes", "on")
+
+
+class BoundedCache:
+    """A small map from signatures to what was derived for them; the oldest entry goes first when full.
+
+    Safe when threads share it (a lost insertion only costs a recomputation). With caches off
+    (``UNIGRAD_NO_CACHE``, read when the cache is made) it stores nothing.
+    """
+
+    __slots__ = ("entries", "maxsize")
+
+    def __init__(self, maxsize: int = 32):
+        self.entries: dict = {}
+        self.maxsize = maxsize if caches_enabled() else 0
+
+    def get(self, key):
+        return None if key is None else self.entries.get(key)
+
+    def put(self, key, value):
+        if key is None or not self.maxsize:
+            return value
+        entries = self.entries
+        while len(entries) >= self.maxsize:
+            try:
+                entries.pop(next(iter(entries)), None)
+            except (StopIteration, RuntimeError):  # emptied or changed by another thread meanwhile
+                break
+        entries[key] = value
+        return value
+
+
+class Key:
+    """A signature used as a cache key: a tuple whose hash is computed once (it is looked up in
+    several caches per call, and hashing pytree structures is not free)."""
+
+    __slots__ = ("items", "hash")
+
+    def __init__(self, items):
+        self.items, self.hash = items, hash(items)
+
+    def __hash__(self):
+        return self.hash
+
+    def __eq__(self, other):
+        return self is other or (type(other) is Key and self.hash == other.hash and self.items == other.items)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 1: the arguments and their signature
+# ---------------------------------------------------------------------------------------------
+
+# Array types met as leaves: an argument list of these needs no pytree flattening. (Array types are not
+# pytree nodes; one registered as a node after it was met here would not be seen.) Bounded.
+_LEAF_ARRAYS: set = {np.ndarray}
+
+
+def _static_token(x):
+    """What identifies a non-array leaf in a signature: its type and its exact value."""
+    t = type(x)
+    if t is float:
+        return t, x.hex()  # 0.0 and -0.0 differ; every NaN is the same
+    if t is complex:
+        return t, x.real.hex(), x.imag.hex()
+    if isinstance(x, np.generic):
+        return t, x.tobytes()
+    return t, x  # bool, int, str, None, enums, functions...: the type and the value's own equality
+
+
+def _is_dynamic(x) -> bool:
+    """A non-differentiated leaf that is an array (an input of a compiled program, converted to the
+    backend): arrays of any backend, NumPy arrays, and NumPy floating scalars (``arr.mean()``)."""
+    if isinstance(x, np.ndarray):
+        return True
+    if isinstance(x, np.generic):
+        return x.dtype.kind in "fc"
+    if isinstance(x, (bool, int, float, complex, str, bytes, _NONE)):
+        return False
+    return _registry._array_owner(x) is not None
+
+
+def arguments(args):
+    """``(leaves, treedef, signature)`` of a tuple of positional arguments.
+
+    ``treedef`` is None when every argument is one array of a type met before (the common case: no
+    pytree machinery). ``signature`` is None when a leaf cannot be hashed (then nothing is cached).
+    """
+    sig = []
+    for a in args:
+        t = type(a)
+        if t not in _LEAF_ARRAYS:
+            break
+        sig.append(t)
+        sig.append(a.shape)
+        sig.append(a.dtype)
+    else:
+        return args, None, tuple(sig)
+    leaves, treedef = optree.tree_flatten(args)
+    sig = [treedef]  # not a type: no flat signature equals a pytree one
+    if "{" in repr(treedef):  # optree structures of dicts compare equal whatever the key order
+        sig.append(_dict_orders(args))
+    for a in leaves:
+        t = type(a)
+        if t in _LEAF_ARRAYS or _is_dynamic(a):
+            sig.append(t)
+            sig.append(getattr(a, "shape", ()))
+            sig.append(getattr(a, "dtype", None))
+        else:
+            sig.append(_static_token(a))
+    sig = tuple(sig)
+    try:
+        hash(sig)
+    except TypeError:
+        sig = None
+    return leaves, treedef, sig
+
+
+def _dict_orders(tree):
+    """The key order of every dict in ``tree`` (depth first), for signatures."""
+    orders, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            orders.append(tuple(node))
+            stack.extend(node.values())
+        elif isinstance(node, (tuple, list)):
+            stack.extend(node)
+    return tuple(orders)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 2: the plan
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """What every call with one signature shares (built by :func:`make_plan`).
+
+    Attributes:
+      backend: the backend the call runs on.
+      device: where inputs are placed (None: left where they are).
+      n_args: the number of positional arguments.
+      argnums: the differentiated arguments (None: all of them, for vjp/jvp/hvp).
+      single: ``argnums`` was an int: results have that argument's structure, not a tuple's.
+      diff_positions: where the differentiated leaves are among all the arguments' leaves.
+      dynamic_positions: where the other array leaves are (converted, inputs of compiled programs).
+      convert: positions of leaves to convert or place (not already arrays of the backend, where wanted).
+      dtypes: the differentiated leaves' dtype names.
+      list_hint: a differentiated argument is a list or tuple of Python scalars (for error messages).
+    """
+
+    backend: Backend
+    device: object
+    n_args: int
+    argnums: tuple | None
+    single: bool
+    diff_positions: tuple
+    dynamic_positions: tuple
+    convert: frozenset
+    dtypes: tuple
+    list_hint: str | None
+
+
+def make_plan(b: Backend, device, args, leaves, treedef, argnums, fname) -> Plan:
+    """The plan of a call (see :class:`Plan`). Raises for arguments that cannot be differentiated."""
+    n_args = len(args)
+    if argnums is None:
+        single, which, rest = False, tuple(range(n_args)), ()
+    else:
+        if not n_args:
+            raise TypeError(f"{fname}: the function must be called with at least one positional argument")
+        single, which, rest = _checks.normalize_argnums(argnums, n_args, fname)
+    counts = [1] * n_args if treedef is None else [c.num_leaves for c in treedef.children()]
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    diff_positions = tuple(i for a in which for i in range(starts[a], starts[a + 1]))
+    is_array = b.is_array
+    convert, dtypes, dynamic = set(), [], []
+    names = None
+    for k, p in enumerate(diff_positions):
+        x = leaves[p]
+        if device is not None or not is_array(x):
+            convert.add(p)
+            if not is_array(x):
+                names = names or _diff_names(args, which, argnums is None)
+                x = _checks.convert(b, x, names[k])  # raises a TypeError naming the argument
+        elif type(x) not in _LEAF_ARRAYS and len(_LEAF_ARRAYS) < 64:
+            _LEAF_ARRAYS.add(type(x))  # an array type: a pytree leaf (learnt for the flat signature)
+        name = b.dtype(x)
+        if name not in INEXACT:
+            names = names or _diff_names(args, which, argnums is None)
+            raise TypeError(
+                f"{fname}: {names[k]} has dtype {name}; only floating-point or complex inputs can be "
+                f"differentiated (cast it, e.g. to float64, or leave it out of argnums)")
+        dtypes.append(name)
+    for a in rest:
+        for p in range(starts[a], starts[a + 1]):
+            x = leaves[p]
+            if is_array(x):
+                dynamic.append(p)
+                if device is not None:
+                    convert.add(p)
+            elif _is_dynamic(x):
+                dynamic.append(p)
+                convert.add(p)
+    list_hint = None
+    for a in which:
+        x = args[a]
+        if isinstance(x, (list, tuple)) and x and all(isinstance(v, (int, float)) for v in x):
+            list_hint = (f"argument {a} is a {type(x).__name__} (a pytree of {len(x)} scalars, each "
+                         f"differentiated on its own, so f receives a {type(x).__name__} of 0-d arrays); to "
+                         f"differentiate with respect to one array, pass np.asarray({'[...]' if isinstance(x, list) else '(...)'})")
+            break
+    return Plan(b, device, n_args, None if argnums is None else which, single, diff_positions,
+                tuple(dynamic), frozenset(convert), tuple(dtypes), list_hint)
+
+
+def _diff_names(args, which, all_args):
+    if all_args:
+        return _checks.arg_names(args, range(len(args)), "primal")
+    if len(which) == 1 and isinstance(which, tuple):
+        return _checks.leaf_names(args[which[0]], f"argument {which[0]}")
+    return _checks.arg_names(tuple(args[i] for i in which), which)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 3: the call
+# ---------------------------------------------------------------------------------------------
+
+_LEAF = optree.tree_structure(0)  # the structure of a single array
+
+
+class Seen:
+    """What running ``f`` revealed (output and aux structures) and the batch size it must keep;
+    shared by a call and its flat function (the function holding the call would make a cycle)."""
+
+    __slots__ = ("out_tree", "aux_tree", "batch")
+
+    def __init__(self, batch=None):
+        self.out_tree = self.aux_tree = None
+        self.batch = batch
+
+
+def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, seen: Seen):
+    """``f`` as a function of the differentiated leaves alone, returning its output leaves (and aux leaves).
+
+    ``template`` is the list of all the arguments' leaves (only its static leaves are read); the
+    dynamic leaves come from ``dynamic``. ``treedef`` rebuilds the arguments (None: flat). The
+    function carries ``closure_arrays``: the arrays it closes over, for backends whose behaviour
+    depends on every input (JAX's scoped 64-bit mode).
+    """
+    b = plan.backend
+    diff_positions, dynamic_positions = plan.diff_positions, plan.dynamic_positions
+    direct = treedef is None and plan.argnums is None  # vjp/jvp of arrays: f takes the leaves as they are
+
+    def flat_f(*diff_leaves):
+        if direct:
+            call_args = diff_leaves
+        else:
+            leaves = list(template)
+            for p, v in zip(diff_positions, diff_leaves):
+                leaves[p] = v
+            for p, v in zip(dynamic_positions, dynamic):
+                leaves[p] = v
+            call_args = leaves if treedef is None else optree.tree_unflatten(treedef, leaves)
+        token = _registry.active_backend.set(b)
+        try:
+            result = f(*call_args)
+        except Exception as exc:
+            if plan.list_hint is not None:
+                raise TypeError(f"{fname}: f raised {type(exc).__name__}: {exc}; note: {plan.list_hint}") from exc
+            if _checks.is_numpy_conversion(exc):
+                raise TypeError(
+                    f"{fname}: f converted a traced value to NumPy (a NumPy function such as np.sin called on it, "
+                    f"or np.asarray); that would drop its derivative. Inside f use xp = unigrad.namespace(x) and "
+                    f"xp.sin(x), and arrays of the same backend ({type(exc).__name__}: {exc})") from exc
+            raise
+        finally:
+            _registry.active_backend.reset(token)
+        if has_aux:
+            if not (isinstance(result, (tuple, list)) and len(result) == 2):
+                raise TypeError(f"{fname}: with has_aux=True the function must return a pair "
+                                f"(output, aux); got {_describe(b, result)}")
+            result, aux = result
+        if b.is_array(result):  # the common single array: no pytree machinery
+            seen.out_tree = _LEAF
+            out_leaves = (result if b.dtype(result) in INEXACT else _checks.check_output(b, result, 0, fname),)
+        else:
+            out_leaves, seen.out_tree = optree.tree_flatten(result)
+            if not out_leaves:
+                raise TypeError(f"{fname}: the function returned no arrays ({_describe(b, result)})")
+            out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else
+                               _checks.check_output(b, o, k, fname) for k, o in enumerate(out_leaves))
+        if seen.batch is not None:  # batched_jacobian: f must map a batch (of any size) to a batch
+            _checks.batch_size(b, out_leaves, lambda: output_names(seen.out_tree), fname, "output",
+                               expected=b.shape(diff_leaves[0])[0])
+        if has_aux:
+            aux_leaves, seen.aux_tree = optree.tree_flatten(aux)
+            return out_leaves, tuple(aux_leaves)
+        return out_leaves
+
+    flat_f.closure_arrays = tuple(dynamic)
+    return flat_f
+
+
+def _describe(b, value):
+    """A value as a user would name it: internal tracer types are shown as arrays."""
+    if b.is_array(value):
+        return f"an array of shape {b.shape(value)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of length {len(value)}"
+    return type(value).__name__
+
+
+def output_names(out_tree):
+    return _checks.leaf_names(unflatten(out_tree, range(out_tree.num_leaves)), "output")
+
+
+def unflatten(treedef, leaves):
+    if treedef is _LEAF or treedef.is_leaf():  # the common single array
+        return leaves[0]
+    return optree.tree_unflatten(treedef, list(leaves))
+
+
+class Call:
+    """One call of a transform: its plan, its leaves (converted and placed) and its structures."""
+
+    __slots__ = ("plan", "key", "args", "treedef", "template", "diff", "dynamic", "f", "has_aux", "fname",
+                 "seen", "_flat_f")
+
+    def __init__(self, plan: Plan, key, f, args, leaves, treedef, has_aux, fname):
+        self.plan, self.key, self.f, self.args, self.treedef = plan, key, f, args, treedef
+        self.has_aux, self.fname = has_aux, fname
+        self.seen, self._flat_f = Seen(), None
+        b, convert = plan.backend, plan.convert
+        if convert:
+            leaves = list(leaves)
+            for p in convert:
+                leaves[p] = self._place(b, leaves[p], p)
+        self.template = leaves
+        self.diff = tuple([leaves[p] for p in plan.diff_positions])
+        self.dynamic = tuple([leaves[p] for p in plan.dynamic_positions])
+
+    def _place(self, b, x, p):
+        if not b.is_array(x):
+            x = _checks.convert(b, x, f"argument leaf {p}")
+        device = self.plan.device
+        return x if device is None else b.asarray(x, device=device)
+
+    @property
+    def backend(self) -> Backend:
+        return self.plan.backend
+
+    @property
+    def flat_f(self):
+        """``f`` as a function of the differentiated leaves (see :func:`flat_function`)."""
+        fn = self._flat_f
+        if fn is None:
+            fn = self._flat_f = flat_function(self.f, self.plan, self.template, self.treedef, self.dynamic,
+                                              self.has_aux, self.fname, self.seen)
+        return fn
+
+    def names(self):
+        """Readable names of the differentiated leaves (built only for an error message)."""
+        plan = self.plan
+        if plan.argnums is None:
+            return _diff_names(self.args, range(plan.n_args), True)
+        return _diff_names(self.args, plan.argnums, False)
+
+    # results, in this call's structures
+    def output(self, leaves):
+        return unflatten(self.seen.out_tree, leaves)
+
+    def aux(self, leaves):
+        return unflatten(self.seen.aux_tree, leaves)
+
+    def inputs_like(self, leaves):
+        """Leaves shaped like the differentiated arguments: one argument's structure for an int
+        argnums, a tuple of the arguments' structures otherwise."""
+        plan, treedef = self.plan, self.treedef
+        if treedef is None:
+            return leaves[0] if plan.single else tuple(leaves)
+        children = treedef.children()
+        which = range(plan.n_args) if plan.argnums is None else plan.argnums
+        trees, start = [], 0
+        for a in which:
+            n = children[a].num_leaves
+            trees.append(optree.tree_unflatten(children[a], list(leaves[start:start + n])))
+            start += n
+        return trees[0] if plan.single else tuple(trees)
+
+    def jacobian_tree(self, jac):
+        """``jac[i][j]`` -> the output structure, each leaf replaced by the input structure."""
+        return self.output([self.inputs_like(row) for row in jac])
+
+    def blocks_tree(self, blocks):
+        """Flat blocks (output-major) as the Jacobian's pytree (see :meth:`jacobian_tree`)."""
+        n = len(self.diff)
+        if n == 0:
+            return self.jacobian_tree([() for _ in range(self.seen.out_tree.num_leaves)])
+        if self.seen.out_tree is _LEAF and self.plan.single and self.treedef is None:
+            return blocks[0]
+        return self.jacobian_tree([blocks[i:i + n] for i in range(0, len(blocks), n)])
+
+
+def prepare(plans: BoundedCache, f, args, argnums, has_aux, backend, fname, device=None) -> Call:
+    """The call of ``f`` on ``args``, with the plan of its signature (from ``plans`` or made anew)."""
+    leaves, treedef, sig = arguments(args)
+    b = _registry.resolve(backend, leaves)
+    if device is None:
+        device = _registry.current_device()
+    key = None if sig is None else Key((b, device, sig))
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans.put(key, make_plan(b, device, args, leaves, treedef, argnums, fname))
+    return Call(plan, key, f, args, leaves, treedef, has_aux, fname)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 4: running a kernel, eagerly or compiled
+# ---------------------------------------------------------------------------------------------
+
+class Program:
+    """A compiled program of one transform for one signature and decision.
+
+    It takes the differentiated leaves and the dynamic leaves, and returns a flat tuple: the outputs
+    (only with ``keep_outputs``), the result blocks and the aux leaves that are arrays. What tracing
+    revealed -- the output and aux structures, and the aux leaves that are not arrays (returned as
+    ``f`` gave them) -- is recorded in the program when it is traced. It holds no array of the call
+    that built it.
+    """
+
+    __slots__ = ("compiled", "out_tree", "aux_tree", "n_out", "n_blocks", "aux_static")
+
+    def __init__(self, f, call: Call, kernel, keep_outputs: bool):
+        plan = call.plan
+        b, n = plan.backend, len(plan.diff_positions)
+        has_aux, fname, batch, treedef = call.has_aux, call.fname, call.seen.batch, call.treedef
+        template = list(call.template)  # static leaves only: the arrays are not kept
+        for p in plan.diff_positions + plan.dynamic_positions:
+            template[p] = None
+        self.out_tree = self.aux_tree = None
+        self.n_out = self.n_blocks = 0
+        self.aux_static = ()
+
+        def program(*arrays):
+            seen = Seen(batch)
+            flat_f = flat_function(f, plan, template, treedef, arrays[n:], has_aux, fname, seen)
+            outs, blocks, aux = kernel(b, flat_f, arrays[:n])
+            outs = tuple(outs) if keep_outputs else ()
+            aux = tuple(aux or ())
+            self.aux_static = tuple((k, a) for k, a in enumerate(aux) if not b.is_array(a))
+            self.out_tree, self.aux_tree, self.n_out, self.n_blocks = seen.out_tree, seen.aux_tree, len(outs), len(blocks)
+            return outs + tuple(blocks) + tuple(a for a in aux if b.is_array(a))
+
+        self.compiled = b.compile(program)
+
+    def __call__(self, call: Call):
+        flat = self.compiled(*call.diff, *call.dynamic)
+        seen = call.seen
+        seen.out_tree, seen.aux_tree = self.out_tree, self.aux_tree
+        end = self.n_out + self.n_blocks
+        aux = list(flat[end:])
+        for k, a in self.aux_static:
+            aux.insert(k, a)
+        return flat[:self.n_out], flat[self.n_out:end], tuple(aux)
+
+
+def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=None, keep_outputs=True):
+    """``kernel(backend, flat_f, leaves) -> (outputs, flat result blocks, aux)`` for this call: compiled
+    when ``programs`` is given and the backend compiles, else eagerly."""
+    b = call.plan.backend
+    if not call.diff:
+        return _no_inputs(call)
+    if programs is None or not b.capabilities.compile:
+        outs, blocks, aux = kernel(b, call.flat_f, call.diff)
+        return outs, blocks, (aux or ())
+    key = None if call.key is None else (call.key, decision)
+    program = programs.get(key)
+    if program is None:
+        program = programs.put(key, Program(call.f, call, kernel, keep_outputs))
+    return program(call)
+
+
+def _no_inputs(call: Call):
+    """No leaf to differentiate (an argument that is ``{}``, ``()``, ``[]`` or None): f is evaluated,
+    and every result block is empty, as in JAX."""
+    b = call.plan.backend
+    result = b.evaluate(call.flat_f, ())
+    outs, aux = result if call.has_aux else (result, ())
+    return outs, (), aux

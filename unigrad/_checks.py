@@ -1,0 +1,171 @@
+"""Argument checks and conversions: every user-facing error about inputs and outputs is written here.
+
+Messages name the argument (``argument 1['w'][0]``), the expected and the actual shape or dtype,
+and are the same on every backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import optree
+
+from . import _registry
+from ._dtypes import COMPLEX, INEXACT
+from .backend import Backend
+
+_PY_SCALARS = (bool, int, float, complex)
+_MODES = ("auto", "rev", "fwd")
+
+
+def convert(b: Backend, x, what: str):
+    """``x`` as an array of backend ``b``, dtype kept (a Python float becomes float64)."""
+    if b.is_array(x):
+        return x
+    if isinstance(x, (np.ndarray, np.generic)) or isinstance(x, _PY_SCALARS):
+        return b.asarray(np.asarray(x))
+    owner = _registry._array_owner(x)
+    if owner is not None:  # another backend's array: zero-copy through DLPack where b takes it, else NumPy
+        if b.accepts_dlpack and hasattr(x, "__dlpack__"):
+            return b.asarray(x)
+        return b.asarray(_registry.get_backend(owner).to_numpy(x))
+    if isinstance(x, (list, tuple)):
+        raise TypeError(f"{what} is a {type(x).__name__}; pass an array (np.asarray(...)) instead")
+    if hasattr(x, "__array__"):
+        return b.asarray(np.asarray(x))
+    raise TypeError(f"{what} must be an array or a Python scalar; got {type(x).__name__}")
+
+
+def leaf_names(tree, prefix: str) -> list[str]:
+    """Readable names of the leaves of ``tree``: ``x``, ``argument 1['w'][0]``..."""
+    paths, _, _ = optree.tree_flatten_with_path(tree)
+    return [prefix + "".join(f"[{p!r}]" for p in path) for path in paths]
+
+
+def arg_names(args_tuple, positions, word="argument") -> list[str]:
+    """Leaf names of a tuple of arguments: ``argument 0``, ``argument 1['w'][0]``..."""
+    paths, _, _ = optree.tree_flatten_with_path(tuple(args_tuple))
+    return [f"{word} {positions[p[0]]}" + "".join(f"[{q!r}]" for q in p[1:]) for p in paths]
+
+
+def check_like(b: Backend, value, reference, what: str, fname: str):
+    """One policy for cotangents and tangents: the reference's shape exactly; a floating dtype
+    (complex too for a complex reference) cast to the reference's dtype; anything else is an error."""
+    if isinstance(value, _PY_SCALARS) and not isinstance(value, bool):
+        value = np.asarray(value)
+        if value.dtype.kind == "i":
+            value = value.astype(np.float64)
+    try:
+        value = convert(b, value, what)
+    except TypeError as exc:
+        raise TypeError(f"{fname}: {exc}") from None
+    want_shape, got_shape = b.shape(reference), b.shape(value)
+    want_dtype, got_dtype = b.dtype(reference), b.dtype(value)
+    if got_shape != want_shape:
+        raise ValueError(f"{fname}: {what} has shape {got_shape}; expected {want_shape} "
+                         f"(the shape of the value it pairs with; it is never broadcast)")
+    if got_dtype not in INEXACT or (got_dtype in COMPLEX and want_dtype not in COMPLEX):
+        raise ValueError(f"{fname}: {what} has dtype {got_dtype}; expected {want_dtype} "
+                         f"(a floating{' or complex' if want_dtype in COMPLEX else ''} dtype is cast to it)")
+    if got_dtype != want_dtype:
+        value = b.cast(value, want_dtype)
+    if b.device(value) != b.device(reference):
+        value = b.asarray(value, device=b.device(reference))
+    return value
+
+
+def normalize_argnums(argnums, nargs: int, fname: str):
+    """``(single, argnums as a tuple of non-negative ints, the other positions)``; exact ints only."""
+    single = type(argnums) is int or (isinstance(argnums, int) and not isinstance(argnums, bool))
+    seq = (argnums,) if single else argnums
+    if not isinstance(seq, (tuple, list)) or not seq or not all(
+            isinstance(a, int) and not isinstance(a, bool) for a in seq):
+        raise TypeError(f"{fname}: argnums must be an int or a non-empty tuple of ints; got {argnums!r}")
+    out = []
+    for a in seq:
+        if not -nargs <= a < nargs:
+            raise ValueError(f"{fname}: argnums={argnums!r} is out of range for a function called with "
+                             f"{nargs} positional argument{'s' if nargs != 1 else ''}")
+        a = int(a) % nargs
+        if a in out:
+            raise ValueError(f"{fname}: argnums={argnums!r} repeats argument {a}")
+        out.append(a)
+    return single, tuple(out), tuple(i for i in range(nargs) if i not in out)
+
+
+def check_output(b: Backend, o, k, fname):
+    """An output leaf of ``f``: an array (a Python float is taken as a 0-d array) of a floating dtype."""
+    if not b.is_array(o):
+        if isinstance(o, (float, complex)) and not isinstance(o, bool):
+            o = b.asarray(np.asarray(o))
+        else:
+            hint = ""
+            if isinstance(o, (tuple, list, dict)):
+                hint = " (does f return (output, aux)? then pass has_aux=True)"
+            elif isinstance(o, np.ndarray) or _registry._array_owner(o) is not None:
+                hint = (f" of another library than the {b.name} backend (did f call NumPy functions, or close "
+                        f"over a NumPy array, on traced values? use xp = unigrad.namespace(x))")
+            raise TypeError(f"{fname}: the function must return arrays (or a pytree of arrays); "
+                            f"output leaf {k} is {type(o).__name__}{hint}")
+    name = b.dtype(o)
+    if name not in INEXACT:
+        raise TypeError(f"{fname}: output leaf {k} has dtype {name}; only floating-point or complex outputs "
+                        f"can be differentiated")
+    return o
+
+
+def scalar_check(b: Backend, outputs, fname):
+    if len(outputs) != 1 or b.shape(outputs[0]) != ():
+        shapes = [b.shape(o) for o in outputs]
+        hint = (" (does f return (output, aux)? then pass has_aux=True)" if len(shapes) == 2 else "")
+        raise TypeError(f"{fname} requires a function with one scalar (shape ()) output; got "
+                        f"{'outputs of shapes ' + str(shapes) if len(shapes) != 1 else 'shape ' + str(shapes[0])}"
+                        f"{hint}. Use vjp or jacobian for non-scalar outputs")
+    if b.dtype(outputs[0]) in COMPLEX:
+        raise TypeError(f"{fname} requires a real-valued output; got dtype {b.dtype(outputs[0])}. "
+                        f"Use vjp with an explicit cotangent for complex outputs")
+
+
+def batch_size(b: Backend, arrays, names_fn, fname, role, expected=None):
+    """The common leading (batch) axis of ``arrays``; 0 when there are none."""
+    sizes = set()
+    for k, x in enumerate(arrays):
+        shape = b.shape(x)
+        if not shape:
+            raise ValueError(f"{fname}: {names_fn()[k]} is 0-d; every {role} needs a leading batch axis")
+        if expected is not None and shape[0] != expected:
+            raise ValueError(f"{fname}: {names_fn()[k]} has batch size {shape[0]} (shape {shape}); expected "
+                             f"{expected}, the inputs' batch size: f must map a batch to a batch")
+        sizes.add(shape[0])
+    if len(sizes) > 1:
+        raise ValueError(f"{fname}: the inputs' leading (batch) axes differ: "
+                         + ", ".join(f"{n} has {b.shape(x)[0]}" for n, x in zip(names_fn(), arrays)))
+    return sizes.pop() if sizes else 0
+
+
+def check_mode(mode, fname):
+    if mode not in _MODES:
+        raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
+
+
+def check_chunk(chunk_size, fname):
+    if chunk_size is None:
+        return
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool):
+        raise TypeError(f"{fname}: chunk_size must be a positive int or None; got {type(chunk_size).__name__} "
+                        f"{chunk_size!r}")
+    if chunk_size < 1:
+        raise ValueError(f"{fname}: chunk_size must be a positive int or None; got {chunk_size!r}")
+
+
+# What each framework says when a traced value is turned into a NumPy array (np.sin(x) on a torch tensor
+# that requires grad, np.asarray of a JAX tracer or of a symbolic TensorFlow tensor, the tape's own).
+_NUMPY_CONVERSION = ("Can't call numpy() on Tensor that requires grad", "TracerArrayConversionError",
+                     "The numpy conversion method __array__() was called on traced array",
+                     "Cannot convert a symbolic", "numpy() is only available when eager execution",
+                     "a traced array cannot be converted to a NumPy array")
+
+
+def is_numpy_conversion(exc: BaseException) -> bool:
+    """Did ``exc`` come from converting a traced value to a NumPy array (on any backend)?"""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(s in text for s in _NUMPY_CONVERSION)

@@ -51,8 +51,12 @@ def _tangent_leaves(call: Call, tangents, fname):
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{fname}: tangents must have the structure of primals, {treedef}; ({exc})") from None
     return tuple(
-        tl if b.matches(tl, p) else _checks.check_like(b, tl, p, "tangent for " + call.names()[k], fname)
+        tl if b.matches(tl, p) else _checks.check_like(b, tl, p, lambda k=k: "tangent for " + call.names()[k], fname)
         for k, (tl, p) in enumerate(zip(leaves, call.diff)))
+
+
+def _cotangent_name(out_tree, k):
+    return _checks.leaf_names(optree.tree_unflatten(out_tree, list(range(out_tree.num_leaves))), "cotangent")[k]
 
 
 def _primals_tuple(primals, tangents, fname):
@@ -101,14 +105,11 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
         except (ValueError, TypeError) as exc:
             raise ValueError(f"vjp_fn: the cotangent must have the structure of the output, {out_tree}; "
                              f"got {optree.tree_structure(cotangent, none_is_leaf=True)} ({exc})") from None
-        names = None
         checked = []
         for k, (c, o) in enumerate(zip(cts, outputs)):
             if not b.matches(c, o):
-                names = names or _checks.leaf_names(optree.tree_unflatten(out_tree, list(range(len(cts)))),
-                                                    "cotangent")
-                c = _checks.check_like(b, c, o, f"{names[k]} (for an output of shape {b.shape(o)}, "
-                                                f"dtype {b.dtype(o)})", "vjp_fn")
+                c = _checks.check_like(b, c, o, lambda k=k, o=o: f"{_cotangent_name(out_tree, k)} (for an output of "
+                                       f"shape {b.shape(o)}, dtype {b.dtype(o)})", "vjp_fn")
             checked.append(c)
         return call.inputs_like(vjp_flat(tuple(checked)))
 

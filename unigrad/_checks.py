@@ -47,30 +47,38 @@ def arg_names(args_tuple, positions, word="argument") -> list[str]:
     return [f"{word} {positions[p[0]]}" + "".join(f"[{q!r}]" for q in p[1:]) for p in paths]
 
 
-def check_like(b: Backend, value, reference, what: str, fname: str):
+def check_like(b: Backend, value, reference, what, fname: str):
     """One policy for cotangents and tangents: the reference's shape exactly; a floating dtype
-    (complex too for a complex reference) cast to the reference's dtype; anything else is an error."""
-    if isinstance(value, _PY_SCALARS) and not isinstance(value, bool):
+    (complex too for a complex reference) cast to the reference's dtype; anything else is an error.
+    ``what`` names the value in messages (a string, or a function making it: names cost time)."""
+    if type(value) is float:  # the common unit cotangent of a scalar output
+        value = b.asarray(np.asarray(value))
+    elif isinstance(value, _PY_SCALARS) and not isinstance(value, bool):
         value = np.asarray(value)
         if value.dtype.kind == "i":
             value = value.astype(np.float64)
-    try:
-        value = convert(b, value, what)
-    except TypeError as exc:
-        raise TypeError(f"{fname}: {exc}") from None
+    if not b.is_array(value):
+        try:
+            value = convert(b, value, _name(what))
+        except TypeError as exc:
+            raise TypeError(f"{fname}: {exc}") from None
     want_shape, got_shape = b.shape(reference), b.shape(value)
     want_dtype, got_dtype = b.dtype(reference), b.dtype(value)
     if got_shape != want_shape:
-        raise ValueError(f"{fname}: {what} has shape {got_shape}; expected {want_shape} "
+        raise ValueError(f"{fname}: {_name(what)} has shape {got_shape}; expected {want_shape} "
                          f"(the shape of the value it pairs with; it is never broadcast)")
     if got_dtype not in INEXACT or (got_dtype in COMPLEX and want_dtype not in COMPLEX):
-        raise ValueError(f"{fname}: {what} has dtype {got_dtype}; expected {want_dtype} "
+        raise ValueError(f"{fname}: {_name(what)} has dtype {got_dtype}; expected {want_dtype} "
                          f"(a floating{' or complex' if want_dtype in COMPLEX else ''} dtype is cast to it)")
     if got_dtype != want_dtype:
         value = b.cast(value, want_dtype)
     if b.device(value) != b.device(reference):
         value = b.asarray(value, device=b.device(reference))
     return value
+
+
+def _name(what) -> str:
+    return what if isinstance(what, str) else what()
 
 
 def normalize_argnums(argnums, nargs: int, fname: str):

@@ -162,3 +162,53 @@ def test_argnums_checks_are_not_skipped_after_a_valid_call():
         unigrad.grad(lambda x, y: (x * y).sum(), argnums=True)(np.ones(2), np.ones(2))
     with pytest.raises(TypeError, match="argnums"):
         unigrad.grad(lambda x, y: (x * y).sum(), argnums=(True,))(np.ones(2), np.ones(2))
+
+
+# ------------------------------------------------------------------------------ the common mistakes, on every backend
+
+import importlib.util  # noqa: E402
+
+_ALL = ["numpy"] + [n for n, m in (("torch", "torch"), ("jax", "jax"), ("tensorflow", "tensorflow"))
+                    if importlib.util.find_spec(m) is not None]
+
+
+def _portable_loss(x):
+    xp = unigrad.namespace(x)
+    return xp.sum(xp.sin(x) ** 2)
+
+
+@pytest.mark.parametrize("name", _ALL)
+def test_a_list_argument_gets_one_message_on_every_backend(name):
+    with pytest.raises(TypeError) as info:
+        unigrad.grad(_portable_loss, backend=name)([1.0, 2.0, 3.0])
+    message = str(info.value)
+    assert "argument 0 is a list (a pytree of 3 scalars" in message and "np.asarray([...])" in message, message
+
+
+@pytest.mark.parametrize("name", [n for n in _ALL if n != "numpy"])
+def test_numpy_functions_on_traced_values_name_the_portable_spelling(name):
+    with pytest.raises(TypeError, match=r"converted a traced value to NumPy .* xp = unigrad.namespace\(x\)"):
+        unigrad.grad(lambda x: unigrad.namespace(x).sum(np.sin(x)), backend=name)(np.ones(3))
+
+
+@pytest.mark.parametrize("name", _ALL)
+def test_has_aux_messages_show_no_internal_types(name):
+    with pytest.raises(TypeError) as info:
+        unigrad.grad(lambda x: unigrad.namespace(x).sum(x), has_aux=True, backend=name)(np.ones(3))
+    assert "Tracer" not in str(info.value) and "an array of shape ()" in str(info.value), str(info.value)
+    with pytest.raises(TypeError, match="has_aux=True"):  # the usual reason a gradient's f returns a pair
+        unigrad.grad(lambda x: (unigrad.namespace(x).sum(x), x), backend=name)(np.ones(3))
+
+
+def test_chunk_size_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="chunk_size must be a positive int or None; got str 'a'"):
+        unigrad.jacobian(square_sum, chunk_size="a")
+    with pytest.raises(TypeError, match="chunk_size"):
+        unigrad.batched_jacobian(square_sum, chunk_size=2.0)
+
+
+@pytest.mark.parametrize("typo, meant", [("pytorch", "torch"), ("Torch", "torch"), ("tf", "tensorflow"),
+                                         ("nmupy", "numpy"), ("jaxx", "jax")])
+def test_backend_name_typos_say_did_you_mean(typo, meant):
+    with pytest.raises(ValueError, match=rf"unknown backend '{typo}' \(did you mean '{meant}'\?\)"):
+        unigrad.get_backend(typo)

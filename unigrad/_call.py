@@ -299,6 +299,14 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
     direct = treedef is None and plan.argnums is None  # vjp/jvp of arrays: f takes the leaves as they are
 
     def flat_f(*diff_leaves):
+        if plan.list_hint is None:
+            return run(diff_leaves)
+        try:
+            return run(diff_leaves)
+        except Exception as exc:  # whatever went wrong, the list argument is the likely cause: say so
+            raise TypeError(f"{fname}: {plan.list_hint} ({type(exc).__name__}: {exc})") from exc
+
+    def run(diff_leaves):
         if direct:
             call_args = diff_leaves
         else:
@@ -312,8 +320,6 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
         try:
             result = f(*call_args)
         except Exception as exc:
-            if plan.list_hint is not None:
-                raise TypeError(f"{fname}: f raised {type(exc).__name__}: {exc}; note: {plan.list_hint}") from exc
             if _checks.is_numpy_conversion(exc):
                 raise TypeError(
                     f"{fname}: f converted a traced value to NumPy (a NumPy function such as np.sin called on it, "

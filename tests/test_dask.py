@@ -231,6 +231,8 @@ def test_data_larger_than_memory_budget(tmp_path):
                                   memory_limit=int(budget)) as cluster, distributed.Client(cluster) as c:
         total, rows_ = c.compute([J.sum(axis=0), J[sample]], sync=True)
         peaks = c.run(_peak_rss_mb)  # MiB, from each worker process's start
+        print(f"peak RSS per worker (MiB): {sorted(peaks.values())}, budget {budget / 2**20:.0f} MiB, "
+              f"data {nbytes / 2**20:.0f} MiB")
 
     # the oracle, streamed here from the file: sum_b diag(1 - tanh(x_b w)^2) w^T
     x = np.load(path, mmap_mode="r")

@@ -64,6 +64,14 @@ cases = {
     "vjp_numpy_cotangent": lambda x, w: unigrad.vjp(model, x, w)[1](np.linspace(-1.0, 1.0, 16).reshape(8, 2)),
 }
 
+def spec_of(a):
+    """The partition spec, one entry per axis (None: not split), or why there is none."""
+    if not isinstance(a.sharding, NamedSharding):
+        return "not a NamedSharding: " + repr(a.sharding)
+    spec = tuple(a.sharding.spec) + (None,) * (a.ndim - len(a.sharding.spec))
+    return [None if s is None else str(s) for s in spec]
+
+
 report = {}
 for name, run in cases.items():
     try:
@@ -75,9 +83,7 @@ for name, run in cases.items():
             "max_error": max(float(np.max(np.abs(np.asarray(g) - e), initial=0.0)) for g, e in zip(got, expected)),
             "dtypes": [str(g.dtype) for g in got],
             "shapes": [list(g.shape) for g in got],
-            "specs": [[None if s is None else str(s) for s in tuple(g.sharding.spec) + (None,) * (g.ndim - len(g.sharding.spec))]
-                      if isinstance(g.sharding, NamedSharding) else "not a NamedSharding: " + repr(g.sharding)
-                      for g in got],
+            "specs": [spec_of(g) for g in got],
             "devices": [len(g.devices()) for g in got],
         }
     except Exception as e:

@@ -136,10 +136,23 @@ def test_batched_argument_pytrees_and_errors():
     expected = unigrad.batched_jacobian(lambda x, z: x * z, argnums=(0, 1))(X, X)
     for g, e in zip(got, expected):
         assert_same(g, e)
+    # in_axes given: an in-memory argument marked 0 is split into the Dask argument's blocks, wherever it stands
+    V = ud.vmap(lambda y, x: y * x.sum(), in_axes=(0, 0))(Y, Xd)
+    assert V.chunks == ((50,) * 4,)
+    assert_same(V.compute(scheduler="sync"), unigrad.vmap(lambda y, x: y * x.sum())(Y, X))
+    # has_aux: a batched aux comes back as Dask arrays too; one without a batch axis is refused
+    J, aux = ud.batched_jacobian(lambda x: (x ** 3, {"square": x ** 2}), has_aux=True)(Xd)
+    expected_J, expected_aux = unigrad.batched_jacobian(lambda x: (x ** 3, {"square": x ** 2}), has_aux=True)(X)
+    assert_same(J.compute(scheduler="sync"), expected_J)
+    assert_same(aux["square"].compute(scheduler="sync"), expected_aux["square"])
+    with pytest.raises(ValueError, match="must have the batch on axis 0"):
+        ud.batched_jacobian(lambda x: (x ** 3, x.sum()), has_aux=True)(Xd)
     with pytest.raises(ValueError, match="has 100 examples"):
         ud.vmap(lambda a, b: a + b)(Xd, da.from_array(X[:100]))
     with pytest.raises(ValueError, match="no argument is batched"):
         ud.vmap(features)(X, W)
+    with pytest.raises(TypeError, match="no batched argument is a Dask array"):
+        ud.vmap(features, in_axes=(0, None))(X, W)
     with pytest.raises(ValueError, match="in_axes"):
         ud.vmap(features, in_axes=(1, None))
     with pytest.raises(TypeError, match="not mapped"):
@@ -257,6 +270,13 @@ def test_reject_lazy():
     with pytest.raises(TypeError, match=r"unigrad\.dask\.per_example_grad"):
         ud._reject_lazy((W, Xd), "grad")
     ud._reject_lazy((X, 1.0, None, [W, {"a": X}], "text"), "vmap")  # nothing lazy: no error
+
+
+@pytest.mark.xfail(strict=True, reason="the core does not call unigrad.dask._reject_lazy on its public path yet: "
+                   "a Dask array is pulled into memory and a NumPy array comes back")
+def test_in_memory_transform_refuses_a_dask_array():
+    with pytest.raises(TypeError, match=r"unigrad\.dask\.batched_jacobian"):
+        unigrad.batched_jacobian(model)(da.from_array(X, chunks=50), W)
 
 
 def test_imports_are_lazy():

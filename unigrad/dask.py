@@ -212,26 +212,28 @@ class _Transform:
         if not batched:
             raise ValueError(f"{fname}: no argument is batched; give the examples as a Dask array chunked "
                              f"along axis 0")
-        reference = None
+        dask_at = [k for k in batched if isinstance(leaves[k], da.Array) and leaves[k].ndim > 0]
+        if not dask_at:
+            raise TypeError(f"{fname}: no batched argument is a Dask array with a batch axis; give the examples as "
+                            f"a Dask array chunked along axis 0 (its chunks are the blocks)")
+        reference = (dask_at[0], leaves[dask_at[0]].shape[0], leaves[dask_at[0]].chunks[0])
         for k in batched:
             x = leaves[k]
-            if not _is_lazy(x):
+            if not isinstance(x, da.Array):
+                if _is_lazy(x):
+                    raise TypeError(f"{fname}: {names[k]} is a {type(x).__name__}; a batched argument must be a "
+                                    f"Dask array or an in-memory array")
                 x = np.asarray(x)
-            if getattr(x, "ndim", 0) == 0:
-                raise ValueError(f"{fname}: {names[k]} is batched but has shape {getattr(x, 'shape', ())}; "
-                                 f"a batched argument needs a batch axis (axis 0)")
-            if reference is None:
-                if not isinstance(x, da.Array):
-                    raise TypeError(f"{fname}: {names[k]} is a {type(x).__name__}; the first batched argument "
-                                    f"must be a Dask array (its chunks along axis 0 are the blocks)")
-                reference = (k, x.shape[0], x.chunks[0])
-            elif x.shape[0] != reference[1]:
+            if x.ndim == 0:
+                raise ValueError(f"{fname}: {names[k]} is batched but has shape {x.shape}; a batched argument "
+                                 f"needs a batch axis (axis 0)")
+            if x.shape[0] != reference[1]:
                 raise ValueError(f"{fname}: {names[k]} has {x.shape[0]} examples (shape {x.shape}) but "
                                  f"{names[reference[0]]} has {reference[1]}")
-            if not isinstance(x, da.Array):  # a batched in-memory array: blocked like the others
-                x = da.from_array(x, chunks=(reference[2],) + tuple((s,) for s in x.shape[1:]))
             wanted = (reference[2],) + tuple((s,) for s in x.shape[1:])  # one chunk beyond the batch axis
-            if x.chunks != wanted:
+            if not isinstance(x, da.Array):  # a batched in-memory array: blocked like the Dask ones
+                x = da.from_array(x, chunks=wanted)
+            elif x.chunks != wanted:
                 x = x.rechunk(wanted)
             leaves[k] = x
         for k, x in enumerate(leaves):

@@ -109,6 +109,10 @@ def test_equal_to_in_memory(client, engine):
     for transform in (jac, pex):
         builds = _builds(client, transform.token)
         assert sum(builds.values()) >= 1 and max(builds.values()) == 1, builds
+    # the parameters reached each worker once (one spec per call, unpickled once per worker), not once per block
+    received = client.run(ud._received_here)
+    per_worker = [sum(n for t, n in r.items() if t.startswith(jac.token)) for r in received.values()]
+    assert sum(per_worker) >= 1 and max(per_worker) == 1, received
     # the same transform called again (new data, same blocks) builds nothing new
     client.compute(jac(Xd * 2.0, W), sync=True, workers=workers)
     assert max(_builds(client, jac.token).values()) == 1

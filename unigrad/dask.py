@@ -108,12 +108,15 @@ class _Spec:
     def __setstate__(self, state):
         for s, v in zip(self.__slots__, state):
             setattr(self, s, v)
+        with _cache_lock:
+            _received[self.token] += 1
 
 
 _cache_lock = threading.Lock()
 _cache: collections.OrderedDict = collections.OrderedDict()  # token -> in-memory transform (this process)
 _CACHE_SIZE = 32
 _builds = collections.Counter()  # token -> transforms built in this process (read by the tests)
+_received = collections.Counter()  # token -> specs unpickled in this process (read by the tests)
 
 
 def _in_memory(kind, f, options):
@@ -170,6 +173,12 @@ def _builds_here():
     """{token: number of in-memory transforms built} in this process (for the tests, via ``Client.run``)."""
     with _cache_lock:
         return dict(_builds)
+
+
+def _received_here():
+    """{token: number of specs (f, options, parameters) unpickled} in this process (for the tests)."""
+    with _cache_lock:
+        return dict(_received)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -199,7 +199,7 @@ class _Transform:
 
     def __init__(self, kind, f, options, batched_of):
         self.kind, self.f, self.options = kind, f, options
-        # batched_of(args, leaves_per_arg) -> set of flat leaf indices that are batched
+        # batched_of(args, treedef, leaves) -> the flat indices (none_is_leaf=True) of the batched leaves
         self._batched_of = batched_of
         self.token = f"{kind}-{uuid.uuid4().hex}"  # the workers' cache key for this transform
         self._probes = {}  # signature -> (output treedef, [(shape after the batch axis, dtype)])

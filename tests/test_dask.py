@@ -276,11 +276,13 @@ def test_reject_lazy():
     ud._reject_lazy((X, 1.0, None, [W, {"a": X}], "text"), "vmap")  # nothing lazy: no error
 
 
-@pytest.mark.xfail(strict=True, reason="the core does not call unigrad.dask._reject_lazy on its public path yet: "
-                   "a Dask array is pulled into memory and a NumPy array comes back")
 def test_in_memory_transform_refuses_a_dask_array():
     with pytest.raises(TypeError, match=r"unigrad\.dask\.batched_jacobian"):
         unigrad.batched_jacobian(model)(da.from_array(X, chunks=50), W)
+    with pytest.raises(TypeError, match=r"unigrad\.dask\.per_example_grad"):
+        unigrad.grad(lambda w, x: unigrad.namespace(w).sum(model(x, w)))(W, {"x": da.from_array(X, chunks=50)})
+    with pytest.raises(TypeError, match=r"unigrad\.dask\.vmap"):
+        unigrad.vmap(model, in_axes=(0, None))(da.from_array(X, chunks=50), W)
 
 
 def test_imports_are_lazy():

@@ -16,7 +16,7 @@ import optree
 
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
-from ._call import _LEAF, BoundedCache, Call, execute, prepare, unflatten
+from ._call import _LEAF, BoundedCache, Call, execute, prepare, reject_lazy, unflatten
 from ._checks import check_chunk, check_mode, scalar_check
 from ._dtypes import dtype_name
 
@@ -446,6 +446,7 @@ def vmap(f: Callable, in_axes=0, out_axes: int = 0, *, chunk_size: int | None = 
         else:
             prefix = (in_axes,) * len(args)
         leaves, treedef = optree.tree_flatten(tuple(args), none_is_leaf=False)
+        reject_lazy(leaves, args, "vmap")
         axes = optree.broadcast_prefix(prefix, tuple(args), none_is_leaf=True)
         b = _registry.resolve(backend, leaves)
         leaves = [_checks.convert(b, x, "vmap argument") for x in leaves]

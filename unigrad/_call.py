@@ -123,7 +123,17 @@ def _is_dynamic(x) -> bool:
     return _registry._array_owner(x) is not None
 
 
-def arguments(args):
+def reject_lazy(leaves, args, fname):
+    """A Dask array (or another lazy collection) among the leaves: a TypeError pointing to
+    ``unigrad.dask`` (the in-memory transforms would pull it into memory whole)."""
+    for a in leaves:
+        if type(a).__module__.partition(".")[0] == "dask":
+            from . import dask as lazy  # only when such an array is met: dask is an optional extra
+
+            lazy._reject_lazy(tuple(args), fname)
+
+
+def arguments(args, fname="transform"):
     """``(leaves, treedef, signature)`` of a tuple of positional arguments.
 
     ``treedef`` is None when every argument is one array of a type met before (the common case: no
@@ -140,6 +150,7 @@ def arguments(args):
     else:
         return args, None, tuple(sig)
     leaves, treedef = optree.tree_flatten(args)
+    reject_lazy(leaves, args, fname)
     sig = [treedef]  # not a type: no flat signature equals a pytree one
     if "{" in repr(treedef):  # optree structures of dicts compare equal whatever the key order
         sig.append(_dict_orders(args))
@@ -456,7 +467,7 @@ class Call:
 
 def prepare(plans: BoundedCache, f, args, argnums, has_aux, backend, fname, device=None) -> Call:
     """The call of ``f`` on ``args``, with the plan of its signature (from ``plans`` or made anew)."""
-    leaves, treedef, sig = arguments(args)
+    leaves, treedef, sig = arguments(args, fname)
     b = _registry.resolve(backend, leaves)
     if device is None:
         device = _registry.current_device()

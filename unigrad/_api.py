@@ -17,6 +17,7 @@ import optree
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
 from ._call import _LEAF, BoundedCache, Call, execute, prepare, reject_lazy, unflatten
+from . import _memory
 from ._checks import check_chunk, check_mode, scalar_check
 from ._dtypes import dtype_name
 
@@ -258,8 +259,40 @@ def _size(shape):
     return n
 
 
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16}
+
+
+def budget_chunk(chunks: BoundedCache, shapes: BoundedCache, call: Call, chosen: str, per_example: bool,
+                 budget: int, fname: str) -> int:
+    """The chunk size that keeps a Jacobian within ``budget`` bytes, once per signature and mode: the
+    peak of one VJP (rev) or JVP (fwd) of the whole call, measured on the backend, is what each basis
+    vector of a chunk costs; the result itself is set aside first (see ``_memory.py``)."""
+    key = None if call.key is None else (call.key, chosen)
+    known = chunks.get(key)
+    if known is not None:
+        return known
+    b, skip = call.backend, 1 if per_example else 0
+    out_shapes = output_shapes(shapes, call)
+    n_out = sum(_size(s[skip:]) for s in out_shapes)
+    n_in = sum(_size(b.shape(x)[skip:]) for x in call.diff)
+    batch = b.shape(call.diff[0])[0] if per_example else 1
+    itemsize = max([_ITEMSIZE.get(d, 8) for d in call.plan.dtypes] or [8])
+    result_bytes = batch * n_out * n_in * itemsize
+    if chosen == "rev":
+        def one():
+            outputs, vjp_fn, _ = b.vjp(call.flat_f, call.diff, has_aux=call.has_aux)
+            return vjp_fn(tuple(b.ones_like(o) for o in outputs))
+    else:
+        def one():
+            return b.jvp(call.flat_f, call.diff, tuple(b.ones_like(x) for x in call.diff), has_aux=call.has_aux)
+    per_row = _memory.peak_bytes(b, one)
+    n_rows = n_out if chosen == "rev" else n_in
+    return chunks.put(key, _memory.chunk_for_budget(budget, n_rows, result_bytes, per_row, fname))
+
+
 def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
-             has_aux: bool = False, backend=None, compile: bool = False, device=None) -> Callable:
+             has_aux: bool = False, backend=None, compile: bool = False, device=None,
+             memory_budget=None) -> Callable:
     """The Jacobian of ``f`` with respect to ``args[argnums]``.
 
     Args:
@@ -273,6 +306,9 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
       backend: backend name or object.
       compile: one compiled program per signature (``jax.jit``, ``tf.function``).
       device: place the inputs on this device.
+      memory_budget: bytes (``2e9``) or a size (``"2GB"``, ``"512MiB"``) for the result and the work
+        together; the chunk size is chosen from it, from the measured peak of one VJP (or JVP), once
+        per signature. Ignored when ``chunk_size`` is given.
 
     Returns:
       A function; for an output of shape ``O`` and an input of shape ``I`` the block has shape
@@ -286,22 +322,27 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     """
     check_mode(mode, "jacobian")
     check_chunk(chunk_size, "jacobian")
-    plans, shapes = BoundedCache(), BoundedCache(64)
+    budget = _memory.parse_budget(memory_budget, "jacobian") if chunk_size is None else None
+    plans, shapes, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64)
     programs = BoundedCache() if compile else None
 
-    def kernel_for(chosen):
+    def kernel_for(chosen, chunk):
         def kernel(b, flat_f, leaves):
             method = b.jacrev if chosen == "rev" else b.jacfwd
-            outs, jac, aux = method(flat_f, leaves, chunk_size=chunk_size, has_aux=has_aux)
+            outs, jac, aux = method(flat_f, leaves, chunk_size=chunk, has_aux=has_aux)
             return outs, _flatten_blocks(jac), aux
         return kernel
 
-    kernels = {"rev": kernel_for("rev"), "fwd": kernel_for("fwd")}
+    kernels = {"rev": kernel_for("rev", chunk_size), "fwd": kernel_for("fwd", chunk_size)}
 
     def jacobian_f(*args):
         call = prepare(plans, f, args, argnums, has_aux, backend, "jacobian", device)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=False) if call.diff else "rev"
-        _, blocks, aux = execute(call, kernels[chosen], programs, chosen, keep_outputs=False)
+        kernel, decision = kernels[chosen], chosen
+        if budget is not None and call.diff:
+            chunk = budget_chunk(chunks, shapes, call, chosen, False, budget, "jacobian")
+            kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
+        _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 
@@ -417,8 +458,23 @@ def hvp(f: Callable, primals, tangents, backend=None):
 # vmap
 # ---------------------------------------------------------------------------------------------
 
+def _vmap_budget_chunk(b, flat_f, leaves, axes, size, budget):
+    """How many examples of a vmap fit in ``budget``: one example's call, measured, is what each costs."""
+    one = [x if ax is None else _take_one(b, x, ax) for x, ax in zip(leaves, axes)]
+    outputs = []
+    per_example = _memory.peak_bytes(b, lambda: outputs.extend(b.evaluate(flat_f, one)))
+    result_bytes = size * sum(_size(b.shape(o)) * _ITEMSIZE.get(b.dtype(o), 8) for o in outputs)
+    return _memory.chunk_for_budget(budget, size, result_bytes, per_example, "vmap")
+
+
+def _take_one(b, x, axis):
+    index = [slice(None)] * len(b.shape(x))
+    index[axis] = 0
+    return x[tuple(index)]
+
+
 def vmap(f: Callable, in_axes=0, out_axes: int = 0, *, chunk_size: int | None = None,
-         backend=None) -> Callable:
+         backend=None, memory_budget=None) -> Callable:
     """Map ``f`` over an axis of its arguments.
 
     Args:
@@ -428,6 +484,11 @@ def vmap(f: Callable, in_axes=0, out_axes: int = 0, *, chunk_size: int | None = 
       out_axes: the axis of the outputs that holds the map.
       chunk_size: map at most this many at a time (bounds memory).
       backend: backend name or object.
+      memory_budget: bytes or a size (``"2GB"``) for the result and the work together; the chunk size
+        is chosen from the measured peak of ``f`` on one example. Ignored when ``chunk_size`` is given.
+
+    Returns:
+      A function of the same arguments; each output has the mapped axis at ``out_axes``.
 
     Example:
       >>> unigrad.vmap(lambda x: (x ** 2).sum())(np.ones((4, 3)))
@@ -436,6 +497,8 @@ def vmap(f: Callable, in_axes=0, out_axes: int = 0, *, chunk_size: int | None = 
     check_chunk(chunk_size, "vmap")
     if not isinstance(out_axes, int) or isinstance(out_axes, bool):
         raise TypeError(f"vmap: out_axes must be an int; got {out_axes!r}")
+    budget = _memory.parse_budget(memory_budget, "vmap") if chunk_size is None else None
+    chunks = BoundedCache(64)
 
     def vmapped(*args):
         if isinstance(in_axes, (tuple, list)):
@@ -475,7 +538,13 @@ def vmap(f: Callable, in_axes=0, out_axes: int = 0, *, chunk_size: int | None = 
             out_leaves, store["tree"] = optree.tree_flatten(result)
             return tuple(out_leaves)
 
-        outs = b.vmap(flat_f, flat_axes, out_axes, chunk_size)(*leaves)
+        chunk = chunk_size
+        if budget is not None and chunk is None:
+            key = (b, tuple(flat_axes), tuple((type(x), b.shape(x), b.dtype(x)) for x in leaves))
+            chunk = chunks.get(key)
+            if chunk is None:
+                chunk = chunks.put(key, _vmap_budget_chunk(b, flat_f, leaves, flat_axes, size, budget))
+        outs = b.vmap(flat_f, flat_axes, out_axes, chunk)(*leaves)
         return optree.tree_unflatten(store["tree"], list(outs))
 
     _wraps(vmapped, f, "vmap")

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import _checks
+from . import _checks, _memory
 from ._call import BoundedCache, Call, execute, prepare
 from ._dtypes import COMPLEX
 
@@ -25,7 +25,7 @@ _INDEPENDENCE = ("once", "always", "never")
 
 def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
                      has_aux: bool = False, check_independence: str = "once", separable: bool = False,
-                     backend=None, compile: bool = False, device=None) -> Callable:
+                     backend=None, compile: bool = False, device=None, memory_budget=None) -> Callable:
     """Per-example Jacobians of ``f``, which maps a batch to a batch with independent rows.
 
     Every input and output has the batch on axis 0 (size B). The work is vectorised over B:
@@ -54,6 +54,9 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       backend: backend name or object.
       compile: one compiled program per signature (``jax.jit``, ``tf.function``).
       device: place the inputs on this device.
+      memory_budget: bytes or a size (``"2GB"``) for the result and the work together; the chunk
+        size is chosen from the measured peak of one VJP (or JVP) of the batch, once per signature.
+        Ignored when ``chunk_size`` is given.
 
     Returns:
       A function; each block has shape ``(B, *out_shape[1:], *in_shape[1:])``.
@@ -63,7 +66,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       >>> unigrad.batched_jacobian(lambda x: x ** 2)(x).shape
       (4, 3, 3)
     """
-    from ._api import _wraps, choose_mode
+    from ._api import _wraps, budget_chunk, choose_mode
 
     _checks.check_mode(mode, "batched_jacobian")
     _checks.check_chunk(chunk_size, "batched_jacobian")
@@ -72,17 +75,18 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                          f"got {check_independence!r}")
     if not isinstance(separable, bool):
         raise TypeError(f"batched_jacobian: separable must be True or False; got {separable!r}")
-    plans, shapes, settled = BoundedCache(), BoundedCache(64), BoundedCache(64)
+    budget = _memory.parse_budget(memory_budget, "batched_jacobian") if chunk_size is None else None
+    plans, shapes, settled, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64), BoundedCache(64)
     programs = BoundedCache() if compile else None
 
-    def kernel_for(chosen):
+    def kernel_for(chosen, chunk):
         def kernel(b, flat_f, leaves):
             method = b.per_example_jacobian if separable else b.batched_jacobian
-            outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk_size, has_aux=has_aux)
+            outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
             return outs, tuple(block for row in jac for block in row), aux
         return kernel
 
-    kernels = {"rev": kernel_for("rev"), "fwd": kernel_for("fwd")}
+    kernels = {"rev": kernel_for("rev", chunk_size), "fwd": kernel_for("fwd", chunk_size)}
 
     def batched_jacobian_f(*args):
         call = prepare(plans, f, args, argnums, has_aux, backend, "batched_jacobian", device)
@@ -94,7 +98,11 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             if _settle_independence(call, batch, has_aux):
                 settled.put(call.key, True)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=True)
-        _, blocks, aux = execute(call, kernels[chosen], programs, chosen, keep_outputs=False)
+        kernel, decision = kernels[chosen], chosen
+        if budget is not None:
+            chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")
+            kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
+        _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 

@@ -415,6 +415,8 @@ def _torch_state():
 def _every_transform(f_scalar, f_vector, backend="torch"):
     return {
         "grad": lambda x: unigrad.grad(f_scalar, backend=backend)(x),
+        "value_and_grad": lambda x: unigrad.value_and_grad(f_scalar, backend=backend)(x),
+        "vjp_out": lambda x: unigrad.vjp(f_vector, x, backend=backend)[0],
         "vjp_fn": lambda x: unigrad.vjp(f_vector, x, backend=backend)[1](np.ones(3)),
         "jvp": lambda x: unigrad.jvp(f_vector, (x,), (np.ones(3),), backend=backend),
         "jacrev": lambda x: unigrad.jacrev(f_vector, backend=backend)(x),
@@ -451,6 +453,42 @@ def test_transforms_work_under_no_grad_and_inference_mode(mode):
     # an inference tensor used after leaving inference mode
     for name, call in transforms.items():
         assert_tree_close(call(x), expected[name])
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_no_graph_under_no_grad_for_inputs_that_require_grad(mode):
+    """As torch.func: under the caller's no_grad or inference mode, every result is a plain tensor
+    with no graph, even for an input that requires grad, and the caller's modes are kept."""
+    f_scalar = lambda x: ns(x).sum(ns(x).sin(x) * x)  # noqa: E731
+    f_vector = lambda x: ns(x).sin(x) * x  # noqa: E731
+    x_np = np.array([0.1, 0.7, 1.3])
+    expected = {name: unigrad.to_numpy(call(x_np)) for name, call in _every_transform(
+        f_scalar, f_vector, backend="numpy").items()}
+    x = torch.tensor(x_np, requires_grad=True)
+    with MODES[mode]():
+        before = _torch_state()
+        for name, call in _every_transform(f_scalar, f_vector).items():
+            got = call(x)
+            assert_tree_close(got, expected[name])
+            for leaf in optree.tree_leaves(got):
+                assert leaf.grad_fn is None and not leaf.requires_grad, name
+            assert _torch_state() == before, name
+        # a pullback built under no_grad and called under it again
+        _, vjp_fn = unigrad.vjp(f_vector, x)
+        (g,) = vjp_fn(torch.ones(3, dtype=torch.float64))
+        assert g.grad_fn is None and not g.requires_grad
+    assert x.grad is None
+
+
+def test_pullback_called_under_no_grad_builds_no_graph():
+    """A vjp taken with grad on, its pullback called under no_grad: a plain tensor (create_graph follows
+    the mode at the call, as torch.func's pullback)."""
+    x = torch.tensor([0.1, 0.7], dtype=torch.float64, requires_grad=True)
+    _, vjp_fn = unigrad.vjp(lambda v: ns(v).sin(v) * v, x)
+    with torch.no_grad():
+        (g,) = vjp_fn(torch.ones(2, dtype=torch.float64))
+    assert g.grad_fn is None and not g.requires_grad
+    assert torch.allclose(g, torch.sin(x.detach()) + x.detach() * torch.cos(x.detach()))
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -125,6 +125,10 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "value's dtype; integer, bool, or complex for a real value: ValueError |",
         "| gradient dtype | the input's dtype (float16, bfloat16, float32, float64, complex64, complex128) |",
         "| Python scalars and NumPy inputs | converted with their dtype kept (a Python float is float64) |",
+        "| precision of a call | NumPy's promotion: 64-bit iff some floating-point or complex input array of the "
+        "call (differentiated or not) is 64-bit; integer arrays never decide. JAX runs such a call, eager or "
+        "compiled, in the scoped `jax.enable_x64` context (never the global flag); otherwise JAX computes "
+        "int64 inputs in int32 |",
         "| complex | JAX's convention: the VJP is the unconjugated transpose of the JVP; for real f of "
         "complex z, grad of abs(z)**2 is 2 conj(z) (torch and TensorFlow natively return the conjugate; "
         "their adapters convert) |",

@@ -648,3 +648,26 @@ def test_per_example_path_only_when_f_may_run_one_example_at_a_time():
             assert bool(calls) == (name == "separable"), name
     finally:
         type(backend).per_example_jacobian = original
+
+
+@pytest.mark.parametrize("dtype", [">f8", ">f4", ">c16", ">i8", "<f8"])
+def test_non_native_byte_order_is_accepted_with_values_kept(dtype):
+    """Big-endian NumPy input (JAX rejects it by itself) converts to native order, dtype and values kept."""
+    values = np.array([0.5, -1.0, 2.0]) + (1j * np.array([1.0, 0.0, -1.0]) if dtype[1] == "c" else 0)
+    data = (values if dtype[1] != "i" else np.array([1, -2, 3])).astype(dtype)
+    a = unigrad.asarray(data, backend="jax")
+    assert a.dtype == np.dtype(dtype).newbyteorder("=")
+    np.testing.assert_array_equal(_np(a), data)
+    if dtype[1] == "i":
+        return
+    xp = unigrad.namespace
+    square = lambda x: xp(x).sum(xp(x).real(x * xp(x).conj(x)))  # noqa: E731
+    g = unigrad.grad(square, backend="jax")(data)
+    np.testing.assert_array_equal(_np(g), 2 * np.conj(data))
+    _, t = unigrad.jvp(lambda x: x * x, (data,), (data,), backend="jax")
+    np.testing.assert_array_equal(_np(t), 2 * data * data)
+    _, vjp_fn = unigrad.vjp(lambda x: x * 3, data, backend="jax")
+    (v,) = vjp_fn(data)
+    np.testing.assert_array_equal(_np(v), 3 * data)
+    scaled = unigrad.grad(lambda x, c: xp(x).sum(xp(x).real(x * c)), backend="jax", compile=True)
+    np.testing.assert_array_equal(_np(scaled(data, data)), data)

@@ -646,3 +646,21 @@ def test_compile_returns_the_function_unchanged():
         return (x * 2,)
 
     assert TORCH.compile(fn) is fn
+
+
+@pytest.mark.parametrize("dtype", [">f8", ">f4", ">c16", ">i8"])
+def test_non_native_byte_order_is_accepted_with_values_kept(dtype):
+    values = np.array([0.5, -1.0, 2.0]) + (1j * np.array([1.0, 0.0, -1.0]) if dtype[1] == "c" else 0)
+    data = (values if dtype[1] != "i" else np.array([1, -2, 3])).astype(dtype)
+    a = unigrad.asarray(data, backend="torch")
+    assert unigrad.to_numpy(a).dtype == np.dtype(dtype).newbyteorder("=")
+    np.testing.assert_array_equal(unigrad.to_numpy(a), data)
+    if dtype[1] == "i":
+        return
+    g = unigrad.grad(lambda x: ns(x).sum(ns(x).real(x * ns(x).conj(x))), backend="torch")(data)
+    np.testing.assert_array_equal(unigrad.to_numpy(g), 2 * np.conj(data))
+    _, t = unigrad.jvp(lambda x: x * x, (data,), (data,), backend="torch")
+    np.testing.assert_array_equal(unigrad.to_numpy(t), 2 * data * data)
+    _, vjp_fn = unigrad.vjp(lambda x: x * 3, data, backend="torch")
+    (v,) = vjp_fn(data)
+    np.testing.assert_array_equal(unigrad.to_numpy(v), 3 * data)

@@ -244,6 +244,8 @@ class JaxBackend(Backend):
         """A jax array from NumPy data, a Python scalar or list, or another framework's array.
 
         Always under x64, so the dtype is kept exactly (int64 stays int64, float64 stays float64).
+        Non-native byte order (``'>f8'`` on a little-endian machine), which JAX rejects, is converted
+        to native order, values kept.
         """
         with jax.enable_x64(True):
             if not isinstance(x, (np.ndarray, np.generic)) and hasattr(x, "__dlpack__"):
@@ -251,7 +253,10 @@ class JaxBackend(Backend):
                     return jnp.from_dlpack(x)  # zero-copy where the producer allows it
                 except Exception:  # e.g. a torch tensor that requires grad, negative strides, another device
                     x = unigrad.to_numpy(x)
-            return jnp.asarray(np.asarray(x))
+            x = np.asarray(x)
+            if not x.dtype.isnative:
+                x = x.astype(x.dtype.newbyteorder("="))
+            return jnp.asarray(x)
 
     def to_numpy(self, x):
         return np.asarray(x)

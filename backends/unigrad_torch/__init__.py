@@ -19,6 +19,8 @@ not give by itself:
 * Complex numbers: torch's reverse mode returns the conjugate of unigrad's
   (JAX's) convention; cotangents are conjugated going in and results coming out.
 * Non-tensor ``aux`` leaves pass through (``torch.func`` accepts only tensors there).
+* The namespace (``_namespace``): ``array_api_compat.torch`` with unigrad's rules where torch's
+  differ (empty ``max``, ``median``, functions of a Hermitian matrix).
 * Conversion: NumPy arrays with negative strides, read-only or non-native byte
   order, ml_dtypes bfloat16, DLPack producers, unigrad device strings.
 """
@@ -33,9 +35,10 @@ import threading
 import numpy as np
 import torch
 import torch.func
-from array_api_compat import torch as _torch_namespace
 
 from unigrad import Backend, Capabilities
+
+from . import _namespace as _torch_namespace
 
 __all__ = ["TorchBackend"]
 

@@ -129,6 +129,10 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "call (differentiated or not) is 64-bit; integer arrays never decide. JAX runs such a call, eager or "
         "compiled, in the scoped `jax.enable_x64` context (never the global flag); otherwise JAX computes "
         "int64 inputs in int32 |",
+        "| functions of a Hermitian (real symmetric) matrix: `linalg.cholesky`, `eigh`, `eigvalsh` | read the "
+        "Hermitian part (x + x^H) / 2 on every backend (JAX's `symmetrize_input=True`): the value of a Hermitian "
+        "input is unchanged, the gradient is Hermitian, a JVP uses the Hermitian part of the tangent. "
+        "(torch's and TensorFlow's own functions read the lower triangle; their namespaces convert) |",
         "| complex | JAX's convention: the VJP is the unconjugated transpose of the JVP; for real f of "
         "complex z, grad of abs(z)**2 is 2 conj(z) (torch and TensorFlow natively return the conjugate; "
         "their adapters convert) |",

@@ -671,3 +671,29 @@ def test_non_native_byte_order_is_accepted_with_values_kept(dtype):
     np.testing.assert_array_equal(_np(v), 3 * data)
     scaled = unigrad.grad(lambda x, c: xp(x).sum(xp(x).real(x * c)), backend="jax", compile=True)
     np.testing.assert_array_equal(_np(scaled(data, data)), data)
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "jacfwd", "hessian", "vmap", "grad_compiled"])
+def test_numpy_function_on_a_traced_array_is_a_clear_type_error(transform):
+    med = lambda v: np.median(v)  # noqa: E731
+    x = np.array([3.0, 1.0, 2.0, 0.0])
+    call = {"grad": lambda: unigrad.grad(med, backend="jax")(x),
+            "jvp": lambda: unigrad.jvp(med, (x,), (x,), backend="jax"),
+            "jacfwd": lambda: unigrad.jacfwd(med, backend="jax")(x),
+            "hessian": lambda: unigrad.hessian(med, backend="jax")(x),
+            "vmap": lambda: unigrad.vmap(med, backend="jax")(x[:, None]),
+            "grad_compiled": lambda: unigrad.grad(med, backend="jax", compile=True)(x)}[transform]
+    with pytest.raises(TypeError, match=r"NumPy function.*unigrad\.namespace\(x\)"):
+        call()
+
+
+def test_median_is_the_true_median():
+    g = unigrad.grad(lambda x: unigrad.namespace(x).median(x), backend="jax")(np.array([3.0, 1.0, 2.0, 0.0]))
+    np.testing.assert_array_equal(_np(g), [0.0, 0.5, 0.5, 0.0])
+    assert float(unigrad.namespace(jnp.ones(1)).median(jnp.asarray([3.0, 1.0, 2.0, 0.0]))) == 1.5
+
+
+@pytest.mark.parametrize("fname", ["max", "min"])
+def test_reduction_of_an_empty_array_raises_value_error(fname):
+    with pytest.raises(ValueError):
+        unigrad.grad(lambda x: getattr(unigrad.namespace(x), fname)(x), backend="jax")(np.zeros(0))

@@ -740,3 +740,17 @@ def test_median_is_the_true_median_with_the_midpoint_derivative():
     np.testing.assert_array_equal(unigrad.to_numpy(g), [0.0, 0.5, 0.5, 0.0])  # JAX's rule
     jax_g = unigrad.grad(lambda x: unigrad.namespace(x).median(x), backend="jax")(np.array([3.0, 1.0, 2.0, 0.0]))
     np.testing.assert_array_equal(unigrad.to_numpy(jax_g), [0.0, 0.5, 0.5, 0.0])
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "jacfwd", "hessian", "vmap"])
+def test_numpy_function_on_a_transformed_tensor_is_a_clear_type_error(transform):
+    """np.median(x) inside f raised torch's RuntimeError about numpy() and requires_grad."""
+    med = lambda v: np.median(v)  # noqa: E731
+    x = np.array([3.0, 1.0, 2.0, 0.0])
+    call = {"grad": lambda: unigrad.grad(med, backend="torch")(x),
+            "jvp": lambda: unigrad.jvp(med, (x,), (x,), backend="torch"),
+            "jacfwd": lambda: unigrad.jacfwd(med, backend="torch")(x),
+            "hessian": lambda: unigrad.hessian(med, backend="torch")(x),
+            "vmap": lambda: unigrad.vmap(med, backend="torch")(x[:, None])}[transform]
+    with pytest.raises(TypeError, match=r"NumPy function.*unigrad\.namespace\(x\)"):
+        call()

@@ -87,6 +87,22 @@ def _x64_dtypes(*dtypes):
     return _NO_CONTEXT
 
 
+def _numpy_calls_rejected(method):
+    """``method`` with JAX's error for a NumPy function called on a traced value inside ``f``
+    (``np.median(x)``: ``TracerArrayConversionError``) turned into a TypeError that says what to use."""
+    @functools.wraps(method)
+    def checked(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except jax.errors.TracerArrayConversionError as exc:
+            raise TypeError(
+                "a NumPy function (np.median, np.asarray...) was called inside the function on a JAX array "
+                "that unigrad is differentiating, mapping or compiling: NumPy cannot carry its derivative. "
+                "Use the array namespace instead: xp = unigrad.namespace(x); xp.median(x)") from exc
+
+    return checked
+
+
 def _traced(arrays) -> bool:
     """True when we are inside another trace (jit, vmap, grad): chunk loops must be traced loops."""
     return any(isinstance(a, jax.core.Tracer) for a in arrays)
@@ -287,6 +303,7 @@ class JaxBackend(Backend):
         with _x64_dtypes(x.dtype):
             return lax.stop_gradient(x)
 
+    @_numpy_calls_rejected
     def evaluate(self, f, primals):
         """``f(*primals)`` outside any transform, under x64 by the module's rule (a 64-bit floating
         primal or closure array).
@@ -298,6 +315,7 @@ class JaxBackend(Backend):
             return f(*primals)
 
     # ------------------------------------------------------------------ vjp / jvp
+    @_numpy_calls_rejected
     def vjp(self, f, primals, *, has_aux=False):
         primals = tuple(primals)
         with _x64(f, primals):
@@ -310,6 +328,7 @@ class JaxBackend(Backend):
 
         return outputs, vjp_fn, aux
 
+    @_numpy_calls_rejected
     def jvp(self, f, primals, tangents, *, has_aux=False):
         primals, tangents = tuple(primals), tuple(tangents)
         with _x64(f, primals, tangents):
@@ -321,6 +340,7 @@ class JaxBackend(Backend):
         return tuple(outputs), tuple(tangents_out), aux
 
     # ------------------------------------------------------------------ Jacobians
+    @_numpy_calls_rejected
     def jacrev(self, f, primals, *, chunk_size=None, has_aux=False):
         """One VJP, its pullback vmapped over the unit cotangents (``chunk_size`` at a time)."""
         primals = tuple(primals)
@@ -333,6 +353,7 @@ class JaxBackend(Backend):
                         for o, offset in zip(outputs, basis.offsets))
         return outputs, jac, aux
 
+    @_numpy_calls_rejected
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
         """JVPs vmapped over the unit tangents (``chunk_size`` at a time)."""
         primals = tuple(primals)
@@ -346,6 +367,7 @@ class JaxBackend(Backend):
                                  for p, offset in zip(primals, basis.offsets)))
         return outputs, tuple(jac), aux
 
+    @_numpy_calls_rejected
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """Per-example Jacobians by the sum trick, vectorised over the per-example size, never over B.
 
@@ -361,6 +383,7 @@ class JaxBackend(Backend):
         with _x64(f, primals):
             return _sum_trick(f, primals, primals[0].shape[0], mode, chunk_size, has_aux, _traced(primals))
 
+    @_numpy_calls_rejected
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """``jax.vmap`` over examples of the Jacobian of a batch-of-one call (the core has checked that
         ``f`` may be evaluated one example at a time).
@@ -396,6 +419,7 @@ class JaxBackend(Backend):
         return tuple(outputs), tuple(tuple(row) for row in jac), None
 
     # ------------------------------------------------------------------ second order
+    @_numpy_calls_rejected
     def hessian(self, f, primals, *, chunk_size=None):
         """``jacfwd`` of ``jax.grad``: forward over reverse, ``chunk_size`` tangents at a time."""
         primals = tuple(primals)
@@ -405,6 +429,7 @@ class JaxBackend(Backend):
             _, jac, _ = self.jacfwd(lambda *p: tuple(gradient(*p)), primals, chunk_size=chunk_size)
         return jac
 
+    @_numpy_calls_rejected
     def hvp(self, f, primals, tangents):
         """``jax.jvp`` of ``jax.grad``: one forward-over-reverse sweep, no Hessian."""
         primals, tangents = tuple(primals), tuple(tangents)
@@ -418,6 +443,7 @@ class JaxBackend(Backend):
         in_axes = tuple(in_axes)
         vectorised = jax.vmap(lambda *a: tuple(f(*a)), in_axes=in_axes, out_axes=out_axes)
 
+        @_numpy_calls_rejected
         def mapped(*args):
             with _x64(f, args):
                 size = next(a.shape[ax] for a, ax in zip(args, in_axes) if ax is not None)
@@ -434,6 +460,7 @@ class JaxBackend(Backend):
         jitted = jax.jit(fn)
         closure = getattr(fn, "closure_arrays", ())
 
+        @_numpy_calls_rejected
         @functools.wraps(fn)
         def compiled(*args):  # the hot path of every compiled call: no context manager unless needed
             if not jax.config.jax_enable_x64 and (_wide(args) or _wide(closure)):

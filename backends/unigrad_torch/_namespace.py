@@ -24,7 +24,9 @@ __all__ = ["max", "min", "argmax", "argmin", "median", "linalg"]
 
 
 def __getattr__(name):
-    return getattr(_compat, name)
+    value = getattr(_compat, name)
+    globals()[name] = value  # found once: later lookups are plain module attributes
+    return value
 
 
 def __dir__():

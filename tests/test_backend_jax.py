@@ -276,8 +276,8 @@ def test_eager_and_compiled_agree_with_float64_data():
     compiled = unigrad.value_and_grad(loss_fn, backend="jax", compile=True)(w, x)
     assert eager[0].dtype == compiled[0].dtype == jnp.float64
     assert eager[1].dtype == compiled[1].dtype == jnp.float32
-    np.testing.assert_allclose(_np(eager[0]), _np(compiled[0]), rtol=1e-15)
-    np.testing.assert_allclose(_np(eager[1]), _np(compiled[1]), rtol=1e-7)
+    np.testing.assert_allclose(_np(eager[0]), _np(compiled[0]), rtol=1e-12)
+    np.testing.assert_allclose(_np(eager[1]), _np(compiled[1]), rtol=1e-6)
 
 
 def test_x64_scope_is_thread_local():

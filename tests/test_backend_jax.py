@@ -172,6 +172,114 @@ def test_float64_is_computed_in_float64_without_flipping_the_global_flag():
     assert seen == {"x64": False, "dtype": jnp.float32}  # 32-bit inputs never switch x64 on
 
 
+def _closing_over(data, scalar):
+    """A flat function of ``w`` closing over ``data``, as the core hands it over (``closure_arrays``);
+    it records whether it ran under x64. Elementwise in ``w`` (rows independent), or its sum."""
+    seen = []
+
+    def f(w):
+        seen.append(_x64_on())
+        out = jnp.sin(w) * jnp.real(jnp.sum(data)).astype(w.dtype)
+        return (jnp.sum(out),) if scalar else (out,)
+
+    f.closure_arrays = (data,)
+    return f, seen
+
+
+def _x64_cases():
+    w = JAX.asarray(np.array([0.5, 1.5], np.float32))
+    t = JAX.asarray(np.ones(2, np.float32))
+    wb = JAX.asarray(np.array([[0.5], [1.5]], np.float32))
+    return {  # case: (scalar f?, call)
+        "evaluate": (False, lambda f: JAX.evaluate(f, (w,))),
+        "vjp": (False, lambda f: JAX.vjp(f, (w,))[1]((t,))),
+        "jvp": (False, lambda f: JAX.jvp(f, (w,), (t,))),
+        "jacrev": (False, lambda f: JAX.jacrev(f, (w,))),
+        "jacfwd": (False, lambda f: JAX.jacfwd(f, (w,), chunk_size=1)),
+        "batched_jacobian": (False, lambda f: JAX.batched_jacobian(f, (wb,))),
+        "per_example_jacobian": (False, lambda f: JAX.per_example_jacobian(f, (wb,))),
+        "hessian": (True, lambda f: JAX.hessian(f, (w,))),
+        "hvp": (True, lambda f: JAX.hvp(f, (w,), (t,))),
+        "value_and_grad": (True, lambda f: JAX.value_and_grad(f, (w,))),
+        "vmap": (False, lambda f: JAX.vmap(f, [0])(wb)),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64")
+@pytest.mark.parametrize("case", list(_x64_cases()))
+def test_x64_is_decided_by_the_floating_arrays_f_closes_over(case):
+    """The rule: x64 iff some floating or complex array of the call is 64-bit, differentiated or
+    a closure array of the flat function; integer arrays never decide."""
+    scalar, call = _x64_cases()[case]
+    with jax.enable_x64(True):
+        data64 = jnp.asarray(np.array([1.0, 2.0]))
+        complex128 = jnp.asarray(np.array([1.0, 2.0], np.complex128))
+        labels64 = jnp.asarray(np.array([1, 2]))
+    data32 = jnp.asarray(np.array([1.0, 2.0], np.float32))
+    for data, want in ((data64, True), (complex128, True), (labels64, False), (data32, False)):
+        f, seen = _closing_over(data, scalar)
+        call(f)
+        assert seen and all(s == want for s in seen), (case, str(data.dtype), seen)
+    assert not _x64_on()
+
+
+def test_compiled_calls_follow_the_floating_only_rule():
+    """The compiled program takes every array of the call: int64 labels do not switch x64 on, float64 data does."""
+    seen = []
+
+    def program(w, other):
+        seen.append(_x64_on())
+        return (jnp.sum(w * other.astype(w.dtype)),)
+
+    compiled = JAX.compile(program)
+    w = JAX.asarray(np.array([0.5, 1.5], np.float32))
+    (value,) = compiled(w, JAX.asarray(np.array([1, 2])))
+    assert seen == [False] and value.dtype == jnp.float32
+    (value,) = compiled(w, JAX.asarray(np.array([1.0, 2.0])))
+    assert seen == [False, True]
+    assert not _x64_on()
+
+
+def test_eager_and_compiled_agree_with_int64_labels():
+    """r08: float32 data and int64 labels compute in float32, eagerly and compiled, to the same value."""
+    def loss_fn(w, x, labels):
+        xp = unigrad.namespace(w, x)
+        logits = x @ w
+        onehot = xp.astype(labels[:, None] == xp.arange(logits.shape[1])[None, :], logits.dtype)
+        scale = xp.linspace(1.0, 2.0, logits.shape[0])  # float64 under x64: it would widen the value
+        return xp.sum(logits * onehot * scale[:, None])
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    labels = np.array([0, 1, 2, 3, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # JAX's note that int64 labels compute in int32
+        eager = unigrad.value_and_grad(loss_fn, backend="jax")(w, x, labels)
+        compiled = unigrad.value_and_grad(loss_fn, backend="jax", compile=True)(w, x, labels)
+    for e, c in zip(eager, compiled):
+        assert e.dtype == c.dtype == jnp.float32
+        np.testing.assert_array_equal(_np(e), _np(c))
+
+
+@pytest.mark.xfail(strict=True, reason="needs core closure_arrays")
+def test_eager_and_compiled_agree_with_float64_data():
+    """float32 parameters, float64 data (not differentiated): float64 eagerly and compiled."""
+    def loss_fn(w, x):
+        xp = unigrad.namespace(w, x)
+        return xp.sum(xp.tanh(x @ xp.astype(w, x.dtype)) ** 2) + 1e-10
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(3).astype(np.float32)
+    x = rng.standard_normal((5, 3))
+    eager = unigrad.value_and_grad(loss_fn, backend="jax")(w, x)
+    compiled = unigrad.value_and_grad(loss_fn, backend="jax", compile=True)(w, x)
+    assert eager[0].dtype == compiled[0].dtype == jnp.float64
+    assert eager[1].dtype == compiled[1].dtype == jnp.float32
+    np.testing.assert_allclose(_np(eager[0]), _np(compiled[0]), rtol=1e-12)
+    np.testing.assert_allclose(_np(eager[1]), _np(compiled[1]), rtol=1e-6)
+
+
 def test_x64_scope_is_thread_local():
     inside, release = threading.Event(), threading.Event()
     result = {}
@@ -539,3 +647,52 @@ def test_per_example_path_only_when_the_caller_says_f_is_separable():
             assert bool(calls) == declared
     finally:
         type(backend).per_example_jacobian = original
+
+
+@pytest.mark.parametrize("dtype", [">f8", ">f4", ">c16", ">i8", "<f8"])
+def test_non_native_byte_order_is_accepted_with_values_kept(dtype):
+    """Big-endian NumPy input (JAX rejects it by itself) converts to native order, dtype and values kept."""
+    values = np.array([0.5, -1.0, 2.0]) + (1j * np.array([1.0, 0.0, -1.0]) if dtype[1] == "c" else 0)
+    data = (values if dtype[1] != "i" else np.array([1, -2, 3])).astype(dtype)
+    a = unigrad.asarray(data, backend="jax")
+    assert a.dtype == np.dtype(dtype).newbyteorder("=")
+    np.testing.assert_array_equal(_np(a), data)
+    if dtype[1] == "i":
+        return
+    xp = unigrad.namespace
+    square = lambda x: xp(x).sum(xp(x).real(x * xp(x).conj(x)))  # noqa: E731
+    g = unigrad.grad(square, backend="jax")(data)
+    np.testing.assert_array_equal(_np(g), 2 * np.conj(data))
+    _, t = unigrad.jvp(lambda x: x * x, (data,), (data,), backend="jax")
+    np.testing.assert_array_equal(_np(t), 2 * data * data)
+    _, vjp_fn = unigrad.vjp(lambda x: x * 3, data, backend="jax")
+    (v,) = vjp_fn(data)
+    np.testing.assert_array_equal(_np(v), 3 * data)
+    scaled = unigrad.grad(lambda x, c: xp(x).sum(xp(x).real(x * c)), backend="jax", compile=True)
+    np.testing.assert_array_equal(_np(scaled(data, data)), data)
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "jacfwd", "hessian", "vmap", "grad_compiled"])
+def test_numpy_function_on_a_traced_array_is_a_clear_type_error(transform):
+    med = lambda v: np.median(v)  # noqa: E731
+    x = np.array([3.0, 1.0, 2.0, 0.0])
+    call = {"grad": lambda: unigrad.grad(med, backend="jax")(x),
+            "jvp": lambda: unigrad.jvp(med, (x,), (x,), backend="jax"),
+            "jacfwd": lambda: unigrad.jacfwd(med, backend="jax")(x),
+            "hessian": lambda: unigrad.hessian(med, backend="jax")(x),
+            "vmap": lambda: unigrad.vmap(med, backend="jax")(x[:, None]),
+            "grad_compiled": lambda: unigrad.grad(med, backend="jax", compile=True)(x)}[transform]
+    with pytest.raises(TypeError, match=r"NumPy function.*unigrad\.namespace\(x\)"):
+        call()
+
+
+def test_median_is_the_true_median():
+    g = unigrad.grad(lambda x: unigrad.namespace(x).median(x), backend="jax")(np.array([3.0, 1.0, 2.0, 0.0]))
+    np.testing.assert_array_equal(_np(g), [0.0, 0.5, 0.5, 0.0])
+    assert float(unigrad.namespace(jnp.ones(1)).median(jnp.asarray([3.0, 1.0, 2.0, 0.0]))) == 1.5
+
+
+@pytest.mark.parametrize("fname", ["max", "min"])
+def test_reduction_of_an_empty_array_raises_value_error(fname):
+    with pytest.raises(ValueError):
+        unigrad.grad(lambda x: getattr(unigrad.namespace(x), fname)(x), backend="jax")(np.zeros(0))

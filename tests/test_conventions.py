@@ -13,10 +13,27 @@ DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "conventions.md"
 
 # The tape's rule at each point (docs/tape.md); a change here is a change of documented behaviour.
 TAPE_RULES = {
-    "abs at 0": "0", "relu at 0": "0.5", "maximum tie": "0.5, 0.5", "minimum tie": "0.5, 0.5",
-    "max reduction tie": "[0.5, 0.5, 0]", "clip lower bound": "1", "clip upper bound": "1", "sqrt at 0": "inf",
-    "norm at 0": "[0, 0]", "where, NaN in untaken branch": "nan", "x ** 0 at 0": "0", "pow, base 0": "0",
-    "floor": "0", "round": "0", "sign at 0": "0",
+    "abs at 0": "0", "relu at 0": "0.5", "maximum(0, x) at 0": "0.5", "minimum(x, 0) at 0": "0.5",
+    "minimum(0, x) at 0": "0.5", "native relu at 0": "0.5", "maximum tie": "0.5, 0.5",
+    "maximum tie, swapped": "0.5, 0.5", "minimum tie": "0.5, 0.5", "minimum tie, swapped": "0.5, 0.5",
+    "max reduction tie": "[0.5, 0.5, 0]", "max of empty": "error: ValueError",
+    "median, even count": "error: AttributeError", "clip lower bound": "1", "clip upper bound": "1",
+    "sqrt at 0": "inf", "norm at 0": "[0, 0]", "safe_norm at 0": "[0, 0]", "where, NaN in untaken branch": "nan",
+    "where, log trap": "nan", "safe_where": "0", "x ** 0 at 0": "0", "x ** int 0 at 0": "0", "pow, base 0": "0",
+    "pow, negative base": "nan", "floor": "0", "round": "0", "sign at 0": "0",
+}
+
+# The rules unigrad promises on every backend (docs/conventions.md, "The rules chosen"): the backends
+# that already follow them must keep doing so.
+PROMISED = {
+    "x ** int 0 at 0": ("0", ["numpy", "torch", "jax"]),
+    "x ** 0 at 0": ("0", ["numpy", "torch"]),
+    "pow, negative base": ("nan", ["numpy", "torch", "jax"]),
+    "max of empty": ("error: ValueError", ["numpy", "torch", "jax"]),
+    "median, even count": ("[0, 0.5, 0.5, 0]", ["torch", "jax"]),
+    "where, log trap": ("nan", ["numpy", "torch", "jax", "tensorflow"]),  # the documented trap
+    "safe_where": ("0", ["numpy", "torch", "jax", "tensorflow"]),
+    "safe_norm at 0": ("[0, 0]", ["numpy", "torch", "jax", "tensorflow"]),
 }
 
 
@@ -39,6 +56,25 @@ def test_conventions_doc_is_what_the_backends_return_now():
                 assert doc_row[backend] == cell, (
                     f"docs/conventions.md says {backend} gives {doc_row[backend]} for {expressions[name]}, "
                     f"but it now gives {cell}: regenerate with python -m unigrad.testing.conventions --write")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_promised_rules_hold_on_every_backend_that_follows_them():
+    available = [n for n, info in unigrad.backends().items() if info["available"]]
+    names = {name for name in PROMISED}
+    kinks = [k for k in conventions.KINKS if k.name in names]
+    measured = conventions.measure(available, kinks=kinks)
+    for name, (cell, backends) in PROMISED.items():
+        for backend in backends:
+            if backend in available:
+                assert measured[name][backend] == cell, (name, backend)
+
+
+def test_the_doc_has_one_row_per_measured_point_and_says_how_to_regenerate():
+    text = DOC.read_text()
+    documented = conventions.parse(text)
+    assert list(documented) == [k.expression for k in conventions.KINKS]
+    assert "python -m unigrad.testing.conventions --write docs/conventions.md" in text
 
 
 def test_measure_catches_a_changed_rule(monkeypatch):

@@ -11,6 +11,7 @@ from ._api import (asarray, batched_jacobian, check_batch_independence, grad, he
                    jacrev, jvp, namespace, to_numpy, value_and_grad, vjp, vmap)
 from ._registry import (backends, get_backend, register_backend, set_backend, unregister_backend, use_backend,
                         use_device)
+from ._safe import safe_norm, safe_where
 from .backend import Backend, Capabilities
 
 __version__ = "0.1.0"
@@ -18,7 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
     "check_batch_independence", "hessian", "hvp", "vmap",
-    "namespace", "asarray", "to_numpy",
+    "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",
 ]

@@ -4,13 +4,27 @@ JAX's own conventions are the house conventions (complex gradients, zeros for
 unused inputs), so the adapter mostly passes through. The one thing it adds
 is float64 without a global switch: JAX truncates 64-bit values to 32 bits
 unless ``jax_enable_x64`` is on. Flipping that flag would change every other
-JAX user in the process, so every transform, conversion and compiled call
-that touches 64-bit data runs inside the scoped, thread-local
-``jax.enable_x64(True)`` context instead, and only then.
+JAX user in the process, so transforms, conversions and compiled calls run
+inside the scoped, thread-local ``jax.enable_x64(True)`` context instead, and
+only when one rule says so:
 
-Limitation: 64-bit is detected on the values the backend is handed (primals,
-tangents, cotangents, arguments of compiled and mapped calls). A float64
-array that ``f`` only closes over, with 32-bit primals, is computed as JAX
+  A call runs under x64 iff some *floating-point or complex* input array of the
+  call is 64-bit (float64, complex128): a differentiated input, a tangent or
+  cotangent, or a non-differentiated array argument (which reaches the adapter
+  as ``f.closure_arrays`` of the flat function, or as an argument of a compiled
+  program). Integer arrays never decide.
+
+Eager and compiled calls follow the same rule, so they compute in the same
+precision. It is NumPy's and torch's promotion: float32 data with int64 labels
+computes in float32 (JAX then computes the labels in int32, as it does without
+x64: integer values beyond the int32 range are not kept), and one float64 array
+makes the whole call float64.
+
+Conversions (``asarray``, ``cast``, ``zeros``...) keep every dtype exactly,
+int64 included.
+
+Limitation: a float64 JAX array that ``f`` closes over by itself (not an
+argument of the transformed call), with 32-bit inputs, is computed as JAX
 computes it without x64: in 32 bits. So is code the user runs on float64 JAX
 arrays outside unigrad's transforms.
 """
@@ -33,27 +47,60 @@ __all__ = ["JaxBackend"]
 
 # Dtypes JAX truncates to 32 bits outside the x64 context, by type code (hashing a dtype costs more
 # than the rest of the test; two codes can name one dtype, e.g. 'l' and 'q' for int64 on Linux).
+# _WIDE_CHARS: every 64-bit dtype (conversions keep them all); _WIDE_FLOAT_CHARS: the floating and
+# complex ones, which alone decide the precision of a computation (see the module docstring).
 _WIDE = frozenset(np.dtype(n) for n in ("float64", "complex128", "int64", "uint64"))
 _WIDE_CHARS = frozenset(c for c in np.typecodes["All"] if np.dtype(c) in _WIDE)
+_WIDE_FLOAT_CHARS = frozenset(c for c in _WIDE_CHARS if np.dtype(c).kind in "fc")
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-def _wide(arrays) -> bool:
-    """Is some array in ``arrays`` 64-bit?"""
+def _wide(arrays, chars=_WIDE_FLOAT_CHARS) -> bool:
+    """Is some array in ``arrays`` of a dtype in ``chars`` (default: float64 or complex128)?"""
     for a in arrays:
         d = getattr(a, "dtype", None)
-        if d is not None and getattr(d, "char", None) in _WIDE_CHARS:
+        if d is not None and getattr(d, "char", None) in chars:
             return True
     return False
 
 
-def _x64(*groups):
-    """The scoped x64 context when some array in ``groups`` is 64-bit and x64 is not on already."""
+def _x64(f, *groups):
+    """The scoped x64 context for a computation of flat ``f`` on the arrays in ``groups``: when some
+    floating or complex array among them or among the arrays ``f`` closes over (``f.closure_arrays``,
+    set by the core) is 64-bit, and x64 is not on already. ``f`` may be None."""
     if not jax.config.jax_enable_x64:  # reads the thread-local value first, so nesting is free
+        if f is not None and _wide(getattr(f, "closure_arrays", ())):
+            return jax.enable_x64(True)
         for group in groups:
             if _wide(group):
                 return jax.enable_x64(True)
     return _NO_CONTEXT
+
+
+def _x64_dtypes(*dtypes):
+    """The scoped x64 context when one of ``dtypes`` (NumPy dtypes) is 64-bit, integers too: conversions
+    keep dtypes."""
+    if not jax.config.jax_enable_x64:
+        for d in dtypes:
+            if d.char in _WIDE_CHARS:
+                return jax.enable_x64(True)
+    return _NO_CONTEXT
+
+
+def _numpy_calls_rejected(method):
+    """``method`` with JAX's error for a NumPy function called on a traced value inside ``f``
+    (``np.median(x)``: ``TracerArrayConversionError``) turned into a TypeError that says what to use."""
+    @functools.wraps(method)
+    def checked(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except jax.errors.TracerArrayConversionError as exc:
+            raise TypeError(
+                "a NumPy function (np.median, np.asarray...) was called inside the function on a JAX array "
+                "that unigrad is differentiating, mapping or compiling: NumPy cannot carry its derivative. "
+                "Use the array namespace instead: xp = unigrad.namespace(x); xp.median(x)") from exc
+
+    return checked
 
 
 def _traced(arrays) -> bool:
@@ -213,6 +260,8 @@ class JaxBackend(Backend):
         """A jax array from NumPy data, a Python scalar or list, or another framework's array.
 
         Always under x64, so the dtype is kept exactly (int64 stays int64, float64 stays float64).
+        Non-native byte order (``'>f8'`` on a little-endian machine), which JAX rejects, is converted
+        to native order, values kept.
         """
         with jax.enable_x64(True):
             if not isinstance(x, (np.ndarray, np.generic)) and hasattr(x, "__dlpack__"):
@@ -220,7 +269,10 @@ class JaxBackend(Backend):
                     return jnp.from_dlpack(x)  # zero-copy where the producer allows it
                 except Exception:  # e.g. a torch tensor that requires grad, negative strides, another device
                     x = unigrad.to_numpy(x)
-            return jnp.asarray(np.asarray(x))
+            x = np.asarray(x)
+            if not x.dtype.isnative:
+                x = x.astype(x.dtype.newbyteorder("="))
+            return jnp.asarray(x)
 
     def to_numpy(self, x):
         return np.asarray(x)
@@ -230,52 +282,56 @@ class JaxBackend(Backend):
 
     def cast(self, x, dtype):
         target = jnp.dtype(dtype)
-        with _x64((x,), (np.empty(0, target),)):
+        with _x64_dtypes(x.dtype, target):
             return x.astype(target)
 
     def zeros_like(self, x):
-        with _x64((x,)):
+        with _x64_dtypes(x.dtype):
             return jnp.zeros_like(x)
 
     def ones_like(self, x):
-        with _x64((x,)):
+        with _x64_dtypes(x.dtype):
             return jnp.ones_like(x)
 
     def zeros(self, shape, dtype, device=None):
         target = jnp.dtype(dtype)
-        with _x64((np.empty(0, target),)):
+        with _x64_dtypes(target):
             out = jnp.zeros(tuple(shape), dtype=target)
             return out if device is None else jax.device_put(out, device)
 
     def stop_gradient(self, x):
-        with _x64((x,)):
+        with _x64_dtypes(x.dtype):
             return lax.stop_gradient(x)
 
+    @_numpy_calls_rejected
     def evaluate(self, f, primals):
-        """``f(*primals)`` outside any transform, under x64 when a primal is 64-bit.
+        """``f(*primals)`` outside any transform, under x64 by the module's rule (a 64-bit floating
+        primal or closure array).
 
         The core's plain forward evaluations go through it (``Backend.evaluate``).
         """
         primals = tuple(primals)
-        with _x64(primals):
+        with _x64(f, primals):
             return f(*primals)
 
     # ------------------------------------------------------------------ vjp / jvp
+    @_numpy_calls_rejected
     def vjp(self, f, primals, *, has_aux=False):
         primals = tuple(primals)
-        with _x64(primals):
+        with _x64(f, primals):
             outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
 
         def vjp_fn(cotangents):
             cotangents = tuple(cotangents)
-            with _x64(primals, cotangents):
+            with _x64(f, primals, cotangents):
                 return tuple(pullback(_like(cotangents, outputs)))
 
         return outputs, vjp_fn, aux
 
+    @_numpy_calls_rejected
     def jvp(self, f, primals, tangents, *, has_aux=False):
         primals, tangents = tuple(primals), tuple(tangents)
-        with _x64(primals, tangents):
+        with _x64(f, primals, tangents):
             tangents = _like(tangents, primals)
             if has_aux:
                 outputs, tangents_out, aux = jax.jvp(f, primals, tangents, has_aux=True)
@@ -284,10 +340,11 @@ class JaxBackend(Backend):
         return tuple(outputs), tuple(tangents_out), aux
 
     # ------------------------------------------------------------------ Jacobians
+    @_numpy_calls_rejected
     def jacrev(self, f, primals, *, chunk_size=None, has_aux=False):
         """One VJP, its pullback vmapped over the unit cotangents (``chunk_size`` at a time)."""
         primals = tuple(primals)
-        with _x64(primals):
+        with _x64(f, primals):
             outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
             basis = _Basis([o.shape for o in outputs], [o.dtype for o in outputs])
             rows = basis.map(lambda *g: tuple(pullback(g)), chunk_size, _traced(primals))  # (n_out, *primal.shape)
@@ -296,10 +353,11 @@ class JaxBackend(Backend):
                         for o, offset in zip(outputs, basis.offsets))
         return outputs, jac, aux
 
+    @_numpy_calls_rejected
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
         """JVPs vmapped over the unit tangents (``chunk_size`` at a time)."""
         primals = tuple(primals)
-        with _x64(primals):
+        with _x64(f, primals):
             basis = _Basis([p.shape for p in primals], [p.dtype for p in primals])
             outputs, columns, aux = _push_basis(f, primals, basis, chunk_size, has_aux)
             jac = []
@@ -309,6 +367,7 @@ class JaxBackend(Backend):
                                  for p, offset in zip(primals, basis.offsets)))
         return outputs, tuple(jac), aux
 
+    @_numpy_calls_rejected
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """Per-example Jacobians by the sum trick, vectorised over the per-example size, never over B.
 
@@ -321,9 +380,10 @@ class JaxBackend(Backend):
         the core to let a backend call ``f`` on a batch of one, and ``f(x)[i] == f(x[i:i+1])[0]``.
         """
         primals = tuple(primals)
-        with _x64(primals):
+        with _x64(f, primals):
             return _sum_trick(f, primals, primals[0].shape[0], mode, chunk_size, has_aux, _traced(primals))
 
+    @_numpy_calls_rejected
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """``jax.vmap`` over examples of the Jacobian of a batch-of-one call (the core has checked that
         ``f`` may be evaluated one example at a time).
@@ -354,24 +414,27 @@ class JaxBackend(Backend):
                         for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets))
             return outputs, jac
 
-        with _x64(primals):
+        with _x64(f, primals):
             outputs, jac = jax.vmap(jacobian_one)(*primals)
         return tuple(outputs), tuple(tuple(row) for row in jac), None
 
     # ------------------------------------------------------------------ second order
+    @_numpy_calls_rejected
     def hessian(self, f, primals, *, chunk_size=None):
         """``jacfwd`` of ``jax.grad``: forward over reverse, ``chunk_size`` tangents at a time."""
         primals = tuple(primals)
         argnums = tuple(range(len(primals)))
         gradient = jax.grad(lambda *p: f(*p)[0], argnums=argnums)
-        _, jac, _ = self.jacfwd(lambda *p: tuple(gradient(*p)), primals, chunk_size=chunk_size)
+        with _x64(f, primals):  # the wrapper below no longer carries f's closure arrays
+            _, jac, _ = self.jacfwd(lambda *p: tuple(gradient(*p)), primals, chunk_size=chunk_size)
         return jac
 
+    @_numpy_calls_rejected
     def hvp(self, f, primals, tangents):
         """``jax.jvp`` of ``jax.grad``: one forward-over-reverse sweep, no Hessian."""
         primals, tangents = tuple(primals), tuple(tangents)
         gradient = jax.grad(lambda *p: f(*p)[0], argnums=tuple(range(len(primals))))
-        with _x64(primals, tangents):
+        with _x64(f, primals, tangents):
             _, hv = jax.jvp(gradient, primals, _like(tangents, primals))
         return tuple(hv)
 
@@ -380,8 +443,9 @@ class JaxBackend(Backend):
         in_axes = tuple(in_axes)
         vectorised = jax.vmap(lambda *a: tuple(f(*a)), in_axes=in_axes, out_axes=out_axes)
 
+        @_numpy_calls_rejected
         def mapped(*args):
-            with _x64(args):
+            with _x64(f, args):
                 size = next(a.shape[ax] for a, ax in zip(args, in_axes) if ax is not None)
                 if chunk_size is None or chunk_size >= size:
                     return tuple(vectorised(*args))
@@ -390,12 +454,16 @@ class JaxBackend(Backend):
         return mapped
 
     def compile(self, fn):
-        """``jax.jit(fn)``, traced and run under x64 when an argument is 64-bit (jit caches per x64 state)."""
+        """``jax.jit(fn)``, traced and run under x64 by the module's rule: when a floating or complex
+        argument is 64-bit (the compiled program receives every array of the call as an argument;
+        integer arguments never decide). jit caches per x64 state."""
         jitted = jax.jit(fn)
+        closure = getattr(fn, "closure_arrays", ())
 
+        @_numpy_calls_rejected
         @functools.wraps(fn)
         def compiled(*args):  # the hot path of every compiled call: no context manager unless needed
-            if not jax.config.jax_enable_x64 and _wide(args):
+            if not jax.config.jax_enable_x64 and (_wide(args) or _wide(closure)):
                 with jax.enable_x64(True):
                     return jitted(*args)
             return jitted(*args)

@@ -5,15 +5,22 @@ they nest to any order and compose with the caller's own ``torch.func`` code.
 What this adapter adds to ``torch.func`` is the part of the contract torch does
 not give by itself:
 
-* Grad mode and inference mode: the transforms run with grad enabled and
-  inference mode off *locally*, whatever the caller's mode, and inference
-  tensors (which autograd cannot save) are copied first. The caller's modes
-  are restored on the way out, also when ``f`` raises.
+* Grad mode and inference mode: the transforms work under ``torch.no_grad()``
+  and ``torch.inference_mode()``. Inference mode is left *locally* (inference
+  tensors, which autograd cannot save, are copied first); the caller's grad mode
+  is kept, as ``torch.func`` keeps it: its transforms differentiate ``f`` at
+  their own level whatever the outer mode. So under ``no_grad`` the results are
+  plain tensors with no graph, even for inputs that require grad, and no graph
+  outlives the call; with grad on, a result stays differentiable by
+  ``torch.autograd`` (as ``torch.func``'s). The caller's modes are restored on
+  the way out, also when ``f`` raises.
 * Thread safety: torch's forward-mode dual level is process-global, so all
   forward-mode work of this backend holds one re-entrant lock.
 * Complex numbers: torch's reverse mode returns the conjugate of unigrad's
   (JAX's) convention; cotangents are conjugated going in and results coming out.
 * Non-tensor ``aux`` leaves pass through (``torch.func`` accepts only tensors there).
+* The namespace (``_namespace``): ``array_api_compat.torch`` with unigrad's rules where torch's
+  differ (empty ``max``, ``median``, functions of a Hermitian matrix).
 * Conversion: NumPy arrays with negative strides, read-only or non-native byte
   order, ml_dtypes bfloat16, DLPack producers, unigrad device strings.
 """
@@ -28,9 +35,10 @@ import threading
 import numpy as np
 import torch
 import torch.func
-from array_api_compat import torch as _torch_namespace
 
 from unigrad import Backend, Capabilities
+
+from . import _namespace as _torch_namespace
 
 __all__ = ["TorchBackend"]
 
@@ -150,7 +158,7 @@ class TorchBackend(Backend):
 
     # ------------------------------------------------------------------ first order
     def vjp(self, f, primals, *, has_aux=False):
-        with _autograd_on():
+        with _caller_grad_mode(), _numpy_calls_rejected():
             primals = _usable(primals)
             if not primals:  # torch.func refuses an empty primal list; nothing to differentiate
                 outputs, aux = _call(f, (), has_aux)
@@ -164,9 +172,10 @@ class TorchBackend(Backend):
                 aux = None
 
         def vjp_fn(cotangents):
-            # torch's pullback builds a graph for higher derivatives exactly when grad mode is on
-            # (it is inside every transform here), and leaves inference mode by itself.
-            with torch.inference_mode(False):
+            # torch's pullback builds a graph (for higher derivatives) exactly when grad mode is on:
+            # it is inside an enclosing transform's level, and it is not under the caller's no_grad,
+            # where the gradients must come back as plain tensors.
+            with _caller_grad_mode():
                 cotangents = tuple(_conj(_on_device_of(c, o)) for c, o in zip(_usable(cotangents), outputs))
                 grads = pullback(cotangents)
             return tuple(_conj(g) for g in grads)
@@ -174,7 +183,7 @@ class TorchBackend(Backend):
         return tuple(outputs), vjp_fn, aux
 
     def jvp(self, f, primals, tangents, *, has_aux=False):
-        with _FORWARD_LOCK, _autograd_on():
+        with _FORWARD_LOCK, _caller_grad_mode(), _numpy_calls_rejected():
             primals = _usable(primals)
             tangents = tuple(_on_device_of(t, p) for t, p in zip(_usable(tangents), primals))
             if not primals:
@@ -196,9 +205,10 @@ class TorchBackend(Backend):
 
         def call(*args):
             size = next(a.shape[ax] for a, ax in zip(args, in_dims) if ax is not None)
-            if size == 0:
-                return _vmap_empty(f, args, in_dims, out_axes)
-            return tuple(mapped(*args))
+            with _numpy_calls_rejected():
+                if size == 0:
+                    return _vmap_empty(f, args, in_dims, out_axes)
+                return tuple(mapped(*args))
 
         return call
 
@@ -217,7 +227,7 @@ class TorchBackend(Backend):
 
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
         """JVPs of the input basis, vmapped by ``torch.func.vmap``, ``chunk_size`` columns at a time."""
-        with _FORWARD_LOCK, _autograd_on():
+        with _FORWARD_LOCK, _caller_grad_mode(), _numpy_calls_rejected():
             primals = _usable(primals)
             templates = [(p.shape, p.dtype, p.device) for p in primals]
             outputs, pushed, aux = _push_unit_rows(f, primals, templates, None, chunk_size, has_aux)
@@ -239,7 +249,7 @@ class TorchBackend(Backend):
         2.1 ms vs 4.9 ms (a Python loop over B: 270 ms).
         """
         if mode == "fwd":
-            with _FORWARD_LOCK, _autograd_on():
+            with _FORWARD_LOCK, _caller_grad_mode(), _numpy_calls_rejected():
                 primals = _usable(primals)
                 batch = primals[0].shape[0]
                 templates = [(p.shape[1:], p.dtype, p.device) for p in primals]
@@ -307,10 +317,37 @@ class TorchBackend(Backend):
 # ---------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _autograd_on():
-    """Grad mode on and inference mode off inside; the caller's modes come back after, also on errors."""
-    with torch.inference_mode(False), torch.enable_grad():
+def _caller_grad_mode():
+    """Inference mode off inside, grad mode as the caller has it; the caller's modes come back after,
+    also on errors.
+
+    ``torch.inference_mode(False)`` alone would switch grad mode on, and an outer level with grad on
+    records a graph from every input that requires grad into the results (the ``grad_fn`` of a
+    gradient computed under the caller's ``no_grad``). ``torch.func`` enables grad at its own levels.
+    """
+    grad_enabled = torch.is_grad_enabled()  # False under inference mode
+    with torch.inference_mode(False), torch.set_grad_enabled(grad_enabled):
         yield
+
+
+@contextlib.contextmanager
+def _numpy_calls_rejected():
+    """A NumPy function called inside ``f`` on a tensor being transformed (``np.median(x)``) ends in
+    torch's ``Tensor.__array__``, which raises a RuntimeError about ``numpy()``/``requires grad`` (or
+    about batched tensors); that becomes a TypeError that says what happened and what to use instead."""
+    try:
+        yield
+    except RuntimeError as exc:
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "__array__" and "torch" in code.co_filename:
+                raise TypeError(
+                    "a NumPy function (np.median, np.asarray...) was called inside the function on a torch "
+                    "tensor that unigrad is differentiating or mapping: NumPy cannot carry its derivative. "
+                    "Use the array namespace instead: xp = unigrad.namespace(x); xp.median(x)") from exc
+            tb = tb.tb_next
+        raise
 
 
 def _usable(arrays):

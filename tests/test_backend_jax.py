@@ -262,7 +262,6 @@ def test_eager_and_compiled_agree_with_int64_labels():
         np.testing.assert_array_equal(_np(e), _np(c))
 
 
-@pytest.mark.xfail(strict=True, reason="needs core closure_arrays")
 def test_eager_and_compiled_agree_with_float64_data():
     """float32 parameters, float64 data (not differentiated): float64 eagerly and compiled."""
     def loss_fn(w, x):

@@ -6,8 +6,7 @@ compares the sharded call with the same call on unsharded arrays (float64, under
 context) and reads the output's sharding: per-example results stay sharded along the batch axis,
 gradients of replicated parameters stay replicated.
 
-A case that fails today is marked ``xfail(strict=True)`` with the cause: when the fix lands, the
-test passes, strict xfail reports it, and the mark comes off.
+Every transform keeps a batch sharded along the batch axis and parameters replicated.
 """
 
 from __future__ import annotations
@@ -121,14 +120,8 @@ def _check(case, batch_axes, replicated=False, per_leaf=None):
             assert any(spec[a] == "batch" for a in axes), f"expected sharded along a batch axis, got {spec}"
 
 
-_PROBE_DEVICE = ("JaxBackend.device(x) returns x.sharding (a NamedSharding) for an array on several devices "
-                 "(backends/unigrad_jax/__init__.py:197), and batched_jacobian's independence probe "
-                 "(unigrad/_api.py:1108) passes it back as asarray(..., device=...), which only accepts a "
-                 "device name or a jax.Device (backends/unigrad_jax/__init__.py:172): TypeError. Fix: "
-                 "_device/asarray accept a jax.sharding.Sharding (device_put to it)")
 
 
-@pytest.mark.xfail(strict=True, reason=_PROBE_DEVICE)
 def test_batched_jacobian(report):
     _check(report["batched_jacobian"], batch_axes=[0])
 
@@ -158,8 +151,6 @@ def test_jacobian(report):
     _check(report["jacobian"], batch_axes=[0, 2])
 
 
-@pytest.mark.xfail(strict=True, reason="the same cause, in the core's _check_like (unigrad/_api.py:94): a cotangent "
-                   "that is not a JAX array is placed with asarray(device=b.device(primal)), a NamedSharding")
 def test_vjp_with_a_numpy_cotangent(report):
     # the cotangent pulled back to x (sharded along the batch) and to w (replicated)
     _check(report["vjp_numpy_cotangent"], None, per_leaf=[([0], False), ([], True)])

@@ -212,8 +212,9 @@ class JaxBackend(Backend):
         return tuple(names)
 
     def _device(self, device):
-        """A unigrad device string ("cpu", "cuda", "cuda:1", "gpu", "gpu:1") or a jax.Device -> jax.Device."""
-        if isinstance(device, jax.Device):
+        """A unigrad device string ("cpu", "cuda", "cuda:1", "gpu", "gpu:1"), a jax.Device or a sharding
+        (what ``device(x)`` returns for an array spread over several devices) -> where to place."""
+        if isinstance(device, (jax.Device, jax.sharding.Sharding)):
             return device
         if not isinstance(device, str):
             raise TypeError(f"device must be a device name like 'cpu' or 'cuda:0', or a jax.Device; "
@@ -252,7 +253,10 @@ class JaxBackend(Backend):
             x = self._import(x)
         if target is not None and x.dtype != target:
             x = self.cast(x, target.name)
-        if place is not None and place not in x.devices():
+        if isinstance(place, jax.sharding.Sharding):  # keep a batch sharded as its reference is
+            if x.sharding != place:
+                x = jax.device_put(x, place)
+        elif place is not None and place not in x.devices():
             x = jax.device_put(x, place)
         return x
 

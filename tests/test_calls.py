@@ -356,3 +356,21 @@ def test_transform_suites_pass_with_every_cache_off():
                            *[os.path.join(here, m) for m in modules]],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------ evaluate
+
+@pytest.mark.skipif(not HAVE["jax"], reason="jax not installed")
+def test_evaluate_runs_f_as_the_transforms_do():
+    x = np.array([1.0 + 1e-12, 2.0])  # float64: JAX alone would compute it in float32
+
+    def f(x, k):
+        xp = unigrad.namespace(x)
+        return xp.sum(x * k) - 3.0
+
+    out = unigrad.evaluate(f, x, 1, backend="jax")
+    assert str(out.dtype) == "float64"
+    assert float(out) == pytest.approx(1e-12, abs=1e-15)
+    value, _ = unigrad.value_and_grad(f, backend="jax")(x, 1)
+    assert float(out) == float(value)
+    np.testing.assert_array_equal(unigrad.evaluate(lambda x: x * 2, np.arange(3.0)), [0.0, 2.0, 4.0])

@@ -7,8 +7,8 @@ NumPy tape (the default) or on PyTorch, JAX, TensorFlow or a plugin backend.
 ``import unigrad`` imports no framework: backends load when first asked for.
 """
 
-from ._api import (asarray, batched_jacobian, check_batch_independence, grad, hessian, hvp, jacfwd, jacobian,
-                   jacrev, jvp, namespace, to_numpy, value_and_grad, vjp, vmap)
+from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate, grad, hessian, hvp, jacfwd,
+                   jacobian, jacrev, jvp, namespace, to_numpy, value_and_grad, vjp, vmap)
 from ._registry import (backends, get_backend, register_backend, set_backend, unregister_backend, use_backend,
                         use_device)
 from ._safe import safe_norm, safe_where
@@ -16,9 +16,17 @@ from .backend import Backend, Capabilities
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    if name == "dask":  # unigrad.dask without a separate import; dask itself loads only when used
+        import importlib
+
+        return importlib.import_module(".dask", __name__)
+    raise AttributeError(f"module 'unigrad' has no attribute {name!r}")
+
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
-    "check_batch_independence", "hessian", "hvp", "vmap",
+    "check_batch_independence", "hessian", "hvp", "vmap", "evaluate",
     "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",

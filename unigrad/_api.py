@@ -16,14 +16,15 @@ import optree
 
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
-from ._call import _LEAF, BoundedCache, Call, execute, prepare, reject_lazy, unflatten
+from ._call import _LEAF, BoundedCache, Call, arguments, execute, prepare, reject_lazy, unflatten
+from ._call import _is_dynamic as is_dynamic
 from . import _memory
 from ._checks import check_chunk, check_mode, scalar_check
 from ._dtypes import dtype_name
 
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
-    "hessian", "hvp", "vmap", "namespace", "asarray", "to_numpy", "check_batch_independence",
+    "hessian", "hvp", "vmap", "evaluate", "namespace", "asarray", "to_numpy", "check_batch_independence",
 ]
 
 _PY_SCALARS = (bool, int, float, complex)
@@ -452,6 +453,54 @@ def hvp(f: Callable, primals, tangents, backend=None):
     tan_leaves = _tangent_leaves(call, tangents, "hvp")
     scalar_check(b, b.evaluate(call.flat_f, call.diff), "hvp")
     return call.inputs_like(b.hvp(call.flat_f, call.diff, tan_leaves))
+
+
+def evaluate(f: Callable, *args, backend=None, device=None):
+    """``f(*args)`` evaluated exactly as unigrad's transforms evaluate it.
+
+    The arguments' arrays (NumPy arrays, NumPy floating scalars, other backends' arrays) are
+    converted to the backend with their dtypes kept, placed on ``device``, ``unigrad.namespace``
+    inside ``f`` answers with the backend's namespace, and the backend's own set-up applies -- on
+    JAX, the scoped 64-bit mode when a floating input is 64-bit. Calling ``f`` directly on JAX
+    arrays outside a transform computes float64 inputs in float32 (JAX's default), silently; this
+    does not.
+
+    Args:
+      f: any function of arrays (pytrees allowed).
+      *args: its arguments; non-array arguments reach ``f`` unchanged.
+      backend: backend name or object (default by selection order).
+      device: place the arrays on this device.
+
+    Returns:
+      What ``f`` returns, with the backend's arrays.
+
+    Example:
+      >>> unigrad.evaluate(lambda x: x * 2, np.arange(3.0))
+      array([0., 2., 4.])
+    """
+    leaves, treedef, _ = arguments(args, "evaluate")
+    b = _registry.resolve(backend, leaves)
+    if device is None:
+        device = _registry.current_device()
+    converted, arrays = [], []
+    for x in leaves:
+        if b.is_array(x) or is_dynamic(x):
+            x = _checks.convert(b, x, "an argument of evaluate")
+            if device is not None:
+                x = b.asarray(x, device=device)
+            arrays.append(x)
+        converted.append(x)
+    call_args = converted if treedef is None else optree.tree_unflatten(treedef, converted)
+
+    def run():
+        token = _registry.active_backend.set(b)
+        try:
+            return f(*call_args)
+        finally:
+            _registry.active_backend.reset(token)
+
+    run.closure_arrays = tuple(arrays)
+    return b.evaluate(run, ())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
     python benchmarks/run.py [--quick] [--json PATH]     (also: unigrad bench [--quick])
 
 Benchmarks report ratios against a native or peer implementation measured in the same run;
-absolute times depend on the machine and are shown only for scale.
+absolute times depend on the machine and are shown only for scale. Each ratio is the median of
+per-round ratios; the runner also keeps how far the rounds spread, and says so when a ratio is
+too noisy to read (a shared machine, or ``--quick``'s three rounds).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -22,6 +25,68 @@ import bench_batched_jacobian  # noqa: E402
 import bench_tape  # noqa: E402
 
 import unigrad  # noqa: E402
+
+#: A ratio is too noisy to read when its rounds spread over more than this fraction of the median.
+NOISE_LIMIT = 0.10
+#: From this many rounds on, the spread is the middle half of the rounds (one spike does not count).
+ROBUST_ROUNDS = 8
+
+
+class Ratio(float):
+    """A median ratio that remembers its per-round ratios (it prints and serialises as the float)."""
+
+    per_round: tuple[float, ...] = ()
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """``(low, high)``: the interquartile range of the per-round ratios (the whole range with few rounds)."""
+        values = sorted(self.per_round)
+        if len(values) >= ROBUST_ROUNDS:
+            q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+            return q1, q3
+        return values[0], values[-1]
+
+    @property
+    def noisy(self) -> bool:
+        low, high = self.spread
+        return len(self.per_round) < 2 or (high - low) > NOISE_LIMIT * abs(float(self))
+
+
+def ratio_with_rounds(rounds, i, j):
+    """The benchmarks' ``ratio`` (median of per-round ratios), keeping the per-round values."""
+    per_round = tuple(r[i] / r[j] for r in rounds)
+    value = Ratio(statistics.median(per_round))
+    value.per_round = per_round
+    return value
+
+
+# The benchmark modules compute every ratio through ``ratio``; the runner hands them the version
+# that remembers the rounds, so it can judge noise without the modules knowing.
+bench_tape.ratio = ratio_with_rounds
+bench_batched_jacobian.ratio = ratio_with_rounds
+
+
+def ratios(results, path=()):
+    """``(path, Ratio)`` for every ratio in ``results`` (nested dicts), in order."""
+    for key, value in results.items():
+        if isinstance(value, Ratio):
+            yield (*path, key), value
+        elif isinstance(value, dict):
+            yield from ratios(value, (*path, key))
+
+
+def noise_report(results) -> tuple[dict, list[str]]:
+    """Per ratio, its median, spread and verdict (for the JSON), and one warning line per noisy ratio."""
+    table, warnings = {}, []
+    for path, value in ratios(results):
+        low, high = value.spread
+        name = ".".join(path)
+        table[name] = {"median": float(value), "low": low, "high": high, "rounds": len(value.per_round),
+                       "noisy": value.noisy}
+        if value.noisy:
+            warnings.append(f"  {name} = {float(value):.2f} is too noisy to read: the rounds gave {low:.2f}-"
+                            f"{high:.2f} ({len(value.per_round)} rounds)")
+    return table, warnings
 
 
 def main(argv=None) -> int:
@@ -37,6 +102,11 @@ def main(argv=None) -> int:
     names = [n for n in ("jax", "torch", "tensorflow") if n in results["versions"]]
     results["batched_jacobian"] = bench_batched_jacobian.run(names, args.quick)
     bench_batched_jacobian.report(results["batched_jacobian"])
+    results["noise"], warnings = noise_report(results)
+    if warnings:
+        print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "
+              f"{'run without --quick, ' if args.quick else ''}on a quieter machine):")
+        print("\n".join(warnings))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import runpy
 import subprocess
 import sys
 import textwrap
@@ -321,17 +320,3 @@ def test_examples_check_on_every_installed_backend(unigrad_backends, target):
     extra = ["--jacobian", "no"] if target.endswith("jacobian_penalty") else []
     code, text = run(["check", str(EXAMPLES / target), "--backends", ",".join(unigrad_backends), *extra])
     assert code == 0, text
-
-
-@pytest.mark.parametrize("example", ["mlp_loss.py", "per_example_jacobian.py"])
-def test_examples_run(unigrad_backends, example, capsys):
-    runpy.run_path(str(EXAMPLES / example), run_name="__main__")
-    lines = capsys.readouterr().out.splitlines()
-    installed = [name for name, info in unigrad.backends().items() if info["available"]]
-    assert [line.split(":")[0].strip() for line in lines] == sorted(installed, key=lambda n: n != "numpy")
-    if example == "per_example_jacobian.py":
-        for line in lines:
-            assert "(6, 3, 4)" in line
-            assert float(line.rsplit(":", 1)[1]) < 1e-12  # matches the hand-written Jacobians
-    else:
-        assert all("loss = 0.6134800918" in line for line in lines)

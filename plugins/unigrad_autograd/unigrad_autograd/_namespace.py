@@ -20,8 +20,7 @@ _SHARED = [
     "sqrt", "square", "sign", "negative", "floor", "ceil", "round", "real", "imag", "conj",
     "isnan", "isinf", "isfinite", "add", "subtract", "multiply", "divide", "maximum", "minimum", "logaddexp",
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
-    "sum", "prod", "mean", "max", "min", "reshape", "stack", "expand_dims", "squeeze", "flip",
-    "broadcast_to", "clip", "matmul", "tensordot", "zeros_like", "ones_like", "full_like",
+    "sum", "prod", "mean", "max", "min", "reshape", "stack", "expand_dims", "squeeze", "flip", "clip", "matmul", "tensordot", "zeros_like", "ones_like", "full_like",
 ]
 globals().update({name: getattr(anp, name) for name in _SHARED})
 
@@ -48,11 +47,20 @@ def astype(x, dtype, /, *, copy=True, device=None):
     return x.astype(dtype)  # ArrayBox.astype is differentiable
 
 
+def broadcast_to(x, /, shape):
+    # autograd's rule for broadcast_to cannot add leading axes: add them with a reshape first
+    shape = tuple(shape)
+    x_shape = anp.shape(x)
+    if len(x_shape) < len(shape):
+        x = anp.reshape(x, (1,) * (len(shape) - len(x_shape)) + x_shape)
+    return anp.broadcast_to(x, shape)
+
+
 def where(condition, x1, x2, /):
     # autograd's rule for where does not undo broadcasting (a (1,) branch beside a (2,) one gets a
     # (2,) cotangent); broadcasting both branches first lets broadcast_to's rule undo it.
     shape = np.broadcast_shapes(anp.shape(condition), anp.shape(x1), anp.shape(x2))
-    return anp.where(condition, anp.broadcast_to(x1, shape), anp.broadcast_to(x2, shape))
+    return anp.where(condition, broadcast_to(x1, shape), broadcast_to(x2, shape))
 
 
 def matrix_transpose(x, /):

@@ -1,6 +1,7 @@
 """The benchmark suite's runner: every benchmark in one process, ratios printed and optionally saved.
 
-    python benchmarks/run.py [--quick] [--json PATH]     (also: unigrad bench [--quick])
+    python benchmarks/run.py [--quick] [--json PATH] [--plot DIR]     (also: unigrad bench [--quick])
+    python benchmarks/run.py --from-json PATH --plot DIR                 (figures from a saved run)
 
 Benchmarks report ratios against a native or peer implementation measured in the same run;
 absolute times depend on the machine and are shown only for scale. Each ratio is the median of
@@ -84,16 +85,84 @@ def noise_report(results) -> tuple[dict, list[str]]:
         table[name] = {"median": float(value), "low": low, "high": high, "rounds": len(value.per_round),
                        "noisy": value.noisy}
         if value.noisy:
-            warnings.append(f"  {name} = {float(value):.2f} is too noisy to read: the rounds gave {low:.2f}-"
-                            f"{high:.2f} ({len(value.per_round)} rounds)")
+            n = len(value.per_round)
+            which = f"the middle half of its {n} rounds" if n >= ROBUST_ROUNDS else f"its {n} rounds"
+            warnings.append(f"  {name} = {float(value):.2f} is too noisy to read: {which} gave {low:.2f}-{high:.2f}")
     return table, warnings
+
+
+def plot(results, directory) -> list[pathlib.Path]:
+    """The docs' figures (PNG) from a run's results: each ratio as a bar, the range its rounds
+    spread over as an error bar, the target as a dashed line. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    noise = results.get("noise", {})
+
+    def bars(ax, entries, target, ylabel):
+        labels = [label for label, _ in entries]
+        values = [results_at(path) for _, path in entries]
+        spread = [noise.get(".".join(path), {}) for _, path in entries]
+        low = [v - s.get("low", v) for v, s in zip(values, spread)]
+        high = [s.get("high", v) - v for v, s in zip(values, spread)]
+        ax.bar(labels, values, color="#3f51b5", yerr=[low, high], capsize=4, ecolor="#555555")
+        for k, v in enumerate(values):
+            ax.annotate(f"{v:.2f}", (k, v), textcoords="offset points", xytext=(10, 4), fontsize=9)
+        if target is not None:
+            ax.axhline(target, color="#c62828", linestyle="--", linewidth=1, label=f"target {target}")
+            ax.legend(loc="upper left", fontsize=9)
+        ax.axhline(1.0, color="#888888", linewidth=0.6)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, max(max(values) + max(high or [0]), target or 0) * 1.25)
+
+    def results_at(path):
+        value = results
+        for key in path:
+            value = value[key]
+        return float(value)
+
+    written = []
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 1]})
+    bars(left, [("unigrad tape", ("tape", "mlp_ratio_unigrad_vs_hand")),
+                ("HIPS autograd", ("tape", "mlp_ratio_autograd_vs_hand"))], 1.25,
+         "time / hand-written backprop")
+    left.set_title("MLP gradient (784-256-256-10, batch 128, float64)", fontsize=10)
+    bars(right, [("unigrad", ("tape", "tiny_ratio_unigrad_vs_autograd"))], 0.5, "time / HIPS autograd")
+    right.set_title("tiny vjp", fontsize=10)
+    fig.tight_layout()
+    written.append(directory / "bench_tape.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    names = list(results.get("batched_jacobian", {}))
+    if names:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        bars(ax, [(name, ("batched_jacobian", name, "ratio")) for name in names], 1.1,
+             "unigrad time / native time")
+        ax.set_title("per-example Jacobians (MLP 32-64-16, batch 256, float32, compiled)", fontsize=10)
+        fig.tight_layout()
+        written.append(directory / "bench_batched_jacobian.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--plot", metavar="DIR", help="also draw the figures of docs/performance.md (PNG) into DIR")
+    parser.add_argument("--from-json", metavar="PATH", help="do not run: read the results of an earlier --json run")
     args = parser.parse_args(argv)
+    if args.from_json:
+        results = json.loads(pathlib.Path(args.from_json).read_text())
+        for path in plot(results, args.plot or "."):
+            print(f"wrote {path}")
+        return 0
     results = {"versions": {n: i["version"] for n, i in unigrad.backends().items() if i["available"]}}
     print("== the NumPy tape ==")
     results["tape"] = bench_tape.run(args.quick)
@@ -109,6 +178,9 @@ def main(argv=None) -> int:
         print("\n".join(warnings))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.plot:
+        for path in plot(results, args.plot):
+            print(f"wrote {path}")
     return 0
 
 

@@ -253,12 +253,27 @@ def test_bench_says_which_ratios_are_too_noisy():
     results = {"tape": {"ratio": steady}, "batched_jacobian": {"torch": {"ratio": noisy, "native_seconds": 1e-3}}}
     table, warnings = runner.noise_report(results)
     assert table["tape.ratio"]["noisy"] is False and table["batched_jacobian.torch.ratio"]["noisy"] is True
-    assert warnings == ["  batched_jacobian.torch.ratio = 0.21 is too noisy to read: the rounds gave 0.15-0.40 "
-                        "(3 rounds)"]
+    assert warnings == ["  batched_jacobian.torch.ratio = 0.21 is too noisy to read: its 3 rounds gave 0.15-0.40"]
     assert json.loads(json.dumps(results))["batched_jacobian"]["torch"]["ratio"] == 0.21
     # with many rounds, one spike does not make a ratio unreadable (the middle half of the rounds counts)
     spiky = runner.ratio_with_rounds([[1.0, 1.0]] * 9 + [[3.0, 1.0]], 0, 1)
-    assert not spiky.noisy
+    assert not spiky.noisy and spiky.spread == (1.0, 1.0)
+    wide = runner.ratio_with_rounds([[0.8 + 0.05 * k, 1.0] for k in range(10)], 0, 1)
+    assert wide.noisy and "the middle half of its 10 rounds" in runner.noise_report({"r": wide})[1][0]
+
+
+def test_bench_draws_the_figures_from_saved_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    runner = _load_runner()
+    results = {"tape": {"mlp_ratio_unigrad_vs_hand": 1.18, "mlp_ratio_autograd_vs_hand": 2.07,
+                        "tiny_ratio_unigrad_vs_autograd": 0.45},
+               "batched_jacobian": {"jax": {"ratio": 1.05}, "torch": {"ratio": 0.89}},
+               "noise": {"batched_jacobian.jax.ratio": {"low": 1.0, "high": 1.1}}}
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps(results))
+    assert runner.main(["--from-json", str(saved), "--plot", str(tmp_path / "figures")]) == 0
+    for name in ("bench_tape.png", "bench_batched_jacobian.png"):
+        assert (tmp_path / "figures" / name).read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_benchmark_modules_compute_their_ratios_through_the_runners_helper():

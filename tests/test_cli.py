@@ -329,7 +329,8 @@ def test_python_dash_m_and_the_examples_on_the_tape():
 
 
 @pytest.mark.parametrize("target", ["mlp_loss.py:loss", "per_example_jacobian.py:features",
-                                    "per_example_jacobian.py:jacobian_penalty"])
+                                    "per_example_jacobian.py:jacobian_penalty", "linear_regression.py:loss",
+                                    "newton_cg_hvp.py:logistic_loss"])
 def test_examples_check_on_every_installed_backend(unigrad_backends, target):
     # the penalty's derivatives go through batched_jacobian (second order): no full Jacobian of it, for time
     extra = ["--jacobian", "no"] if target.endswith("jacobian_penalty") else []

@@ -21,9 +21,14 @@ pytest.importorskip("autograd")
 def installed(tmp_path_factory):
     """The plugin installed (not editable, no dependencies) into a scratch directory, as pip would
     install it anywhere: only its own pyproject.toml says what it is and where its entry point is."""
+    import importlib.util
+
     target = tmp_path_factory.mktemp("site")
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                             "--no-index", "--target", str(target), str(PLUGIN)],
+    # with setuptools at hand, build offline with it; otherwise (a Python 3.12+ venv has none) let pip
+    # fetch the build backend the plugin's pyproject.toml names
+    offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *offline,
+                             "--target", str(target), str(PLUGIN)],
                             capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         pytest.fail(f"pip could not install the plugin package:\n{result.stdout}\n{result.stderr}")

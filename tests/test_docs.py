@@ -3,6 +3,7 @@ reference covers every public name, and the code in the docstrings and in the pa
 
 from __future__ import annotations
 
+import contextvars
 import doctest
 import importlib
 import os
@@ -94,7 +95,9 @@ def test_docstring_examples_run(module_name):
     failures = []
     for test in _doctests(module_name):
         out = []
-        result = runner.run(test, out=out.append)
+        # each in a copy of the current context: an example that calls set_backend / use_backend /
+        # use_device (context variables) leaves nothing behind for the tests that follow
+        result = contextvars.copy_context().run(runner.run, test, out=out.append)
         if result.failed:
             failures.append("".join(out))
     assert not failures, "\n".join(failures)

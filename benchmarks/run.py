@@ -1,9 +1,12 @@
 """The benchmark suite's runner: every benchmark in one process, ratios printed and optionally saved.
 
-    python benchmarks/run.py [--quick] [--json PATH]     (also: unigrad bench [--quick])
+    python benchmarks/run.py [--quick] [--json PATH] [--plot DIR]     (also: unigrad bench [--quick])
+    python benchmarks/run.py --from-json PATH --plot DIR                 (figures from a saved run)
 
 Benchmarks report ratios against a native or peer implementation measured in the same run;
-absolute times depend on the machine and are shown only for scale.
+absolute times depend on the machine and are shown only for scale. Each ratio is the median of
+per-round ratios; the runner also keeps how far the rounds spread, and says so when a ratio is
+too noisy to read (a shared machine, or ``--quick``'s three rounds).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -23,12 +27,142 @@ import bench_tape  # noqa: E402
 
 import unigrad  # noqa: E402
 
+#: A ratio is too noisy to read when its rounds spread over more than this fraction of the median.
+NOISE_LIMIT = 0.10
+#: From this many rounds on, the spread is the middle half of the rounds (one spike does not count).
+ROBUST_ROUNDS = 8
+
+
+class Ratio(float):
+    """A median ratio that remembers its per-round ratios (it prints and serialises as the float)."""
+
+    per_round: tuple[float, ...] = ()
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """``(low, high)``: the interquartile range of the per-round ratios (the whole range with few rounds)."""
+        values = sorted(self.per_round)
+        if len(values) >= ROBUST_ROUNDS:
+            q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+            return q1, q3
+        return values[0], values[-1]
+
+    @property
+    def noisy(self) -> bool:
+        low, high = self.spread
+        return len(self.per_round) < 2 or (high - low) > NOISE_LIMIT * abs(float(self))
+
+
+def ratio_with_rounds(rounds, i, j):
+    """The benchmarks' ``ratio`` (median of per-round ratios), keeping the per-round values."""
+    per_round = tuple(r[i] / r[j] for r in rounds)
+    value = Ratio(statistics.median(per_round))
+    value.per_round = per_round
+    return value
+
+
+# The benchmark modules compute every ratio through ``ratio``; the runner hands them the version
+# that remembers the rounds, so it can judge noise without the modules knowing.
+bench_tape.ratio = ratio_with_rounds
+bench_batched_jacobian.ratio = ratio_with_rounds
+
+
+def ratios(results, path=()):
+    """``(path, Ratio)`` for every ratio in ``results`` (nested dicts), in order."""
+    for key, value in results.items():
+        if isinstance(value, Ratio):
+            yield (*path, key), value
+        elif isinstance(value, dict):
+            yield from ratios(value, (*path, key))
+
+
+def noise_report(results) -> tuple[dict, list[str]]:
+    """Per ratio, its median, spread and verdict (for the JSON), and one warning line per noisy ratio."""
+    table, warnings = {}, []
+    for path, value in ratios(results):
+        low, high = value.spread
+        name = ".".join(path)
+        table[name] = {"median": float(value), "low": low, "high": high, "rounds": len(value.per_round),
+                       "noisy": value.noisy}
+        if value.noisy:
+            n = len(value.per_round)
+            which = f"the middle half of its {n} rounds" if n >= ROBUST_ROUNDS else f"its {n} rounds"
+            warnings.append(f"  {name} = {float(value):.2f} is too noisy to read: {which} gave {low:.2f}-{high:.2f}")
+    return table, warnings
+
+
+def plot(results, directory) -> list[pathlib.Path]:
+    """The docs' figures (PNG) from a run's results: each ratio as a bar, the range its rounds
+    spread over as an error bar, the target as a dashed line. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    noise = results.get("noise", {})
+
+    def bars(ax, entries, target, ylabel):
+        labels = [label for label, _ in entries]
+        values = [results_at(path) for _, path in entries]
+        spread = [noise.get(".".join(path), {}) for _, path in entries]
+        low = [v - s.get("low", v) for v, s in zip(values, spread)]
+        high = [s.get("high", v) - v for v, s in zip(values, spread)]
+        ax.bar(labels, values, color="#3f51b5", yerr=[low, high], capsize=4, ecolor="#555555")
+        for k, v in enumerate(values):
+            ax.annotate(f"{v:.2f}", (k, v), textcoords="offset points", xytext=(10, 4), fontsize=9)
+        if target is not None:
+            ax.axhline(target, color="#c62828", linestyle="--", linewidth=1, label=f"target {target}")
+            ax.legend(loc="upper left", fontsize=9)
+        ax.axhline(1.0, color="#888888", linewidth=0.6)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, max(max(values) + max(high or [0]), target or 0) * 1.25)
+
+    def results_at(path):
+        value = results
+        for key in path:
+            value = value[key]
+        return float(value)
+
+    written = []
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 1]})
+    bars(left, [("unigrad tape", ("tape", "mlp_ratio_unigrad_vs_hand")),
+                ("HIPS autograd", ("tape", "mlp_ratio_autograd_vs_hand"))], 1.25,
+         "time / hand-written backprop")
+    left.set_title("MLP gradient (784-256-256-10, batch 128, float64)", fontsize=10)
+    bars(right, [("unigrad", ("tape", "tiny_ratio_unigrad_vs_autograd"))], 0.5, "time / HIPS autograd")
+    right.set_title("tiny vjp", fontsize=10)
+    fig.tight_layout()
+    written.append(directory / "bench_tape.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    names = list(results.get("batched_jacobian", {}))
+    if names:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        bars(ax, [(name, ("batched_jacobian", name, "ratio")) for name in names], 1.1,
+             "unigrad time / native time")
+        ax.set_title("per-example Jacobians (MLP 32-64-16, batch 256, float32, compiled)", fontsize=10)
+        fig.tight_layout()
+        written.append(directory / "bench_batched_jacobian.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--plot", metavar="DIR", help="also draw the figures of docs/performance.md (PNG) into DIR")
+    parser.add_argument("--from-json", metavar="PATH", help="do not run: read the results of an earlier --json run")
     args = parser.parse_args(argv)
+    if args.from_json:
+        results = json.loads(pathlib.Path(args.from_json).read_text())
+        for path in plot(results, args.plot or "."):
+            print(f"wrote {path}")
+        return 0
     results = {"versions": {n: i["version"] for n, i in unigrad.backends().items() if i["available"]}}
     print("== the NumPy tape ==")
     results["tape"] = bench_tape.run(args.quick)
@@ -37,8 +171,16 @@ def main(argv=None) -> int:
     names = [n for n in ("jax", "torch", "tensorflow") if n in results["versions"]]
     results["batched_jacobian"] = bench_batched_jacobian.run(names, args.quick)
     bench_batched_jacobian.report(results["batched_jacobian"])
+    results["noise"], warnings = noise_report(results)
+    if warnings:
+        print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "
+              f"{'run without --quick, ' if args.quick else ''}on a quieter machine):")
+        print("\n".join(warnings))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.plot:
+        for path in plot(results, args.plot):
+            print(f"wrote {path}")
     return 0
 
 

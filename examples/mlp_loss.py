@@ -53,6 +53,7 @@ def main():
         else:
             diff = max(float(np.max(np.abs(grads[k] - reference[k]))) for k in grads)
             line += f"  (max |difference| from the first backend: {diff:.1e})"
+            assert diff < 1e-12, (name, diff)
         print(line)
 
 

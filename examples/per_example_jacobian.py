@@ -5,6 +5,9 @@ only on row b of the input. ``unigrad.batched_jacobian`` returns the B Jacobians
 shape (B, m, n), from m (or n) vectorised sweeps -- never B of them, and never the full
 (B*m) x (B*n) Jacobian, which is zero off its diagonal blocks.
 
+``chunk_size=k`` bounds the memory: at most k of those sweeps run at once (each carries the
+whole batch), so peak memory is about k times one sweep's, for the same result.
+
 Run it:    python examples/per_example_jacobian.py
 Check it:  unigrad check examples/per_example_jacobian.py:features
            unigrad check examples/per_example_jacobian.py:jacobian_penalty     (derivatives OF the
@@ -27,13 +30,13 @@ def features_inputs(seed=0, batch=6, n=4, m=3):
     return rng.standard_normal((batch, n)), rng.standard_normal((n, m)) / np.sqrt(n)
 
 
-def per_example_jacobians(x, w, backend=None, check_independence="once"):
+def per_example_jacobians(x, w, backend=None, check_independence="once", chunk_size=None):
     """d features(x, w)[b] / d x[b] for every example b: shape (B, m, n).
 
     ``batched_jacobian`` first probes (once per input signature) that the rows really are
     independent, and raises instead of returning wrong Jacobians for f like batch norm.
     """
-    return unigrad.batched_jacobian(features, argnums=0, backend=backend,
+    return unigrad.batched_jacobian(features, argnums=0, backend=backend, chunk_size=chunk_size,
                                     check_independence=check_independence)(x, w)
 
 
@@ -61,8 +64,11 @@ def main():
     installed = [name for name, info in unigrad.backends().items() if info["available"]]
     for name in sorted(installed, key=lambda n: n != "numpy"):  # the NumPy tape first
         jac = unigrad.to_numpy(per_example_jacobians(x, w, backend=name))
+        chunked = unigrad.to_numpy(per_example_jacobians(x, w, backend=name, chunk_size=1))  # one sweep at a time
         error = float(np.max(np.abs(jac - want)))
         print(f"{name:>10}: per-example Jacobians {jac.shape} (B, m, n); max |error| vs hand-written: {error:.1e}")
+        assert jac.shape == want.shape and error < 1e-12, (name, error)
+        np.testing.assert_allclose(chunked, jac, rtol=1e-14, atol=1e-15)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import runpy
 import subprocess
 import sys
 import textwrap
@@ -165,13 +164,159 @@ def test_usage_errors(module, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_bench_runs_the_suite_runner(monkeypatch):
-    import subprocess
+@pytest.mark.parametrize("names, suggestion", [("numpy,pytorch", "did you mean 'torch'?"),
+                                               ("Torch", "did you mean 'torch'?"),
+                                               ("numpy,tf", "did you mean 'tensorflow'?"),
+                                               ("nmupy", "did you mean 'numpy'?")])
+def test_misspelt_backend_is_a_usage_error(module, capsys, monkeypatch, names, suggestion):
+    import unigrad.testing
+
+    called = []
+    monkeypatch.setattr(unigrad.testing, "compare", lambda *a, **k: called.append(a))
+    code, text = run(["check", f"{module}:energy", "--backends", names])
+    assert code == 2 and not called and text == ""  # nothing was compared
+    err = capsys.readouterr().err
+    assert suggestion in err and "unknown backend" in err
+
+
+def test_filtered_native_stderr_drops_only_tensorflows_start_up_notices(capfd):
+    from unigrad._cli import _filtered_native_stderr
+
+    with _filtered_native_stderr():
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+        os.write(2, b"I0000 00:00:1.0  1 port.cc:153] oneDNN custom operations are on. You may see ...\n")
+        os.write(2, b"a real native error\n")
+        print("from python", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "absl" not in err and "oneDNN" not in err
+    assert "a real native error" in err and "from python" in err
+
+
+def test_cli_runs_print_no_tensorflow_notices():
+    pytest.importorskip("tensorflow")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
+    code = ("import os, sys; from unigrad._cli import main; rc = main(['info']); "
+            "import tensorflow as tf; "
+            # oneDNN stays on: the numerics are TensorFlow's defaults, only the notices are gone
+            "assert 'TF_ENABLE_ONEDNN_OPTS' not in os.environ; sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "tensorflow  yes" in result.stdout
+    assert "oneDNN" not in result.stderr and "absl::InitializeLog" not in result.stderr, result.stderr
+
+
+def test_bench_runs_only_the_runner_beside_the_package(tmp_path, monkeypatch):
+    from unigrad import _cli
+
+    # someone else's checkout in the current directory: its benchmarks/run.py must never run
+    (tmp_path / "benchmarks").mkdir()
+    marker = tmp_path / "ran"
+    (tmp_path / "benchmarks" / "run.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                                    "def main(argv=None):\n    return 0\n")
+    monkeypatch.chdir(tmp_path)
+    runner = _cli.benchmark_runner()
+    assert runner == Path(unigrad.__file__).resolve().parents[1] / "benchmarks" / "run.py"
+    assert tmp_path not in runner.parents
+
+    fake = tmp_path / "elsewhere" / "run.py"  # stands in for the real (slow) suite
+    fake.parent.mkdir()
+    fake.write_text("import sys\ndef main(argv=None):\n    print('runner got', argv)\n    return 0\n")
+    monkeypatch.setattr(_cli, "benchmark_runner", lambda: fake)
+    code, text = run(["bench", "--quick"])
+    assert code == 0 and "runner got ['--quick']" in text
+    assert not marker.exists()
+
+
+def test_bench_without_a_source_tree_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    from unigrad import _cli
+
+    monkeypatch.setattr(_cli, "__file__", str(tmp_path / "site-packages" / "unigrad" / "_cli.py"))
+    code, _ = run(["bench"])
+    assert code == 2 and "ships with unigrad's source tree" in capsys.readouterr().err
+
+
+def _load_runner():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("unigrad_benchmark_runner_test", ROOT / "benchmarks" / "run.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    return runner
+
+
+def test_bench_says_which_ratios_are_too_noisy():
+    runner = _load_runner()
+    steady = runner.ratio_with_rounds([[1.00, 1.0], [1.02, 1.0], [1.01, 1.0]], 0, 1)
+    noisy = runner.ratio_with_rounds([[0.15, 1.0], [0.21, 1.0], [0.40, 1.0]], 0, 1)
+    assert float(steady) == 1.01 and float(noisy) == 0.21  # the figures themselves are unchanged
+    results = {"tape": {"ratio": steady}, "batched_jacobian": {"torch": {"ratio": noisy, "native_seconds": 1e-3}}}
+    table, warnings = runner.noise_report(results)
+    assert table["tape.ratio"]["noisy"] is False and table["batched_jacobian.torch.ratio"]["noisy"] is True
+    assert warnings == ["  batched_jacobian.torch.ratio = 0.21 is too noisy to read: its 3 rounds gave 0.15-0.40"]
+    assert json.loads(json.dumps(results))["batched_jacobian"]["torch"]["ratio"] == 0.21
+    # with many rounds, one spike does not make a ratio unreadable (the middle half of the rounds counts)
+    spiky = runner.ratio_with_rounds([[1.0, 1.0]] * 9 + [[3.0, 1.0]], 0, 1)
+    assert not spiky.noisy and spiky.spread == (1.0, 1.0)
+    wide = runner.ratio_with_rounds([[0.8 + 0.05 * k, 1.0] for k in range(10)], 0, 1)
+    assert wide.noisy and "the middle half of its 10 rounds" in runner.noise_report({"r": wide})[1][0]
+
+
+def test_bench_draws_the_figures_from_saved_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    runner = _load_runner()
+    results = {"tape": {"mlp_ratio_unigrad_vs_hand": 1.18, "mlp_ratio_autograd_vs_hand": 2.07,
+                        "tiny_ratio_unigrad_vs_autograd": 0.45},
+               "batched_jacobian": {"jax": {"ratio": 1.05}, "torch": {"ratio": 0.89}},
+               "noise": {"batched_jacobian.jax.ratio": {"low": 1.0, "high": 1.1}}}
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps(results))
+    assert runner.main(["--from-json", str(saved), "--plot", str(tmp_path / "figures")]) == 0
+    for name in ("bench_tape.png", "bench_batched_jacobian.png"):
+        assert (tmp_path / "figures" / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_benchmark_modules_compute_their_ratios_through_the_runners_helper():
+    runner = _load_runner()
+    assert runner.bench_tape.ratio is runner.ratio_with_rounds
+    assert runner.bench_batched_jacobian.ratio is runner.ratio_with_rounds
+
+
+def test_check_conformance_prints_the_table_and_exits_by_the_verdict(monkeypatch):
+    from unigrad.testing import conformance
 
     seen = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 0))
-    code, _ = run(["bench", "--quick"])
-    assert code == 0 and seen[0][1].endswith("benchmarks/run.py") and seen[0][2:] == ["--quick"]
+
+    def coverage_report(name):
+        seen.append(name)
+        return f"rule table of {name}", name == "numpy"
+
+    monkeypatch.setattr(conformance, "coverage_report", coverage_report, raising=False)
+    code, text = run(["check", "--conformance", "numpy"])
+    assert code == 0 and text.strip() == "rule table of numpy"
+    register = unigrad.register_backend
+    from unigrad.tape import NumpyBackend
+
+    register("failing_plugin", NumpyBackend, replace=True)
+    try:
+        code, text = run(["check", "--conformance", "failing_plugin"])
+    finally:
+        unigrad.unregister_backend("failing_plugin")
+    assert code == 1 and "rule table of failing_plugin" in text
+    assert seen == ["numpy", "failing_plugin"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["check", "--conformance", "pytorch"], "did you mean 'torch'?"),
+    (["check", "--conformance", "numpy", "x.py:f"], "not both"),
+    (["check"], "the function to check is missing"),
+])
+def test_check_conformance_usage_errors(monkeypatch, capsys, argv, message):
+    from unigrad.testing import conformance
+
+    monkeypatch.setattr(conformance, "coverage_report", lambda name: pytest.fail("must not run"), raising=False)
+    code, _ = run(argv)
+    assert code == 2 and message in capsys.readouterr().err
 
 
 def test_python_dash_m_and_the_examples_on_the_tape():
@@ -184,23 +329,10 @@ def test_python_dash_m_and_the_examples_on_the_tape():
 
 
 @pytest.mark.parametrize("target", ["mlp_loss.py:loss", "per_example_jacobian.py:features",
-                                    "per_example_jacobian.py:jacobian_penalty"])
+                                    "per_example_jacobian.py:jacobian_penalty", "linear_regression.py:loss",
+                                    "newton_cg_hvp.py:logistic_loss"])
 def test_examples_check_on_every_installed_backend(unigrad_backends, target):
     # the penalty's derivatives go through batched_jacobian (second order): no full Jacobian of it, for time
     extra = ["--jacobian", "no"] if target.endswith("jacobian_penalty") else []
     code, text = run(["check", str(EXAMPLES / target), "--backends", ",".join(unigrad_backends), *extra])
     assert code == 0, text
-
-
-@pytest.mark.parametrize("example", ["mlp_loss.py", "per_example_jacobian.py"])
-def test_examples_run(unigrad_backends, example, capsys):
-    runpy.run_path(str(EXAMPLES / example), run_name="__main__")
-    lines = capsys.readouterr().out.splitlines()
-    installed = [name for name, info in unigrad.backends().items() if info["available"]]
-    assert [line.split(":")[0].strip() for line in lines] == sorted(installed, key=lambda n: n != "numpy")
-    if example == "per_example_jacobian.py":
-        for line in lines:
-            assert "(6, 3, 4)" in line
-            assert float(line.rsplit(":", 1)[1]) < 1e-12  # matches the hand-written Jacobians
-    else:
-        assert all("loss = 0.6134800918" in line for line in lines)

@@ -4,7 +4,10 @@
 ``unigrad check FILE.py:FUNC``         FUNC's value and derivatives on every installed backend, against
 ``unigrad check MODULE:FUNC``          each other and finite differences; exit status 0 when they
                                        agree (or differ only by a convention at a kink), 1 when not
-``unigrad bench``                      the benchmark suite (benchmarks/run.py of a checkout)
+``unigrad check --conformance NAME``   the conformance suite's coverage table for backend NAME; exit 0
+                                       when every rule passed, 1 when not
+``unigrad bench``                      the benchmark suite (benchmarks/run.py beside the installed package:
+                                       a source checkout; never a file of the current directory)
 
 Inputs for ``check``, in order of precedence:
   ``--inputs FILE.py:BUILDER`` (or ``MODULE:BUILDER``, or ``BUILDER`` beside FUNC): a function
@@ -16,6 +19,8 @@ Inputs for ``check``, in order of precedence:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -23,6 +28,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -172,12 +178,111 @@ def _inexact(x):
 
 
 # ---------------------------------------------------------------------------------------------
+# Backend names, and loading frameworks without their start-up noise
+# ---------------------------------------------------------------------------------------------
+
+# Names people reach for that are too far from the real ones for difflib alone.
+_ALIASES = {"pytorch": "torch", "tf": "tensorflow", "np": "numpy", "tape": "numpy", "jnp": "jax"}
+_FIRST_PARTY = ("numpy", "torch", "jax", "tensorflow")
+
+
+def _known_backend_names() -> list[str]:
+    import unigrad
+
+    names = list(unigrad.backends(load=False))
+    return names + [n for n in _FIRST_PARTY if n not in names]
+
+
+def _did_you_mean(name: str, known) -> str:
+    lowered = name.lower()
+    if lowered in known:
+        return f"; did you mean {lowered!r}? (names are lower case)"
+    if lowered in _ALIASES and _ALIASES[lowered] in known:
+        return f"; did you mean {_ALIASES[lowered]!r}?"
+    close = difflib.get_close_matches(lowered, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_backend_names(names, option: str):
+    """Raise a UsageError naming the first unknown backend in ``names``, with the closest known name."""
+    known = _known_backend_names()
+    for name in names:
+        if name not in known:
+            raise UsageError(f"{option}: unknown backend {name!r}{_did_you_mean(name, known)} "
+                             f"(known: {', '.join(sorted(known))})")
+
+
+def _backend_list(text: str) -> list[str] | str:
+    if text.strip() == "all":
+        return "all"
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--backends: expected comma-separated backend names or 'all'")
+    _check_backend_names(names, "--backends")
+    return names
+
+
+# What TensorFlow writes to file descriptor 2 while its shared libraries load. Two of them each
+# carry their own copy of absl and of TensorFlow's port.cc (libtensorflow_framework.so.2 and
+# python/profiler/internal/_pywrap_profiler_plugin.so), and each copy's static initialiser logs the
+# oneDNN notice through an absl that nobody has initialised -- absl then writes every message to
+# stderr, whatever TF_CPP_MIN_LOG_LEVEL says: two lines, twice per process. They are notices, not
+# errors; turning oneDNN off (TF_ENABLE_ONEDNN_OPTS=0) would silence them by changing the numerics,
+# so instead the CLI drops exactly these lines and passes anything else through.
+_NATIVE_NOISE = ("All log messages before absl::InitializeLog() is called are written to STDERR",
+                 "oneDNN custom operations are on")
+
+
+@contextlib.contextmanager
+def _filtered_native_stderr():
+    """Capture what native code writes to file descriptor 2; on exit, write it back minus the
+    known start-up notices (Python's own ``sys.stderr`` is flushed first and keeps its order)."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (an embedded interpreter): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
+        sys.stderr.flush()
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
+                    if not any(noise in line for noise in _NATIVE_NOISE)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def _load_backends(names):
+    """Load the named backends (``"all"``: every registered one) with TensorFlow's notices filtered
+    out. A backend that fails to load is left for the command itself to report."""
+    import unigrad
+
+    with _filtered_native_stderr():
+        if names == "all":
+            unigrad.backends()
+            return
+        for name in names:
+            try:
+                unigrad.get_backend(name)
+            except (ImportError, ValueError, TypeError):
+                pass
+
+
+# ---------------------------------------------------------------------------------------------
 # Commands
 # ---------------------------------------------------------------------------------------------
 
 def cmd_info(args, out) -> int:
     import unigrad
 
+    _load_backends("all")
     report = unigrad.backends()
     if args.json:
         print(json.dumps({"unigrad": unigrad.__version__, "python": platform.python_version(),
@@ -206,10 +311,20 @@ def cmd_info(args, out) -> int:
 
 
 def cmd_check(args, out) -> int:
+    if args.conformance is not None:
+        if args.target is not None:
+            raise UsageError("pass either MODULE:FUNC or --conformance NAME, not both")
+        return cmd_conformance(args.conformance, out)
+    if args.target is None:
+        raise UsageError("the function to check is missing: MODULE:FUNC or path/to/file.py:FUNC "
+                         "(or --conformance NAME for a backend)")
     from .testing import compare
 
-    f, mod, attr = load_target(args.target)
-    inputs = build_inputs(args, mod, attr)
+    backends = _backend_list(args.backends)
+    _load_backends(backends)
+    with _filtered_native_stderr():  # the target's module may import a framework of its own
+        f, mod, attr = load_target(args.target)
+        inputs = build_inputs(args, mod, attr)
     if args.argnums in (None, "auto"):
         argnums = _auto_argnums(inputs)
     elif args.argnums == "all":
@@ -221,7 +336,7 @@ def cmd_check(args, out) -> int:
             raise UsageError(f"--argnums must be 'auto', 'all' or integers like 0,1; got {args.argnums!r}") from None
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
     try:
-        report = compare(f, inputs, backends=args.backends, devices=devices, argnums=argnums, dtype=args.dtype,
+        report = compare(f, inputs, backends=backends, devices=devices, argnums=argnums, dtype=args.dtype,
                          seed=args.seed, order=args.order, reference=args.reference,
                          jacobian={"auto": "auto", "yes": True, "no": False}[args.jacobian], repeats=args.repeat)
     except (TypeError, ValueError) as exc:
@@ -236,20 +351,42 @@ def cmd_check(args, out) -> int:
     return EXIT_OK if report.ok else EXIT_DISAGREE
 
 
-def cmd_bench(args, out) -> int:
-    """Run benchmarks/run.py of the source tree unigrad was installed from (or the current directory)."""
-    import pathlib
-    import subprocess
+def cmd_conformance(name: str, out) -> int:
+    """The conformance suite's coverage table for one backend: 0 when every rule passed, 1 when not."""
+    _check_backend_names([name], "--conformance")
+    _load_backends([name])
+    from .testing import conformance
 
-    candidates = [pathlib.Path.cwd() / "benchmarks" / "run.py",
-                  pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"]
-    runner = next((c for c in candidates if c.is_file()), None)
-    if runner is None:
-        raise UsageError("the benchmark suite (benchmarks/run.py) ships with the unigrad source tree, not the "
-                         "installed package: run this from a checkout")
-    command = [sys.executable, str(runner)] + (["--quick"] if args.quick else []) + (
-        ["--json", args.json] if args.json else [])
-    return subprocess.run(command).returncode
+    table, ok = conformance.coverage_report(name)
+    print(table, file=out)
+    return EXIT_OK if ok else EXIT_DISAGREE
+
+
+def benchmark_runner() -> Path:
+    """``benchmarks/run.py`` of the source tree this very ``unigrad`` package sits in.
+
+    Only that one location: a file in the current directory is never executed (``unigrad bench`` run
+    in someone else's checkout must not run their code). A wheel install has no benchmark suite.
+    """
+    runner = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+    if not runner.is_file():
+        raise UsageError(f"the benchmark suite ships with unigrad's source tree, not with the installed package "
+                         f"(no {runner}): install unigrad from a checkout (pip install -e .) to run it")
+    return runner
+
+
+def cmd_bench(args, out) -> int:
+    """Run the suite's runner in this process (so it measures this very unigrad)."""
+    runner = benchmark_runner()
+    spec = importlib.util.spec_from_file_location("unigrad_benchmark_runner", runner)
+    module = importlib.util.module_from_spec(spec)
+    with _filtered_native_stderr():
+        spec.loader.exec_module(module)
+        names = [n for n in ("jax", "torch", "tensorflow") if n in _known_backend_names()]
+        _load_backends(names)
+    argv = (["--quick"] if args.quick else []) + (["--json", args.json] if args.json else [])
+    with contextlib.redirect_stdout(out):
+        return module.main(argv)
 
 
 def _parser():
@@ -264,7 +401,10 @@ def _parser():
         description="Evaluate FUNC's value, VJP, JVP and Jacobian on every backend, compare them with each "
                     "other and with finite differences, print the table and exit 0 if they agree (or "
                     "differ only by a convention at a non-differentiable point), 1 if not.")
-    check.add_argument("target", help="MODULE:FUNC or path/to/file.py:FUNC")
+    check.add_argument("target", nargs="?", help="MODULE:FUNC or path/to/file.py:FUNC")
+    check.add_argument("--conformance", metavar="NAME",
+                       help="instead of a function: run the conformance suite against backend NAME and print "
+                            "which rules it passes (exit 0 when all pass, 1 when not)")
     check.add_argument("--shapes", nargs="+", metavar="SHAPE",
                        help="one random normal input per shape, e.g. --shapes 3,4 4 (() for 0-d)")
     check.add_argument("--inputs", metavar="BUILDER",

@@ -1,0 +1,128 @@
+"""The documentation: the site builds with warnings as errors, every page is in it, the API
+reference covers every public name, and the code in the docstrings and in the pages runs."""
+
+from __future__ import annotations
+
+import contextvars
+import doctest
+import importlib
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import unigrad
+import unigrad.testing
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+MKDOCS = ROOT / "mkdocs.yml"
+
+
+def test_the_site_builds_strictly(tmp_path):
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+        pytest.importorskip(module, reason=f"the docs toolchain is not installed ({module}): pip install -e '.[docs]'")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(MKDOCS),
+                             "--site-dir", str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    for name in ("unigrad.batched_jacobian", "unigrad.testing.compare", "unigrad.Backend"):
+        assert name in api  # the reference was generated from the docstrings, not left empty
+    assert (tmp_path / "site" / "performance" / "index.html").is_file()
+
+
+def _nav_pages():
+    return re.findall(r":\s*([\w-]+\.md)\s*$", MKDOCS.read_text(), flags=re.M)
+
+
+def test_every_page_is_in_the_navigation():
+    pages = _nav_pages()
+    assert sorted(pages) == sorted(p.name for p in DOCS.glob("*.md")), "docs/*.md and mkdocs.yml's nav differ"
+    for required in ("getting-started.md", "backends.md", "portable-functions.md", "transforms.md",
+                     "validation.md", "conventions.md", "performance.md", "devices.md", "plugins.md", "design.md",
+                     "api.md", "examples.md"):
+        assert required in pages
+
+
+def test_the_api_reference_covers_every_public_name():
+    text = (DOCS / "api.md").read_text()
+    documented = set(re.findall(r"^::: ([\w.]+)", text, flags=re.M))
+    for name in unigrad.__all__:
+        assert f"unigrad.{name}" in documented, f"docs/api.md lacks ::: unigrad.{name}"
+    for name in unigrad.testing.__all__:
+        assert f"unigrad.testing.{name}" in documented, f"docs/api.md lacks ::: unigrad.testing.{name}"
+
+
+def test_the_benchmark_plots_are_committed_and_shown():
+    text = (DOCS / "performance.md").read_text()
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
+    assert len(pictures) >= 2
+    for picture in pictures:
+        data = (DOCS / picture).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000, picture
+
+
+# ------------------------------------------------------------------ docstring examples
+
+def _public_modules():
+    """Every module of the unigrad package (docstring examples live beside the code they show)."""
+    names = ["unigrad"]
+    for info in pkgutil.walk_packages(unigrad.__path__, "unigrad."):
+        if info.name.endswith("__main__"):
+            continue
+        names.append(info.name)
+    return names
+
+
+def _doctests(module_name):
+    module = importlib.import_module(module_name)
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    return [t for t in finder.find(module, module_name, extraglobs={"np": np, "unigrad": unigrad}) if t.examples]
+
+
+@pytest.mark.parametrize("module_name", _public_modules())
+def test_docstring_examples_run(module_name):
+    if module_name == "unigrad.testing.strategies":
+        pytest.importorskip("hypothesis")
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    failures = []
+    for test in _doctests(module_name):
+        out = []
+        # each in a copy of the current context: an example that calls set_backend / use_backend /
+        # use_device (context variables) leaves nothing behind for the tests that follow
+        result = contextvars.copy_context().run(runner.run, test, out=out.append)
+        if result.failed:
+            failures.append("".join(out))
+    assert not failures, "\n".join(failures)
+
+
+def test_the_docstrings_have_examples_to_run():
+    # the doctest test above must not pass by finding nothing: the transforms' examples are there
+    names = {t.name for m in _public_modules() for t in _doctests(m)}
+    for public in ("grad", "vjp", "jvp", "jacobian", "batched_jacobian", "hessian", "hvp"):
+        assert f"unigrad._api.{public}" in names, f"unigrad.{public} has no docstring example"
+
+
+# ------------------------------------------------------------------ code on the pages
+
+PAGES_WITH_CODE = ["index.md", "getting-started.md", "backends.md", "portable-functions.md", "transforms.md",
+                   "devices.md"]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE)
+def test_the_pages_python_runs(page, capsys):
+    text = (DOCS / page).read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, f"{page} has no Python to run"
+    code = "\n".join(blocks)
+    for framework in ("torch", "jax", "tensorflow"):
+        if f'backend="{framework}"' in code:
+            pytest.importorskip(framework)
+    exec(compile(code, str(DOCS / page), "exec"), {"__name__": f"docs_{page[:-3]}"})

@@ -1,0 +1,69 @@
+"""Every script in examples/ runs and asserts its own result (each script's main checks what it shows)."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+import unigrad
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+# Scripts whose main(backend) runs on one backend: run on each selected backend.
+PER_BACKEND = ["linear_regression.py", "scipy_minimize.py", "newton_cg_hvp.py"]
+# Scripts whose main() runs every installed backend itself.
+ALL_BACKENDS = ["mlp_loss.py", "per_example_jacobian.py"]
+
+
+def test_every_example_is_run_here():
+    scripts = {p.name for p in EXAMPLES.glob("*.py")}
+    assert scripts == set(PER_BACKEND + ALL_BACKENDS + ["native_torch_and_tensorflow.py"])
+
+
+def _main(script):
+    return runpy.run_path(str(EXAMPLES / script), run_name="example")["main"]
+
+
+@pytest.mark.parametrize("script", PER_BACKEND)
+def test_example_on_each_backend(script, backend, capsys):
+    _main(script)(backend)
+    assert capsys.readouterr().out.startswith(f"{backend}: ")
+
+
+@pytest.mark.parametrize("script", ALL_BACKENDS)
+def test_example_on_every_installed_backend(script, capsys):
+    runpy.run_path(str(EXAMPLES / script), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    installed = [name for name, info in unigrad.backends().items() if info["available"]]
+    assert [line.split(":")[0].strip() for line in lines] == sorted(installed, key=lambda n: n != "numpy")
+    if script == "per_example_jacobian.py":
+        assert all("(6, 3, 4)" in line and float(line.rsplit(":", 1)[1]) < 1e-12 for line in lines)
+    else:
+        assert all("loss = 0.6134800918" in line for line in lines)
+
+
+def test_native_torch_and_tensorflow_models_agree():
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    report = _main("native_torch_and_tensorflow.py")()
+    assert report.ok and [r.backend for r in report.results] == ["torch", "tensorflow"]
+
+
+def test_the_comparison_would_catch_a_mis_ported_model(monkeypatch):
+    # The example's check is only worth something if it can fail: port the layer norm's epsilon wrongly.
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    namespace = runpy.run_path(str(EXAMPLES / "native_torch_and_tensorflow.py"), run_name="example")
+    import tensorflow as tf
+
+    def mis_ported(w1, b1, w2, x):
+        h = tf.nn.softplus(tf.matmul(x, w1) + b1)
+        mean, variance = tf.nn.moments(h, axes=[-1], keepdims=True)
+        h = (h - mean) / tf.sqrt(variance + 1e-3)  # 1e-3 where torch uses 1e-5
+        return tf.reduce_sum(tf.tanh(tf.matmul(h, w2)), axis=-1)
+
+    namespace["main"].__globals__["tensorflow_model"] = mis_ported
+    with pytest.raises(AssertionError, match="differ"):
+        namespace["main"]()

@@ -245,8 +245,11 @@ def output_shapes(shapes: BoundedCache, call: Call):
 
 def choose_mode(shapes: BoundedCache, call: Call, per_example: bool) -> str:
     """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``
-    (a choice of speed only: both give the same Jacobian)."""
+    (a choice of speed only: both give the same Jacobian). A backend without true forward mode
+    (``capabilities.forward_mode`` False: its JVP is two VJPs) always gets ``"rev"``."""
     b = call.backend
+    if not b.capabilities.forward_mode:
+        return "rev"
     skip = 1 if per_example else 0
     n_out = sum(_size(s[skip:]) for s in output_shapes(shapes, call))
     n_in = sum(_size(b.shape(x)[skip:]) for x in call.diff)

@@ -374,3 +374,17 @@ def test_evaluate_runs_f_as_the_transforms_do():
     value, _ = unigrad.value_and_grad(f, backend="jax")(x, 1)
     assert float(out) == float(value)
     np.testing.assert_array_equal(unigrad.evaluate(lambda x: x * 2, np.arange(3.0)), [0.0, 2.0, 4.0])
+
+
+def test_hessian_rechecks_a_decision_made_from_output_shapes():
+    def f(x):  # the output's shape depends on the values, not on the signature
+        xp = unigrad.namespace(x)
+        y = x ** 3
+        return xp.sum(y) if float(unigrad.to_numpy(x)[0]) > 0 else y
+
+    h = unigrad.hessian(f)
+    np.testing.assert_allclose(h(np.array([1.0, 2.0])), np.diag([6.0, 12.0]))
+    got = h(np.array([-1.0, 2.0]))
+    want = np.zeros((2, 2, 2))
+    want[0, 0, 0], want[1, 1, 1] = -6.0, 12.0
+    np.testing.assert_allclose(got, want)

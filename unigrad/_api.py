@@ -420,8 +420,14 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
 
     def hessian_f(*args):
         call = prepare(plans, f, args, argnums, False, backend, "hessian", device)
+        # Scalar or not is decided from the signature's output shapes, and re-checked on what f returned
+        # this time (its shapes may depend on values): the scalar form is wrong for other outputs.
         is_scalar = output_shapes(shapes, call) == ((),)
+        call.seen.out_shapes = ()  # () asks flat_f to record the shapes
         _, blocks, _ = execute(call, scalar if is_scalar else nested, programs, is_scalar, keep_outputs=False)
+        if is_scalar and call.seen.out_shapes not in ((), ((),)):
+            _, blocks, _ = execute(call, nested, None)  # the general form, right for any output
+        call.seen.out_shapes = None
         # blocks, in order: output i, input j, input k -> d/d in_k of (d out_i / d in_j)
         n = len(call.diff)
         n_out = call.seen.out_tree.num_leaves

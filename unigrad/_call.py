@@ -290,10 +290,10 @@ class Seen:
     """What running ``f`` revealed (output and aux structures) and the batch size it must keep;
     shared by a call and its flat function (the function holding the call would make a cycle)."""
 
-    __slots__ = ("out_tree", "aux_tree", "batch")
+    __slots__ = ("out_tree", "aux_tree", "batch", "out_shapes")
 
     def __init__(self, batch=None):
-        self.out_tree = self.aux_tree = None
+        self.out_tree = self.aux_tree = self.out_shapes = None
         self.batch = batch
 
 
@@ -353,6 +353,8 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
                 raise TypeError(f"{fname}: the function returned no arrays ({_describe(b, result)})")
             out_leaves = tuple(o if b.is_array(o) and b.dtype(o) in INEXACT else
                                _checks.check_output(b, o, k, fname) for k, o in enumerate(out_leaves))
+        if seen.out_shapes is not None:  # asked for: a decision made from output shapes is re-checked
+            seen.out_shapes = tuple(b.shape(o) for o in out_leaves)
         if seen.batch is not None:  # batched_jacobian: f must map a batch (of any size) to a batch
             _checks.batch_size(b, out_leaves, lambda: output_names(seen.out_tree), fname, "output",
                                expected=b.shape(diff_leaves[0])[0])

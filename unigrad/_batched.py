@@ -122,10 +122,6 @@ def _empty_batched_jacobian(call: Call, has_aux):
     return (out, call.aux(tuple(b.stop_gradient(a) if b.is_array(a) else a for a in aux))) if has_aux else out
 
 
-class DependentRows(ValueError):
-    """The rows of f are not independent: per-example Jacobians by the sum trick would be wrong."""
-
-
 def _settle_independence(call: Call, batch: int, has_aux: bool, seed: int = 0) -> bool:
     """Probe the rows at the call's point and at a random nearby point; raise ValueError if they are
     dependent (or the probe cannot decide at the call's point). Returns whether the verdict
@@ -143,8 +139,10 @@ def _settle_independence(call: Call, batch: int, has_aux: bool, seed: int = 0) -
                          "check_independence='never' if the rows are independent")
     try:
         elsewhere = _probe(call, _nearby(call, seed), batch, has_aux, seed + 1)
-    except DependentRows:
-        raise
+    except ValueError as exc:
+        if getattr(exc, "dependent_rows", False):
+            raise
+        return False
     except Exception:  # f is not defined at the random point (a domain error): probe again next call
         return False
     return elsewhere == "independent"
@@ -199,11 +197,13 @@ def _probe(call: Call, leaves, batch, has_aux, seed):
         # An example whose inputs do not move has exactly zero tangents (0 * x is 0): anything above
         # rounding relative to the moved example's own change is a coupling.
         if d[j] > 100 * eps * own or (own == 0 and d[j] > 0):
-            raise DependentRows(
+            error = ValueError(
                 f"batched_jacobian: the rows of f are not independent: perturbing example {k} changes output "
                 f"{i} of example {j} (|d out/d in| up to {d[j]:.3g}); per-example Jacobians would be wrong. "
                 f"Use jacobian() for the full Jacobian (does f normalise over the batch, e.g. batch norm or "
                 f"x - x.mean(0)?), or pass check_independence='never' if this is intended")
+            error.dependent_rows = True  # told apart from a domain error of f at the probe's nearby point
+            raise error
         if not finite.all():
             verdict = "inconclusive"
     return verdict

@@ -399,8 +399,8 @@ def batched_jacobian(f: Callable, argnums=0, **kwargs) -> Callable:
       structure and values of the in-memory result: blocks of shape ``(b, *out_shape[1:], *in_shape[1:])``.
 
     Example:
-      >>> J = unigrad.dask.batched_jacobian(model, argnums=0)(X_dask, params)   # lazy
-      >>> J.sum(axis=0).compute()
+      >>> J = unigrad.dask.batched_jacobian(model, argnums=0)(X_dask, params)   # lazy  # doctest: +SKIP
+      >>> J.sum(axis=0).compute()                                              # doctest: +SKIP
     """
     if not isinstance(argnums, (int, tuple)) or isinstance(argnums, bool):
         raise TypeError(f"unigrad.dask.batched_jacobian: argnums must be an int or a tuple of ints; got {argnums!r}")
@@ -447,7 +447,7 @@ def per_example_grad(f: Callable, argnums=0, *, in_axes=None, chunk_size=None, *
       arguments with the examples on axis 0.
 
     Example:
-      >>> G = unigrad.dask.per_example_grad(loss)(params, X_dask, y_dask)   # G.shape == (N, *params.shape)
+      >>> G = unigrad.dask.per_example_grad(loss)(params, X_dask, y_dask)  # (N, *params.shape)  # doctest: +SKIP
     """
     return _Mapped("per_example_grad", f, dict(kwargs, argnums=argnums, in_axes=None, chunk_size=chunk_size),
                    _mapped_by_in_axes(in_axes, "unigrad.dask.per_example_grad"))

@@ -52,6 +52,8 @@ def evaluate(f: Callable, *args, backend=None, device=None):
                 x = b.asarray(x, device=device)
             arrays.append(x)
         converted.append(x)
+    bound = iter(b.arguments(tuple(arrays)))
+    converted = [next(bound) if b.is_array(x) else x for x in converted]
     call_args = converted if treedef is None else optree.tree_unflatten(treedef, converted)
 
     def run():

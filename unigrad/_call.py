@@ -307,6 +307,7 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
     """
     b = plan.backend
     diff_positions, dynamic_positions = plan.diff_positions, plan.dynamic_positions
+    bound = b.arguments(dynamic) if dynamic else ()  # what f receives for them (the backend may wrap them)
     direct = treedef is None and plan.argnums is None  # vjp/jvp of arrays: f takes the leaves as they are
 
     def flat_f(*diff_leaves):
@@ -324,7 +325,7 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
             leaves = list(template)
             for p, v in zip(diff_positions, diff_leaves):
                 leaves[p] = v
-            for p, v in zip(dynamic_positions, dynamic):
+            for p, v in zip(dynamic_positions, bound):
                 leaves[p] = v
             call_args = leaves if treedef is None else optree.tree_unflatten(treedef, leaves)
         token = _registry.active_backend.set(b)

@@ -38,6 +38,7 @@ method                     status    default / note
 ``version()``, ``shape``, ``dtype``, ``device``, ``cast``, ``matches``,
 ``zeros``, ``zeros_like``, ``ones_like``, ``stop_gradient``  optional  from the namespace
 ``evaluate(f, primals)``   optional  ``f(*primals)``; the core's plain forward evaluations
+``arguments(arrays)``      optional  the arrays; what ``f`` receives for its other array arguments
 ``value_and_grad(f, primals, *, has_aux, check)``  optional  one ``vjp`` with a unit cotangent
 ``vmap(f, in_axes, out_axes, chunk_size)``  optional  a Python loop (``capabilities.vmap`` False)
 ``jacrev`` / ``jacfwd``    optional  ``vjp`` / ``jvp`` over a unit basis, via ``map_chunks``
@@ -182,6 +183,12 @@ class Backend(abc.ABC):
         """An array of zeros with the dtype named ``dtype``, on ``device`` (a device object or None)."""
         xp = self.namespace()
         return xp.zeros(tuple(shape), dtype=getattr(xp, dtype), device=device)
+
+    def arguments(self, arrays):
+        """What ``f`` receives for its non-differentiated array arguments (the core binds them inside
+        the flat function, out of the backend's reach): the arrays themselves by default; a backend
+        whose transforms hand ``f`` wrapped arrays (TensorFlow's Array API arrays) wraps these too."""
+        return arrays
 
     def evaluate(self, f, primals):
         """``f(*primals)`` outside any transform (the core's plain forward evaluations go through it:

@@ -212,3 +212,13 @@ def test_chunk_size_of_the_wrong_type_is_a_type_error():
 def test_backend_name_typos_say_did_you_mean(typo, meant):
     with pytest.raises(ValueError, match=rf"unknown backend '{typo}' \(did you mean '{meant}'\?\)"):
         unigrad.get_backend(typo)
+
+
+@pytest.mark.skipif("torch" not in _ALL, reason="torch not installed")
+def test_a_closed_over_numpy_array_on_torch_says_what_to_do():
+    data = np.arange(3.0)
+    with pytest.raises(TypeError, match=r"combines a NumPy array with the torch backend's arrays .* argument"):
+        unigrad.grad(lambda w: unigrad.namespace(w).sum(data * w), backend="torch")(np.ones(3))
+    # passed as an argument, it is converted
+    np.testing.assert_allclose(unigrad.to_numpy(unigrad.grad(lambda w, d: unigrad.namespace(w).sum(d * w),
+                                                             backend="torch")(np.ones(3), data)), data)

@@ -337,6 +337,11 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
                     f"{fname}: f converted a traced value to NumPy (a NumPy function such as np.sin called on it, "
                     f"or np.asarray); that would drop its derivative. Inside f use xp = unigrad.namespace(x) and "
                     f"xp.sin(x), and arrays of the same backend ({type(exc).__name__}: {exc})") from exc
+            if isinstance(exc, TypeError) and "numpy.ndarray" in str(exc) and "operand" in str(exc):
+                raise TypeError(
+                    f"{fname}: f combines a NumPy array with the {b.name} backend's arrays (a NumPy array closed "
+                    f"over by f?); pass it to f as an argument (unigrad converts arguments) or convert it with "
+                    f"unigrad.asarray(array, backend={b.name!r}) ({type(exc).__name__}: {exc})") from exc
             raise
         finally:
             _registry.active_backend.reset(token)

@@ -29,9 +29,17 @@ def mlp(w1, w2, x):
     return xp.tanh(xp.tanh(x @ w1) @ w2)
 
 
+def _ready(out):
+    """Wait for asynchronous results (JAX dispatches and returns at once)."""
+    for leaf in out if isinstance(out, (list, tuple)) else (out,):
+        if hasattr(leaf, "block_until_ready"):
+            leaf.block_until_ready()
+    return out
+
+
 def best_seconds(fn, number, repeat):
-    fn()  # warm up: compilation, caches, the independence probe
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+    _ready(fn())  # warm up: compilation, caches, the independence probe
+    return min(timeit.repeat(lambda: _ready(fn()), number=number, repeat=repeat)) / number
 
 
 def run(backends, quick=False):
@@ -39,7 +47,7 @@ def run(backends, quick=False):
     w1 = (rng.standard_normal((N_IN, N_HID)) / np.sqrt(N_IN)).astype(np.float32)
     w2 = (rng.standard_normal((N_HID, N_OUT)) / np.sqrt(N_HID)).astype(np.float32)
     sizes = (16, 64, 256) if quick else (16, 64, 256, 1024)
-    number, repeat = (2, 2) if quick else (5, 3)
+    number, repeat = (2, 2) if quick else (5, 7)
     results = {}
     for name in backends:
         b = unigrad.get_backend(name)

@@ -388,3 +388,11 @@ def test_hessian_rechecks_a_decision_made_from_output_shapes():
     want = np.zeros((2, 2, 2))
     want[0, 0, 0], want[1, 1, 1] = -6.0, 12.0
     np.testing.assert_allclose(got, want)
+
+
+def test_independent_rows_with_infinite_derivatives_are_not_refused():
+    x = np.array([[0.0, 1.0], [4.0, 0.0], [1.0, 9.0]])  # sqrt's derivative is infinite at 0: NaN tangents
+    with np.errstate(all="ignore"):
+        jac = unigrad.batched_jacobian(lambda x: unigrad.namespace(x).sqrt(x))(x)
+        want = 0.5 / np.sqrt(x)
+    np.testing.assert_array_equal(np.diagonal(jac, axis1=1, axis2=2), want)  # (off the diagonal: 0 * inf)

@@ -123,34 +123,36 @@ def _empty_batched_jacobian(call: Call, has_aux):
 
 
 def _settle_independence(call: Call, batch: int, has_aux: bool, seed: int = 0) -> bool:
-    """Probe the rows at the call's point and at a random nearby point; raise ValueError if they are
-    dependent (or the probe cannot decide at the call's point). Returns whether the verdict
+    """Probe the rows at the call's point and at a random nearby point; raise ValueError if either finds
+    them dependent, or if neither can decide (non-finite tangents at both). Returns whether the verdict
     "independent" is settled for the signature: both probes ran on concrete values and were
     conclusive. A probe at one point alone cannot settle it: ``x * mean(x)`` is coupled, yet its
-    coupling vanishes where x is 0."""
+    coupling vanishes where x is 0; and at a point where f's derivatives are infinite the tangents of
+    independent rows are NaN (inf * 0)."""
     if batch < 2:
         return True
     here = _probe(call, call.diff, batch, has_aux, seed)
     if here == "abstract":  # inside another framework's transform (jit, grad): probed on a concrete call
         return False
-    if here == "inconclusive":
-        raise ValueError("batched_jacobian: cannot tell whether the rows of f are independent: the probe's "
-                         "tangents are not finite at this point (inf or NaN derivatives); pass "
-                         "check_independence='never' if the rows are independent")
     try:
         elsewhere = _probe(call, _nearby(call, seed), batch, has_aux, seed + 1)
     except ValueError as exc:
         if getattr(exc, "dependent_rows", False):
             raise
-        return False
-    except Exception:  # f is not defined at the random point (a domain error): probe again next call
-        return False
-    return elsewhere == "independent"
+        elsewhere = "inconclusive"
+    except Exception:  # f is not defined at the random point (a domain error)
+        elsewhere = "inconclusive"
+    if here == "inconclusive" and elsewhere != "independent":
+        raise ValueError("batched_jacobian: cannot tell whether the rows of f are independent: the probe's "
+                         "tangents are not finite at this point (inf or NaN derivatives), nor at a random point "
+                         "nearby; pass check_independence='never' if the rows are independent")
+    return here == "independent" and elsewhere == "independent"
 
 
 def _nearby(call: Call, seed: int):
     """The differentiated leaves moved to a random point near the call's: generic values, where a
-    coupling that vanishes at special values (zeros, a warm-up call) does not."""
+    coupling that vanishes at special values (zeros, a warm-up call) does not. Real values move away
+    from zero, so a function defined for positive inputs stays defined."""
     b = call.backend
     rng = np.random.default_rng(seed + 12345)
     moved = []
@@ -158,11 +160,12 @@ def _nearby(call: Call, seed: int):
         v = b.to_numpy(x)
         scale = float(np.mean(np.abs(v))) if v.size else 1.0
         scale = scale if np.isfinite(scale) and scale > 0 else 1.0
-        noise = rng.standard_normal(v.shape)
+        step = 0.25 * (np.abs(v) + scale) * np.abs(rng.standard_normal(v.shape))
         if v.dtype.kind == "c":
-            noise = noise + 1j * rng.standard_normal(v.shape)
-        moved.append(b.asarray(np.asarray(v + 0.25 * (np.abs(v) + scale) * noise, dtype=v.dtype),
-                               device=b.device(x)))
+            step = step * np.exp(2j * np.pi * rng.random(v.shape))
+        else:  # away from zero, keeping the sign: inputs stay in domains such as x > 0 (sqrt, log)
+            step = np.where(v < 0, -step, step)
+        moved.append(b.asarray(np.asarray(v + step, dtype=v.dtype), device=b.device(x)))
     return tuple(moved)
 
 

@@ -81,7 +81,7 @@ class NumpyBackend(Backend):
 
     # ---------------------------------------------------------------- the two required transforms
     def vjp(self, f, primals, *, has_aux=False):
-        trace, outs, out_idx, aux = record(f, primals, has_aux)
+        trace, outs, out_idx, aux = record(f, primals, has_aux, kept=True)
         n = len(primals)
 
         def vjp_fn(cotangents):

@@ -354,29 +354,59 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
                 x = vals[i]
                 if c.shape[nb:] != x.shape or c.ndim != x.ndim + nb:
                     c = unbroadcast(c, _shape(x), nb)
-                if c.dtype.kind == "c" and x.dtype.kind != "c":
-                    c = real(c)
+                if c.dtype != x.dtype:  # mixed dtypes: each value's cotangent in its own dtype
+                    c = _like_dtype(c, x)
             old = get(pidx)
             cts[pidx] = c if old is None else old + c
         if release:
             tape[idx] = None
     grads = []
     for i in range(n_inputs):
+        v = input_values[i]
         g = cts.get(i)
         if g is None:
-            v = input_values[i]
             g = np.zeros(tuple(batch_shape) + _shape(v), dtype=v.dtype)
-        grads.append(_writable(g))
+        else:
+            g = _owned(_like_dtype(g, v), cotangents, grads)
+        grads.append(g)
     return tuple(grads)
 
 
-def _writable(g):
-    """Results users own: 0-d arrays rather than NumPy scalars, and never a read-only broadcast view."""
-    if isinstance(g, np.generic):
-        return np.asarray(g)
-    if isinstance(g, np.ndarray) and not g.flags.writeable:
-        return g.copy()
-    return g
+def _like_dtype(c, x):
+    """The cotangent ``c`` of ``x`` in x's dtype, as torch and JAX give it: a float32 input mixed with
+    float64 data gets a float32 gradient, a real input the real part of a complex cotangent."""
+    if not hasattr(c, "dtype"):
+        c = np.asarray(c)
+    cd, xd = c.dtype, x.dtype
+    if cd == xd:
+        return c
+    if cd.kind == "c" and xd.kind != "c":
+        c = real(c)
+    if xd.kind in "fc" and c.dtype != xd:
+        c = astype(c, dtype=np.dtype(xd))
+    return c
+
+
+def _owned(r, received, handed):
+    """``r`` as a result the caller owns: a writable NumPy array (a 0-d array for a scalar) whose memory
+    belongs to no array the caller gave (``received``) nor to a result handed out before it
+    (``handed``); copied only when it would. Rules return fresh arrays or views of their cotangent, so
+    without this a result can be (a view of) the caller's cotangent, or one array for two inputs
+    (``a + b``). A Tracer (a nested transform's value) is returned as it is."""
+    if type(r) is not np.ndarray:
+        return r if isinstance(r, Tracer) else np.asarray(r)
+    owner = r.base  # NumPy points every view's base at the array that owns the memory
+    if owner is None:
+        owner = r
+    elif not r.flags.writeable:  # a broadcast view
+        return r.copy()
+    for a in received:
+        if a is owner or (type(a) is np.ndarray and a.base is owner):
+            return r.copy()
+    for a in handed:
+        if a is owner or (type(a) is np.ndarray and a.base is owner):
+            return r.copy()
+    return r
 
 
 def _run_traced(trace, f, inputs, has_aux):
@@ -390,8 +420,13 @@ def _run_traced(trace, f, inputs, has_aux):
     return result if has_aux else (result, ())
 
 
-def record(f, primals, has_aux):
-    """Run ``f`` under a new reverse trace. Returns (trace, out_values, out_indices, aux)."""
+def record(f, primals, has_aux, kept=False):
+    """Run ``f`` under a new reverse trace. Returns (trace, out_values, out_indices, aux).
+
+    The values returned are arrays the caller owns: none is a primal or a view of one, and with
+    ``kept`` (the trace outlives the call: ``vjp``'s ``vjp_fn`` sweeps it later) none is a value the
+    tape holds, so mutating ``out`` in place cannot change what ``vjp_fn`` computes.
+    """
     trace = ReverseTrace()
     n = len(primals)
     trace.tape.extend([None] * n)  # the inputs' entries
@@ -399,35 +434,43 @@ def record(f, primals, has_aux):
     out_values, out_indices = [], []
     for o in outs:
         if isinstance(o, RTracer) and o.trace is trace:
-            out_values.append(_strip(o.value, trace))
+            out_values.append(_owned(_strip(o, trace, kept), primals, out_values))
             out_indices.append(o.index)
         else:
-            out_values.append(_strip(o, trace))
+            out_values.append(_owned(_strip(o, trace), primals, out_values))
             out_indices.append(None)
-    aux = tuple([_strip(a, trace) for a in aux]) if aux else ()
+    aux = tuple([_strip(a, trace, kept) for a in aux]) if aux else ()
     return trace, tuple(out_values), out_indices, aux
 
 
-def _strip(a, trace):
+def _strip(a, trace, kept=False):
+    """The value of ``a`` under ``trace``'s level; with ``kept``, a copy of an array the tape holds."""
+    held = kept and isinstance(a, RTracer) and a.trace is trace
     while isinstance(a, Tracer) and a.trace.level >= trace.level:
         a = a.value
-    return np.asarray(a) if isinstance(a, np.generic) else a
+    if isinstance(a, np.generic):
+        return np.asarray(a)
+    return a.copy() if held and type(a) is np.ndarray else a
 
 
 def push(f, primals, tangents, has_aux, batch_shape=()):
-    """Run ``f`` under a new forward trace. Returns (out_values, out_tangents, aux)."""
+    """Run ``f`` under a new forward trace. Returns (out_values, out_tangents, aux): arrays the caller
+    owns (none is, or is a view of, a primal, a tangent or another result), each tangent in its
+    output's dtype."""
     trace = ForwardTrace(batch_shape)
     outs, aux = _run_traced(trace, f, [FTracer(trace, p, t) for p, t in zip(primals, tangents)], has_aux)
     values, tans = [], []
+    received = tuple(primals) + tuple(tangents)
     for o in outs:
         if isinstance(o, FTracer) and o.trace is trace:
-            values.append(_strip(o.value, trace))
-            tans.append(_writable(_strip(o.tangent, trace)))
+            v = _owned(_strip(o.value, trace), received, values)
+            values.append(v)
+            tans.append(_owned(_like_dtype(_strip(o.tangent, trace), v), received, values + tans))
         else:
-            values.append(_strip(o, trace))
+            values.append(_owned(_strip(o, trace), received, values))
             tans.append(np.zeros(tuple(batch_shape) + _shape(o), dtype=o.dtype))
     return tuple(values), tuple(tans), tuple(_strip(a, trace) for a in aux)
 
 
 # These two are used by the engine itself; the rule table defines them (import cycle broken at the end).
-from ._primitives import broadcast_to, real, reduce_sum, reshape  # noqa: E402
+from ._primitives import astype, broadcast_to, real, reduce_sum, reshape  # noqa: E402

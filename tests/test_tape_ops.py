@@ -532,8 +532,12 @@ def test_maximum_minimum_ties_split_in_half():
     np.testing.assert_array_equal(gy, [0.5, 1, 0])
 
 
-def test_relu_at_zero_is_one_half():
-    np.testing.assert_array_equal(grad(lambda x: xp.sum(xp.relu(x)), np.array([-1.0, 0.0, 1.0])), [0, 0.5, 1])
+def test_relu_at_zero_is_zero_like_torch_jax_and_tensorflow():
+    x = np.array([-1.0, 0.0, -0.0, 1.0])
+    np.testing.assert_array_equal(grad(lambda x: xp.sum(xp.relu(x)), x), [0, 0, 0, 1])
+    np.testing.assert_array_equal(grad(lambda x: xp.sum(xp.maximum(x, 0)), x), [0, 0.5, 0.5, 1])  # a tie
+    values = xp.relu(np.array([-np.inf, -2.0, 0.0, 3.0, np.inf, np.nan]))
+    np.testing.assert_array_equal(values, [0, 0, 0, 3, np.inf, np.nan])
 
 
 def test_max_min_reductions_split_ties_evenly():

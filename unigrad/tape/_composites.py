@@ -77,8 +77,10 @@ def log_softmax(x, /, *, axis=-1):
 
 
 def relu(x, /):
-    """maximum(x, 0): the derivative at exactly 0 is 1/2 (the ``maximum`` tie rule)."""
-    return xp.maximum(x, 0)
+    """max(x, 0), with derivative 0 at exactly 0, as torch, JAX and TensorFlow define ``relu``
+    (``maximum(x, 0)`` splits a tie in half); NaN stays NaN."""
+    x = xp._arr(x)
+    return xp.where(xp._value(x) <= 0, 0, x)
 
 
 # -------------------------------------------------------------------- NumPy spellings

@@ -262,19 +262,23 @@ class Tracer:
         return v
 
     def __bool__(self):
+        # Kept: `if x > 0:` and `while err > tol:` are control flow on values, as in HIPS autograd and
+        # eager JAX/torch; the branch taken is traced, and a comparison carries no derivative anyway.
         return bool(self.primal_value())
 
+    # float(x), int(x), complex(x) and operator.index(x) would turn a traced value into a constant and
+    # silently drop its derivative: they raise, as np.asarray(x) does.
     def __float__(self):
-        return float(self.primal_value())
+        raise _conversion_error("float")
 
     def __int__(self):
-        return int(self.primal_value())
+        raise _conversion_error("int")
 
     def __complex__(self):
-        return complex(self.primal_value())
+        raise _conversion_error("complex")
 
     def __index__(self):
-        return int(self.primal_value())
+        raise _conversion_error("operator.index")
 
     def __repr__(self):
         return f"Traced<{type(self).__name__} level={self.trace.level}>({self.primal_value()!r})"
@@ -294,6 +298,13 @@ class Tracer:
         raise TypeError(
             "a traced array cannot be converted to a NumPy array inside a unigrad transform (that would drop "
             "its derivative); use unigrad.namespace(x) functions instead of np.* on traced values")
+
+
+def _conversion_error(kind):
+    return TypeError(
+        f"{kind}() of a traced array inside a unigrad transform would drop its derivative; keep it an array "
+        f"(x.sum(), xp.reshape(x, ()), x[0]...), or take its value as a constant explicitly with "
+        f"unigrad.to_numpy(x). bool(x) and comparisons (if x > 0:) still work for control flow")
 
 
 class RTracer(Tracer):

@@ -25,7 +25,7 @@ map ``dx -> jvp(dx)`` (traced ops all the way, so it differentiates again).
 
 Non-differentiable points, one rule each (the full list is in docs/tape.md):
 ``abs``/``sign`` at 0 -> 0; ``maximum``/``minimum`` ties -> half to each side
-(so ``relu`` at 0 -> 1/2); ``max``/``min`` reductions -> split evenly among tied
+(``relu`` at 0 -> 0: its own rule); ``max``/``min`` reductions -> split evenly among tied
 elements; ``clip`` at a bound -> 1 (the bound is inclusive); ``sqrt`` at 0 ->
 inf (the true one-sided limit); ``x ** 0`` -> 0 for the base;
 ``floor``/``ceil``/``round``/``trunc``/``sign``/``floor_divide`` -> 0; ``sort``

@@ -735,8 +735,8 @@ def test_numpy_ufuncs_dispatch_to_the_tape():
 
 def test_numpy_functions_without_a_rule_raise_a_clear_type_error():
     x = np.array([0.3, 0.5])
-    with pytest.raises(TypeError, match="np.sinc"):
-        grad(lambda a: np.sum(np.sinc(a)), x)
+    with pytest.raises(TypeError, match="np.i0"):
+        grad(lambda a: np.sum(np.i0(a)), x)
     with pytest.raises(TypeError, match="np.cbrt"):
         grad(lambda a: np.sum(np.cbrt(a)), x)
     with pytest.raises(TypeError, match="np.add.accumulate"):

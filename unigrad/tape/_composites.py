@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import _namespace as xp
+from . import _functions as xp
 from . import _primitives as P
 from ._core import _ndim, _shape
 

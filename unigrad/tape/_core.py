@@ -45,14 +45,19 @@ class Primitive:
     primitive whose outputs are not differentiable (comparisons, argmax...).
     ``jvp_joint(tangents, ans, *args, **params)`` replaces the per-argument JVP
     rules where one formula is simpler (tangents hold None for constants).
+    ``elementwise``: the namespace exports the primitive itself under ``name``;
+    ``ufunc``: the NumPy ufunc it computes, which NumPy dispatches to it on traced values.
     """
 
-    __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "partial", "__weakref__")
+    __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "partial", "elementwise", "ufunc",
+                 "__weakref__")
 
-    def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False):
+    def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False, elementwise=False,
+                 ufunc=None):
         self.name, self.impl = name, impl
         self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
         self.partial = vjps is not None and None in vjps  # some arguments have a zero derivative
+        self.elementwise, self.ufunc = elementwise, ufunc
 
     def __call__(self, *args, **params):
         top = None  # the highest-level trace among the arguments processes the call
@@ -285,10 +290,6 @@ class Tracer:
 
     def __hash__(self):
         return id(self)
-
-    def __array_namespace__(self, api_version=None):
-        from . import _namespace
-        return _namespace
 
     def __iter__(self):
         for i in range(len(self)):

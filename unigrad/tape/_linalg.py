@@ -20,7 +20,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import _namespace as xp
+from . import _functions as xp
 from . import _primitives as P
 from ._core import _ndim, _shape
 

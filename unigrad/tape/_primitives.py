@@ -47,10 +47,20 @@ LINEAR = "linear"
 PRIMITIVES: dict[str, Primitive] = {}
 
 
-def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False):
-    """Create and register a primitive; ``jvp=LINEAR`` (or a LINEAR entry) reuses the primitive itself."""
+def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, elementwise=None, ufunc=None):
+    """Create and register a primitive; ``jvp=LINEAR`` (or a LINEAR entry) reuses the primitive itself.
+
+    A primitive whose ``impl`` is a NumPy ufunc is elementwise: the namespace exports it under ``name``
+    and NumPy's ufunc dispatches to it on traced values (``ufunc=`` names the ufunc when ``impl`` is
+    a wrapper; ``elementwise=False`` opts out)."""
     vjps = vjp if vjp is None else tuple(vjp)
-    prim = Primitive(name, impl, vjps, (), jvp_joint=jvp_joint, broadcasts=broadcasts)
+    if ufunc is None and isinstance(impl, np.ufunc):
+        ufunc = impl
+    ufunc = ufunc or None  # ufunc=False: no dispatch (matmul: the namespace's own handles vectors)
+    if elementwise is None:
+        elementwise = ufunc is not None
+    prim = Primitive(name, impl, vjps, (), jvp_joint=jvp_joint, broadcasts=broadcasts, elementwise=elementwise,
+                     ufunc=ufunc)
     if vjps is not None:
         n = len(vjps)
         jvps = (LINEAR,) * n if jvp == LINEAR else tuple(jvp)
@@ -67,9 +77,9 @@ def _linear_in(prim, i):
     return rule
 
 
-def defnondiff(name, impl):
+def defnondiff(name, impl, **flags):
     """A primitive whose outputs carry no derivative (comparisons, argmax, integer results)."""
-    return defprim(name, impl, vjp=None)
+    return defprim(name, impl, vjp=None, **flags)
 
 
 def _nb(g, ans):
@@ -89,11 +99,11 @@ def _real_like(c, x):
 
 # ------------------------------------------------------------------------- elementwise, unary
 
-def _unary(name, impl, dfdx):
+def _unary(name, impl, dfdx, **flags):
     """An elementwise primitive with derivative ``dfdx(ans, x)`` (holomorphic for complex input)."""
     return defprim(name, impl,
                    vjp=(lambda g, ans, x: g * dfdx(ans, x),),
-                   jvp=(lambda t, ans, x: t * dfdx(ans, x),))
+                   jvp=(lambda t, ans, x: t * dfdx(ans, x),), elementwise=True, **flags)
 
 
 negative = defprim("negative", np.negative, vjp=(lambda g, ans, x: -g,), jvp=LINEAR)
@@ -118,6 +128,27 @@ arcsinh = _unary("asinh", np.arcsinh, lambda ans, x: 1 / sqrt(x * x + 1))
 arccosh = _unary("acosh", np.arccosh, lambda ans, x: 1 / sqrt(x * x - 1))
 arctanh = _unary("atanh", np.arctanh, lambda ans, x: 1 / (1 - x * x))
 square = _unary("square", np.square, lambda ans, x: 2 * x)
+exp2 = _unary("exp2", np.exp2, lambda ans, x: ans * math.log(2))
+fabs = _unary("fabs", np.fabs, lambda ans, x: sign(x))  # real only, as NumPy's
+deg2rad = defprim("deg2rad", np.deg2rad, vjp=(lambda g, ans, x: g * (math.pi / 180),), jvp=LINEAR)
+rad2deg = defprim("rad2deg", np.rad2deg, vjp=(lambda g, ans, x: g * (180 / math.pi),), jvp=LINEAR)
+
+
+def _sinc_slope(ans, x):
+    """d/dx sin(pi x) / (pi x) = (cos(pi x) - sinc(x)) / x, and its Taylor series near 0 (exact there to
+    every order; the closed form would cancel)."""
+    small = np.abs(_val(x)) < 1e-2
+    if not np.any(small):
+        return (cos(x * math.pi) - ans) / x
+    p2 = math.pi ** 2
+    xs = where(small, x, 0)
+    x2 = xs * xs
+    series = xs * (-p2 / 3 + x2 * (p2 * p2 / 30 - x2 * (p2 ** 3 / 840)))
+    xb = where(small, 1, x)
+    return where(small, series, (cos(xb * math.pi) - where(small, 1, ans)) / xb)
+
+
+sinc = _unary("sinc", np.sinc, _sinc_slope)
 reciprocal = _unary("reciprocal", np.reciprocal, lambda ans, x: -(ans * ans))
 
 
@@ -128,7 +159,7 @@ def _sigmoid_impl(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-sigmoid = _unary("sigmoid", _sigmoid_impl, lambda ans, x: ans * (1 - ans))
+sigmoid = _unary("sigmoid", _sigmoid_impl, lambda ans, x: ans * (1 - ans))  # no NumPy ufunc
 
 
 def _sign_impl(x):
@@ -138,11 +169,11 @@ def _sign_impl(x):
     return np.sign(x)
 
 
-sign = defprim("sign", _sign_impl, vjp=(None,), jvp=(None,))
+sign = defprim("sign", _sign_impl, vjp=(None,), jvp=(None,), ufunc=np.sign)
 floor = defprim("floor", np.floor, vjp=(None,), jvp=(None,))
 ceil = defprim("ceil", np.ceil, vjp=(None,), jvp=(None,))
 trunc = defprim("trunc", np.trunc, vjp=(None,), jvp=(None,))
-round_ = defprim("round", np.round, vjp=(None,), jvp=(None,))
+round_ = defprim("round", np.round, vjp=(None,), jvp=(None,), ufunc=np.rint, elementwise=False)  # decimals=
 
 
 def _abs_vjp(g, ans, x):
@@ -162,9 +193,9 @@ def _abs_jvp(t, ans, x):
 absolute = defprim("abs", np.abs, vjp=(_abs_vjp,), jvp=(_abs_jvp,))
 
 # complex parts: real-linear maps; the VJP is the transpose with JAX's (unconjugated) convention
-real = defprim("real", np.real, vjp=(lambda g, ans, x: _complexify(g, x),), jvp=LINEAR)
+real = defprim("real", np.real, vjp=(lambda g, ans, x: _complexify(g, x),), jvp=LINEAR, elementwise=True)
 imag = defprim("imag", np.imag, vjp=(lambda g, ans, x: _complexify(g * -1j, x) if _is_complex(x) else g * 0,),
-               jvp=LINEAR)
+               jvp=LINEAR, elementwise=True)
 conj = defprim("conj", np.conj, vjp=(lambda g, ans, x: conj(g),), jvp=LINEAR)
 
 
@@ -222,12 +253,17 @@ divide = defprim("divide", np.true_divide,
                  jvp=(lambda t, ans, x, y: t / y, lambda t, ans, x, y: -t * ans / y), broadcasts=True)
 
 
-def _mm_rules(op):
+def _mm_rules(op, skip_nan=False):
+    """Weights of x in maximum/minimum: 1 where x wins, 1/2 at a tie; ``skip_nan`` (fmax, fmin): a NaN
+    loses to a number."""
     wins = (lambda x, y: x > y) if op == "max" else (lambda x, y: x < y)
 
     def wx(x, y):
-        w = np.where(_val(x) == _val(y), 0.5, np.where(wins(_val(x), _val(y)), 1.0, 0.0))
-        return w.astype(np.result_type(_val(x), _val(y)), copy=False)
+        xv, yv = _val(x), _val(y)
+        w = np.where(xv == yv, 0.5, np.where(wins(xv, yv), 1.0, 0.0))
+        if skip_nan:
+            w = np.where(np.isnan(yv), 1.0, np.where(np.isnan(xv), 0.0, w))
+        return w.astype(np.result_type(xv, yv), copy=False)
 
     return ((lambda g, ans, x, y: g * wx(x, y), lambda g, ans, x, y: g * (1 - wx(x, y))),
             (lambda t, ans, x, y: t * wx(x, y), lambda t, ans, x, y: t * (1 - wx(x, y))))
@@ -243,6 +279,10 @@ _rules = _mm_rules("max")
 maximum = defprim("maximum", np.maximum, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
 _rules = _mm_rules("min")
 minimum = defprim("minimum", np.minimum, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
+_rules = _mm_rules("max", skip_nan=True)
+fmax = defprim("fmax", np.fmax, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
+_rules = _mm_rules("min", skip_nan=True)
+fmin = defprim("fmin", np.fmin, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
 
 def _over(num, den):
     """num / den, and 0 where den == 0 (at the origin of atan2 and hypot: the documented rule)."""
@@ -267,6 +307,10 @@ arctan2 = defprim("atan2", np.arctan2,
 hypot = defprim("hypot", np.hypot,
                 vjp=(lambda g, ans, x, y: g * _over(x, ans), lambda g, ans, x, y: g * _over(y, ans)),
                 jvp=(lambda t, ans, x, y: t * _over(x, ans), lambda t, ans, x, y: t * _over(y, ans)), broadcasts=True)
+logaddexp2 = defprim("logaddexp2", np.logaddexp2,
+                     vjp=(lambda g, ans, x, y: g * exp2(x - ans), lambda g, ans, x, y: g * exp2(y - ans)),
+                     jvp=(lambda t, ans, x, y: t * exp2(x - ans), lambda t, ans, x, y: t * exp2(y - ans)),
+                     broadcasts=True)
 logaddexp = defprim("logaddexp", np.logaddexp,
                     vjp=(lambda g, ans, x, y: g * exp(x - ans), lambda g, ans, x, y: g * exp(y - ans)),
                     jvp=(lambda t, ans, x, y: t * exp(x - ans), lambda t, ans, x, y: t * exp(y - ans)),
@@ -666,7 +710,7 @@ def _matmul_vjp_b(g, ans, a, b):
 
 
 # Operands are at least 2-D here; the namespace turns vectors into matrices and back.
-matmul = defprim("matmul", np.matmul, vjp=(_matmul_vjp_a, _matmul_vjp_b),
+matmul = defprim("matmul", np.matmul, elementwise=False, ufunc=False, vjp=(_matmul_vjp_a, _matmul_vjp_b),
                  jvp=(lambda t, ans, a, b: matmul(t, b), lambda t, ans, a, b: matmul(a, t)), broadcasts=True)
 
 

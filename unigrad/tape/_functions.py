@@ -28,7 +28,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _primitives as P
-from ._core import Tracer, _ndim, _shape
+from ._tracer import Tracer, _ndim, _shape, concrete
 
 __array_api_version__ = "2024.12"
 
@@ -45,12 +45,6 @@ _SCALARS = (builtins.bool, int, float, complex)
 
 def _is_traced(x):
     return isinstance(x, Tracer)
-
-
-def _value(x):
-    while isinstance(x, Tracer):
-        x = x.value
-    return x
 
 
 def _arr(x):
@@ -83,7 +77,7 @@ def _axis1(axis, ndim):
 
 
 def _is_complex(x):
-    v = _value(x)
+    v = concrete(x)
     return (v.dtype if hasattr(v, "dtype") else np.result_type(v)).kind == "c"  # a Python scalar too
 
 
@@ -116,7 +110,7 @@ from_dlpack = _constant(np.from_dlpack)
 
 def _like(fn):
     def wrapper(x, /, *args, dtype=None, device=None, **kwargs):
-        v = _value(x)
+        v = concrete(x)
         return fn(v, *args, dtype=dtype, **kwargs)
     wrapper.__name__ = fn.__name__
     return wrapper
@@ -182,7 +176,7 @@ def round(x, /, decimals=0):  # noqa: A001
 
 
 def where(condition, x1, x2, /):
-    return P.where(_value(condition), _arr(x1), _arr(x2))
+    return P.where(concrete(condition), _arr(x1), _arr(x2))
 
 
 def clip(x, /, min=None, max=None):  # noqa: A002
@@ -194,10 +188,10 @@ def clip(x, /, min=None, max=None):  # noqa: A002
 
 def astype(x, dtype, /, *, copy=True, device=None):
     dtype = np.dtype(dtype)
-    if np.dtype(_value(x).dtype) == dtype:
+    if np.dtype(concrete(x).dtype) == dtype:
         return x
     if dtype.kind not in "fc":  # integer or bool results carry no derivative
-        return np.asarray(_value(x)).astype(dtype)
+        return np.asarray(concrete(x)).astype(dtype)
     return P.astype(x, dtype=dtype)
 
 
@@ -245,7 +239,7 @@ def _cumulative(x, axis, dtype, include_initial, fname):
 def _with_initial(out, x, a, fill):
     shape = list(_shape(x))
     shape[a] = 1
-    return concat([np.full(shape, fill, dtype=_value(x).dtype), out], axis=a)
+    return concat([np.full(shape, fill, dtype=concrete(x).dtype), out], axis=a)
 
 
 def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
@@ -422,7 +416,7 @@ def repeat(x, repeats, /, *, axis=None):
     if axis is None:
         x, axis = reshape(x, (-1,)), 0
     a = _axis1(axis, _ndim(x))
-    index = np.repeat(np.arange(_shape(x)[a]), np.asarray(_value(repeats)))
+    index = np.repeat(np.arange(_shape(x)[a]), np.asarray(concrete(repeats)))
     return take(x, index, axis=a)
 
 
@@ -435,7 +429,7 @@ def _normalize_index(index, shape):
     out = []
     for i in index:
         if isinstance(i, Tracer):
-            i = _value(i)
+            i = concrete(i)
             if np.dtype(i.dtype).kind not in "biu":
                 raise IndexError("only integer or boolean arrays can index")
         if isinstance(i, list):
@@ -478,13 +472,13 @@ def take(x, indices, /, *, axis=None):
             raise ValueError("take: axis is required for arrays with more than one dimension")
         axis = 0
     a = _axis1(axis, _ndim(x))
-    index = (slice(None),) * (_ndim(x) + a) + (np.asarray(_value(indices)),)
+    index = (slice(None),) * (_ndim(x) + a) + (np.asarray(concrete(indices)),)
     return P.getitem(x, index=index)
 
 
 def take_along_axis(x, indices, /, *, axis=-1):
     x = _arr(x)
-    return P.take_along_axis(x, np.asarray(_value(indices)), axis=_axis1(axis, _ndim(x)))
+    return P.take_along_axis(x, np.asarray(concrete(indices)), axis=_axis1(axis, _ndim(x)))
 
 
 # -------------------------------------------------------------------- sorting, searching, sets
@@ -500,7 +494,7 @@ def sort(x, /, *, axis=-1, descending=False, stable=True):
 
 
 def argsort(x, /, *, axis=-1, descending=False, stable=True):
-    v = np.asarray(_value(x))
+    v = np.asarray(concrete(x))
     if not descending:
         return np.argsort(v, axis=axis, kind="stable")
     # stable and descending: sort the reversed array ascending, then map the indices back
@@ -509,32 +503,32 @@ def argsort(x, /, *, axis=-1, descending=False, stable=True):
 
 
 def argmax(x, /, *, axis=None, keepdims=False):
-    return np.argmax(_value(x), axis=axis, keepdims=keepdims)
+    return np.argmax(concrete(x), axis=axis, keepdims=keepdims)
 
 
 def argmin(x, /, *, axis=None, keepdims=False):
-    return np.argmin(_value(x), axis=axis, keepdims=keepdims)
+    return np.argmin(concrete(x), axis=axis, keepdims=keepdims)
 
 
 def nonzero(x, /):
-    return np.nonzero(_value(x))
+    return np.nonzero(concrete(x))
 
 
 def count_nonzero(x, /, *, axis=None, keepdims=False):
-    return np.count_nonzero(_value(x), axis=axis, keepdims=keepdims)
+    return np.count_nonzero(concrete(x), axis=axis, keepdims=keepdims)
 
 
 def searchsorted(x1, x2, /, *, side="left", sorter=None):
-    return np.searchsorted(_value(x1), _value(x2), side=side,
-                           sorter=None if sorter is None else np.asarray(_value(sorter)))
+    return np.searchsorted(concrete(x1), concrete(x2), side=side,
+                           sorter=None if sorter is None else np.asarray(concrete(sorter)))
 
 
 def all(x, /, *, axis=None, keepdims=False):  # noqa: A001
-    return np.all(_value(x), axis=axis, keepdims=keepdims)
+    return np.all(concrete(x), axis=axis, keepdims=keepdims)
 
 
 def any(x, /, *, axis=None, keepdims=False):  # noqa: A001
-    return np.any(_value(x), axis=axis, keepdims=keepdims)
+    return np.any(concrete(x), axis=axis, keepdims=keepdims)
 
 
 UniqueAllResult = namedtuple("UniqueAllResult", ["values", "indices", "inverse_indices", "counts"])
@@ -543,19 +537,19 @@ UniqueInverseResult = namedtuple("UniqueInverseResult", ["values", "inverse_indi
 
 
 def unique_all(x, /):
-    return UniqueAllResult(*np.unique_all(_value(x)))
+    return UniqueAllResult(*np.unique_all(concrete(x)))
 
 
 def unique_counts(x, /):
-    return UniqueCountsResult(*np.unique_counts(_value(x)))
+    return UniqueCountsResult(*np.unique_counts(concrete(x)))
 
 
 def unique_inverse(x, /):
-    return UniqueInverseResult(*np.unique_inverse(_value(x)))
+    return UniqueInverseResult(*np.unique_inverse(concrete(x)))
 
 
 def unique_values(x, /):
-    return np.unique_values(_value(x))
+    return np.unique_values(concrete(x))
 
 
 def isdtype(dtype, kind):
@@ -564,7 +558,7 @@ def isdtype(dtype, kind):
 
 
 def result_type(*arrays_and_dtypes):
-    return np.result_type(*(_value(a) for a in arrays_and_dtypes))
+    return np.result_type(*(concrete(a) for a in arrays_and_dtypes))
 
 
 def can_cast(from_, to, /):

@@ -13,17 +13,19 @@ arrays even for traced inputs.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import _composites as _C
 from . import _linalg as linalg  # noqa: F401 -- the namespace's linalg extension
 from . import _numpy_dispatch
 from ._composites import *  # noqa: F401,F403
-from ._core import Tracer
+from ._tracer import Tracer, concrete  # noqa: F401
 from ._functions import *  # noqa: F401,F403
 from ._functions import ELEMENTWISE, __array_api_version__, __array_namespace_info__  # noqa: F401
-from ._core import _ndim, _shape  # noqa: F401 -- used by tests and tools
-from ._functions import _arr, _axes, _axis1, _is_complex, _is_traced, _value  # noqa: F401 -- likewise
+from ._tracer import _ndim, _shape  # noqa: F401 -- used by tests and tools
+from ._functions import _arr, _axes, _axis1, _is_complex, _is_traced  # noqa: F401 -- likewise
 from ._functions import (clip, getitem, matmul, matrix_transpose, max, min, permute_dims, prod, reshape,  # noqa: A004
                          squeeze, sum)
 
@@ -57,7 +59,6 @@ def _transpose_method(self, *axes):
 
 
 def _namespace_of(self, api_version=None):
-    import sys
     return sys.modules[__name__]
 
 

@@ -24,7 +24,7 @@ from . import _composites as C
 from . import _functions as xp
 from . import _linalg as L
 from . import _primitives as P
-from ._core import Tracer, _ndim, _shape
+from ._tracer import Tracer, _ndim, _shape, concrete
 
 _NV = np._NoValue  # NumPy's "argument not given"
 
@@ -53,7 +53,7 @@ UFUNC_REDUCTIONS = {np.add: xp.sum, np.multiply: xp.prod, np.maximum: xp.max, np
 
 def _float64(x):
     """NumPy's float_power computes in float64 (complex128 for complex input)."""
-    kind = np.result_type(xp._value(x)).kind
+    kind = np.result_type(concrete(x)).kind
     want = np.complex128 if kind == "c" else np.float64
     return xp.astype(x, want) if isinstance(x, Tracer) else np.asarray(x, dtype=want)
 
@@ -99,9 +99,9 @@ def array_function(self, func, types, args, kwargs):
 def _concrete(fn):
     """A NumPy function whose result carries no derivative, run on the concrete values of its arguments."""
     def on_values(*args, **kwargs):
-        args = [xp._value(a) if not isinstance(a, (list, tuple)) else type(a)(xp._value(b) for b in a)
+        args = [concrete(a) if not isinstance(a, (list, tuple)) else type(a)(concrete(b) for b in a)
                 for a in args]
-        return fn(*args, **{k: xp._value(v) for k, v in kwargs.items()})
+        return fn(*args, **{k: concrete(v) for k, v in kwargs.items()})
     return on_values
 
 
@@ -206,10 +206,10 @@ def _order(fname, order, a):
     if order in ("C", "F"):
         return order
     if order == "A":  # Fortran order when the array is Fortran-contiguous in memory (NumPy's rule)
-        v = xp._value(a)
+        v = concrete(a)
         return "F" if isinstance(v, np.ndarray) and v.flags.f_contiguous and not v.flags.c_contiguous else "C"
     if order == "K" and fname == "ravel":
-        v = xp._value(a)
+        v = concrete(a)
         if not isinstance(v, np.ndarray) or v.flags.c_contiguous:
             return "C"
         if v.flags.f_contiguous:
@@ -468,7 +468,7 @@ def pad(array, pad_width, mode="constant", **kwargs):
         raise TypeError("np.pad: traced constant_values are not supported (the tape pads with constants)")
     where = np.pad(index, pad_width, mode="constant", constant_values=-1)
     inside = where >= 0
-    fill = np.pad(np.zeros(shape, dtype=xp._value(array).dtype), pad_width, mode="constant",
+    fill = np.pad(np.zeros(shape, dtype=concrete(array).dtype), pad_width, mode="constant",
                   constant_values=values)
     return xp.where(inside, xp.getitem(flat, np.where(inside, where, 0)), fill)
 
@@ -489,7 +489,7 @@ def kron(a, b):
 @implements(np.where)
 def where(condition, x=None, y=None, /):
     if x is None and y is None:
-        return np.nonzero(xp._value(condition))
+        return np.nonzero(concrete(condition))
     return xp.where(condition, x, y)
 
 
@@ -537,7 +537,7 @@ def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
     if xp._is_complex(x):
         parts = [nan_to_num(p, nan=nan, posinf=posinf, neginf=neginf) for p in (xp.real(x), xp.imag(x))]
         return parts[0] + parts[1] * 1j
-    v = xp._value(x)
+    v = concrete(x)
     if np.dtype(np.result_type(v)).kind != "f":
         return x
     big = np.finfo(np.result_type(v))
@@ -551,11 +551,11 @@ def select(condlist, choicelist, default=0):
     if len(condlist) != len(choicelist):
         raise ValueError("list of cases must be same length as list of conditions")
     out = xp._arr(default)
-    dtype = np.result_type(*(xp._value(c) for c in choicelist), xp._value(default))
+    dtype = np.result_type(*(concrete(c) for c in choicelist), concrete(default))
     for cond, choice in zip(reversed(condlist), reversed(choicelist)):
-        out = xp.where(xp._value(cond), choice, out)
-    out = xp.astype(out, dtype) if np.result_type(xp._value(out)) != dtype else out
-    return xp.broadcast_to(out, np.broadcast_shapes(_shape(out), *(np.shape(xp._value(c)) for c in condlist)))
+        out = xp.where(concrete(cond), choice, out)
+    out = xp.astype(out, dtype) if np.result_type(concrete(out)) != dtype else out
+    return xp.broadcast_to(out, np.broadcast_shapes(_shape(out), *(np.shape(concrete(c)) for c in condlist)))
 
 
 @implements(np.partition)
@@ -565,7 +565,7 @@ def partition(a, kth, axis=-1, kind="introselect", order=None):
     a = xp._arr(a)
     if axis is None:
         a, axis = xp.reshape(a, (-1,)), -1
-    index = np.argpartition(xp._value(a), kth, axis=axis, kind=kind)
+    index = np.argpartition(concrete(a), kth, axis=axis, kind=kind)
     return xp.take_along_axis(a, index, axis=axis)
 
 
@@ -585,7 +585,7 @@ def take(a, indices, axis=None, out=None, mode="raise"):
     if axis is None:
         a, axis = xp.reshape(a, (-1,)), 0
     n = _shape(a)[xp._axis1(axis, _ndim(a))]
-    index = np.asarray(xp._value(indices))
+    index = np.asarray(concrete(indices))
     if mode == "wrap":
         index = np.mod(index, n)
     elif mode == "clip":
@@ -609,7 +609,7 @@ def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis
     if num < 0:
         raise ValueError(f"Number of samples, {num}, must be non-negative.")
     start, stop = xp._arr(start), xp._arr(stop)
-    dt = np.result_type(xp._value(start), xp._value(stop), 1.0)
+    dt = np.result_type(concrete(start), concrete(stop), 1.0)
     if dtype is not None and np.dtype(dtype).kind not in "fc":
         raise TypeError(f"np.linspace: dtype={dtype!r} is not supported on traced values (a floating dtype is)")
     div = (num - 1) if endpoint else num
@@ -618,7 +618,7 @@ def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis
     y = np.arange(0, num, dtype=dt).reshape(lead)
     if div > 0:
         step = delta / div
-        y = (y / div) * delta if np.any(xp._value(step) == 0) else y * step
+        y = (y / div) * delta if np.any(concrete(step) == 0) else y * step
     else:
         step = math.nan
         y = y * delta
@@ -645,7 +645,7 @@ def gradient(f, *varargs, axis=None, edge_order=1):
         raise ValueError("'edge_order' greater than 2 not supported")
     if not varargs:
         spacing = [1.0] * len(axes)
-    elif len(varargs) == 1 and np.ndim(xp._value(varargs[0])) == 0:
+    elif len(varargs) == 1 and np.ndim(concrete(varargs[0])) == 0:
         spacing = list(varargs) * len(axes)
     elif len(varargs) == len(axes):
         spacing = list(varargs)

@@ -41,10 +41,10 @@ import math
 
 import numpy as np
 
-from ._core import Primitive, Tracer, _ndim, _shape
+from ._core import backward, record, unbroadcast
+from ._tracer import PRIMITIVES, Primitive, Tracer, _ndim, _shape, concrete
 
 LINEAR = "linear"
-PRIMITIVES: dict[str, Primitive] = {}
 
 
 def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, elementwise=None, ufunc=None):
@@ -137,7 +137,7 @@ rad2deg = defprim("rad2deg", np.rad2deg, vjp=(lambda g, ans, x: g * (180 / math.
 def _sinc_slope(ans, x):
     """d/dx sin(pi x) / (pi x) = (cos(pi x) - sinc(x)) / x, and its Taylor series near 0 (exact there to
     every order; the closed form would cancel)."""
-    small = np.abs(_val(x)) < 1e-2
+    small = np.abs(concrete(x)) < 1e-2
     if not np.any(small):
         return (cos(x * math.pi) - ans) / x
     p2 = math.pi ** 2
@@ -259,7 +259,7 @@ def _mm_rules(op, skip_nan=False):
     wins = (lambda x, y: x > y) if op == "max" else (lambda x, y: x < y)
 
     def wx(x, y):
-        xv, yv = _val(x), _val(y)
+        xv, yv = concrete(x), concrete(y)
         w = np.where(xv == yv, 0.5, np.where(wins(xv, yv), 1.0, 0.0))
         if skip_nan:
             w = np.where(np.isnan(yv), 1.0, np.where(np.isnan(xv), 0.0, w))
@@ -267,12 +267,6 @@ def _mm_rules(op, skip_nan=False):
 
     return ((lambda g, ans, x, y: g * wx(x, y), lambda g, ans, x, y: g * (1 - wx(x, y))),
             (lambda t, ans, x, y: t * wx(x, y), lambda t, ans, x, y: t * (1 - wx(x, y))))
-
-
-def _val(x):
-    while isinstance(x, Tracer):
-        x = x.value
-    return x
 
 
 _rules = _mm_rules("max")
@@ -286,7 +280,7 @@ fmin = defprim("fmin", np.fmin, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
 
 def _over(num, den):
     """num / den, and 0 where den == 0 (at the origin of atan2 and hypot: the documented rule)."""
-    zero = _val(den) == 0
+    zero = concrete(den) == 0
     if not np.any(zero):
         return num / den
     return where(zero, 0, num / where(zero, 1, den))
@@ -322,7 +316,7 @@ remainder = defprim("remainder", np.remainder,
 
 def _floor_quotient(x, y):
     """floor(x / y) as a constant: piecewise constant, so it carries no derivative."""
-    return np.floor_divide(_val(x), _val(y))
+    return np.floor_divide(concrete(x), concrete(y))
 
 
 copysign = defprim("copysign", np.copysign,
@@ -346,22 +340,22 @@ def _clip_impl(x, lo, hi):
 
 def _inside(x, lo, hi):
     """1 where x is inside [lo, hi] (bounds inclusive), else 0; lo/hi may be None."""
-    xv = _val(x)
+    xv = concrete(x)
     m = np.ones(np.shape(xv), dtype=bool)
     if lo is not None:
-        m &= xv >= _val(lo)
+        m &= xv >= concrete(lo)
     if hi is not None:
-        m &= xv <= _val(hi)
+        m &= xv <= concrete(hi)
     return m
 
 
 clip = defprim("clip", _clip_impl,
                vjp=(lambda g, ans, x, lo, hi: where(_inside(x, lo, hi), g, 0),
-                    lambda g, ans, x, lo, hi: where(_val(x) < _val(lo), g, 0),
-                    lambda g, ans, x, lo, hi: where(_val(x) > _val(hi), g, 0)),
+                    lambda g, ans, x, lo, hi: where(concrete(x) < concrete(lo), g, 0),
+                    lambda g, ans, x, lo, hi: where(concrete(x) > concrete(hi), g, 0)),
                jvp=(lambda t, ans, x, lo, hi: where(_inside(x, lo, hi), t, 0),
-                    lambda t, ans, x, lo, hi: where(_val(x) < _val(lo), t, 0),
-                    lambda t, ans, x, lo, hi: where(_val(x) > _val(hi), t, 0)),
+                    lambda t, ans, x, lo, hi: where(concrete(x) < concrete(lo), t, 0),
+                    lambda t, ans, x, lo, hi: where(concrete(x) > concrete(hi), t, 0)),
                broadcasts=True)
 
 # ------------------------------------------------------------------------- comparisons and friends
@@ -414,7 +408,7 @@ def _min_impl(x, axis, keepdims):
 
 def _extremum_weights(ans, x, axis, keepdims):
     """Indicator of the extremal elements, divided by how many tie (the evenly-split convention)."""
-    xv, av = _val(x), _val(ans)
+    xv, av = concrete(x), concrete(ans)
     if not keepdims:
         av = av.reshape(_keep_shape(np.shape(xv), axis))
     hit = (xv == av)
@@ -524,7 +518,6 @@ reshape = defprim("reshape", lambda x, shape: np.reshape(x, shape), vjp=(_reshap
 
 
 def _broadcast_vjp(g, ans, x, shape):
-    from ._core import unbroadcast
     return unbroadcast(g, _shape(x), _nb(g, ans))
 
 
@@ -829,7 +822,7 @@ def _tril_strict(x):
 
 def _safe_reciprocal(s):
     """1 / s, and 0 where s == 0 (the value, not its derivative, decides)."""
-    zero = _val(s) == 0
+    zero = concrete(s) == 0
     return where(zero, 0, 1 / where(zero, 1, s))
 
 
@@ -840,7 +833,7 @@ def _inverse_gaps(w):
     symmetric eigen- or singular-value solver): the terms that couple them are dropped (documented
     rule), where the exact derivative of the singular vectors does not exist.
     """
-    wv = _val(w)
+    wv = concrete(w)
     n = wv.shape[-1]
     gaps_v = wv[..., None, :] - wv[..., :, None]
     scale = np.max(np.abs(wv), axis=-1, keepdims=True)[..., None] if n else 0.0
@@ -883,8 +876,6 @@ def _transposed_jvp(jvp_joint, i):
     """The VJP rule of argument ``i`` of a primitive with a (linear in the tangent) joint JVP rule:
     reverse mode over ``dx -> jvp_joint(dx)``, recorded with the tape's own traced ops. The result
     is the exact transpose of the JVP (the transpose test holds to rounding) and differentiates again."""
-    from ._core import backward, record
-
     def rule(g, ans, *args, **params):
         x = args[i]
         zero = np.zeros(_shape(x), dtype=x.dtype)
@@ -940,7 +931,7 @@ def _cofactor(x, ans):
     n <= 16, the Faddeev-LeVerrier (Cayley-Hamilton) polynomial, exact at every rank and to every
     order; beyond that the SVD (A = U S Vh: det(U) det(Vh) conj(U) diag(prod of the other s) conj(Vh)),
     whose first derivative is exact at rank n-1."""
-    xv = _val(x)
+    xv = concrete(x)
     n = xv.shape[-1]
     if n == 0:
         return np.zeros(xv.shape, dtype=xv.dtype)
@@ -954,7 +945,7 @@ def _cofactor(x, ans):
         phase = det(u) * det(vh)  # unit modulus, a smooth function of A
         sv, u, vh = real(sv), conj(u), conj(vh)
     else:
-        phase = np.linalg.det(_val(u)) * np.linalg.det(_val(vh))  # +-1: locally constant
+        phase = np.linalg.det(concrete(u)) * np.linalg.det(concrete(vh))  # +-1: locally constant
     adj_s = _prod_others(sv, (-1,))
     return matmul(u * _row(adj_s), vh) * reshape(phase, _shape(phase) + (1, 1))
 
@@ -963,7 +954,7 @@ def _cofactor_polynomial(x):
     """adj(A) = (-1)^(n+1) M_n with M_1 = I, M_k = A M_(k-1) + c_(n-k+1) I, c_(n-k) = -tr(A M_k) / k
     (Faddeev-LeVerrier), on A scaled to unit max-norm (cof is homogeneous of degree n-1)."""
     n = _shape(x)[-1]
-    scale = float(np.max(np.abs(_val(x)))) or 1.0
+    scale = float(np.max(np.abs(concrete(x)))) or 1.0
     a = x * (1.0 / scale)
     eye = np.eye(n, dtype=np.finfo(x.dtype).dtype)
     m = eye

@@ -191,7 +191,9 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
         if g is None:
             g = np.zeros(tuple(batch_shape) + _shape(v), dtype=v.dtype)
         else:
-            g = _owned(_like_dtype(g, v), cotangents, grads)
+            if type(g) is not np.ndarray or g.dtype is not v.dtype:  # (a dtype is one object per kind)
+                g = _like_dtype(g, v)
+            g = _owned(g, cotangents, grads)
         grads.append(g)
     return tuple(grads)
 
@@ -258,7 +260,8 @@ def record(f, primals, has_aux, kept=False):
     out_values, out_indices = [], []
     for o in outs:
         if isinstance(o, RTracer) and o.trace is trace:
-            out_values.append(_owned(_strip(o, trace, kept), primals, out_values))
+            v = _strip(o, trace, kept)
+            out_values.append(v if kept else _owned(v, primals, out_values))  # kept: already a fresh copy
             out_indices.append(o.index)
         else:
             out_values.append(_owned(_strip(o, trace), primals, out_values))

@@ -91,35 +91,110 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None):
     return np.array(obj, dtype=dtype, copy=True if copy else None)
 
 
-def _constant(fn):
-    def wrapper(*args, device=None, **kwargs):
-        return fn(*args, **kwargs)
-    wrapper.__name__ = fn.__name__
-    return wrapper
+def _device(device, fname):
+    if device is not None and str(device) != "cpu":
+        raise ValueError(f"{fname}: the numpy backend has only the 'cpu' device; got device={device!r}")
 
 
-zeros = _constant(np.zeros)
-ones = _constant(np.ones)
-empty = _constant(np.empty)
-full = _constant(np.full)
-eye = _constant(np.eye)
-arange = _constant(np.arange)
-linspace = _constant(np.linspace)
-from_dlpack = _constant(np.from_dlpack)
+def zeros(shape, *, dtype=None, device=None):
+    _device(device, "zeros")
+    return np.zeros(shape, dtype=dtype)
 
 
-def _like(fn):
-    def wrapper(x, /, *args, dtype=None, device=None, **kwargs):
-        v = concrete(x)
-        return fn(v, *args, dtype=dtype, **kwargs)
-    wrapper.__name__ = fn.__name__
-    return wrapper
+def ones(shape, *, dtype=None, device=None):
+    _device(device, "ones")
+    return np.ones(shape, dtype=dtype)
 
 
-zeros_like = _like(np.zeros_like)
-ones_like = _like(np.ones_like)
-empty_like = _like(np.empty_like)
-full_like = _like(np.full_like)
+def empty(shape, *, dtype=None, device=None):
+    _device(device, "empty")
+    return np.empty(shape, dtype=dtype)
+
+
+def full(shape, fill_value, *, dtype=None, device=None):
+    _device(device, "full")
+    if _is_traced(fill_value):  # a traced fill value keeps its derivative
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        return broadcast_to(fill_value if dtype is None else astype(fill_value, dtype), shape)
+    return np.full(shape, fill_value, dtype=dtype)
+
+
+def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
+    _device(device, "eye")
+    return np.eye(n_rows, n_cols, k=k, dtype=dtype)
+
+
+def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
+    _device(device, "arange")
+    if stop is None:
+        start, stop = 0, start
+    return np.arange(start, stop, step, dtype=dtype)
+
+
+def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
+    """Evenly spaced numbers; traced endpoints stay traced (NumPy's arithmetic, step for step)."""
+    _device(device, "linspace")
+    if _is_traced(start) or _is_traced(stop):
+        return _traced_linspace(start, stop, num, endpoint=endpoint, dtype=dtype)
+    return np.linspace(start, stop, num, endpoint=endpoint, dtype=dtype)
+
+
+def _traced_linspace(start, stop, num, *, endpoint=True, dtype=None, axis=0, retstep=False):
+    """NumPy's linspace, its arithmetic step for step, on traced endpoints (a 0-d or n-d start/stop)."""
+    num = operator.index(num)
+    if num < 0:
+        raise ValueError(f"Number of samples, {num}, must be non-negative.")
+    start, stop = _arr(start), _arr(stop)
+    dt = np.result_type(concrete(start), concrete(stop), 1.0)
+    if dtype is not None and np.dtype(dtype).kind not in "fc":
+        raise TypeError(f"linspace: dtype={dtype!r} is not supported on traced endpoints (a floating dtype is)")
+    div = (num - 1) if endpoint else num
+    delta = stop - start
+    y = np.arange(0, num, dtype=dt).reshape((-1,) + (1,) * _ndim(delta))
+    if div > 0:
+        step = delta / div
+        y = (y / div) * delta if np.any(concrete(step) == 0) else y * step
+    else:
+        step = math.nan
+        y = y * delta
+    y = y + start
+    if endpoint and num > 1:
+        shape = _shape(y)
+        head = getitem(y, (slice(0, num - 1),))
+        y = concat([head, reshape(broadcast_to(stop, shape[1:]), (1,) + shape[1:])], axis=0)
+    if axis != 0:
+        y = moveaxis(y, 0, axis)
+    if dtype is not None:
+        y = astype(y, dtype)
+    return (y, step) if retstep else y
+
+
+def from_dlpack(x, /, *, device=None, copy=None):
+    _device(device, "from_dlpack")
+    return np.from_dlpack(x) if copy is None else np.from_dlpack(x, copy=copy)
+
+
+def zeros_like(x, /, *, dtype=None, device=None):
+    _device(device, "zeros_like")
+    return np.zeros_like(concrete(x), dtype=dtype)
+
+
+def ones_like(x, /, *, dtype=None, device=None):
+    _device(device, "ones_like")
+    return np.ones_like(concrete(x), dtype=dtype)
+
+
+def empty_like(x, /, *, dtype=None, device=None):
+    _device(device, "empty_like")
+    return np.empty_like(concrete(x), dtype=dtype)
+
+
+def full_like(x, /, fill_value, *, dtype=None, device=None):
+    _device(device, "full_like")
+    v = concrete(x)
+    if _is_traced(fill_value):
+        return full(np.shape(v), fill_value, dtype=v.dtype if dtype is None else dtype)
+    return np.full_like(v, fill_value, dtype=dtype)
 
 
 def __array_namespace_info__():
@@ -197,11 +272,21 @@ def astype(x, dtype, /, *, copy=True, device=None):
 
 # -------------------------------------------------------------------- reductions
 
+def _in_dtype(out, dtype):
+    """A reduction's result in the requested ``dtype``: NumPy accumulates small integers in 64 bits (as
+    the standard asks when no dtype is given); an explicit integer dtype wraps around as its arithmetic
+    would."""
+    if dtype is None or np.dtype(concrete(out).dtype) == np.dtype(dtype):
+        return out
+    return astype(out, dtype)
+
+
 def sum(x, /, *, axis=None, dtype=None, keepdims=False):  # noqa: A001
+    """Sum; small integers accumulate in (u)int64 unless ``dtype`` says otherwise."""
     x = _arr(x)
     if dtype is not None:
         x = astype(x, dtype)
-    return P.reduce_sum(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims)
+    return _in_dtype(P.reduce_sum(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims), dtype)
 
 
 def prod(x, /, *, axis=None, dtype=None, keepdims=False):
@@ -209,7 +294,7 @@ def prod(x, /, *, axis=None, dtype=None, keepdims=False):
     x = _arr(x)
     if dtype is not None:
         x = astype(x, dtype)
-    return P.reduce_prod(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims)
+    return _in_dtype(P.reduce_prod(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims), dtype)
 
 
 def max(x, /, *, axis=None, keepdims=False):  # noqa: A001
@@ -239,12 +324,12 @@ def _cumulative(x, axis, dtype, include_initial, fname):
 def _with_initial(out, x, a, fill):
     shape = list(_shape(x))
     shape[a] = 1
-    return concat([np.full(shape, fill, dtype=concrete(x).dtype), out], axis=a)
+    return concat([np.full(shape, fill, dtype=concrete(out).dtype), out], axis=a)
 
 
 def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
     x, a = _cumulative(x, axis, dtype, include_initial, "cumulative_sum")
-    out = P.cumsum(x, axis=a)
+    out = _in_dtype(P.cumsum(x, axis=a), dtype)
     return _with_initial(out, x, a, 0) if include_initial else out
 
 
@@ -252,7 +337,7 @@ def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
     """Cumulative product; traced values go through a log-depth scan of multiplies, so derivatives
     of every order are exact, zeros included."""
     x, a = _cumulative(x, axis, dtype, include_initial, "cumulative_prod")
-    out = P.cumprod_scan(x, a) if _is_traced(x) else np.cumprod(x, axis=a)
+    out = _in_dtype(P.cumprod_scan(x, a) if _is_traced(x) else np.cumprod(x, axis=a), dtype)
     return _with_initial(out, x, a, 1) if include_initial else out
 
 
@@ -331,7 +416,7 @@ def moveaxis(x, source, destination, /):
     return permute_dims(x, tuple(k + nd for k in order))
 
 
-def expand_dims(x, /, *, axis=0):
+def expand_dims(x, /, axis=0):
     """Insert size-1 axes at ``axis`` (an int or a tuple of positions in the result)."""
     x = _arr(x)
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
@@ -565,7 +650,26 @@ def can_cast(from_, to, /):
     return np.can_cast(from_, to)
 
 
-finfo, iinfo = np.finfo, np.iinfo
+finfo_object = namedtuple("finfo_object", ["bits", "eps", "max", "min", "smallest_normal", "dtype"])
+iinfo_object = namedtuple("iinfo_object", ["bits", "max", "min", "dtype"])
+
+
+def _dtype_of(type, fname):
+    if isinstance(type, (np.ndarray, np.generic, Tracer)):
+        return np.dtype(concrete(type).dtype)  # an array: its dtype (the standard accepts both)
+    return np.dtype(type)
+
+
+def finfo(type, /):  # noqa: A002
+    """Floating-point limits as the standard gives them: Python floats (a complex dtype: its real part's)."""
+    info = np.finfo(_dtype_of(type, "finfo"))
+    return finfo_object(int(info.bits), float(info.eps), float(info.max), float(info.min),
+                        float(info.smallest_normal), np.dtype(info.dtype))
+
+
+def iinfo(type, /):  # noqa: A002
+    info = np.iinfo(_dtype_of(type, "iinfo"))
+    return iinfo_object(int(info.bits), int(info.max), int(info.min), np.dtype(info.dtype))
 
 
 # -------------------------------------------------------------------- products (main namespace)
@@ -589,8 +693,18 @@ def matmul(x1, x2, /):
 
 
 def vecdot(x1, x2, /, *, axis=-1):
-    """sum(conj(x1) * x2) along ``axis`` (the Array API conjugates the first argument)."""
-    return sum(P.conj(x1) * x2 if _is_complex(x1) else P.multiply(x1, x2), axis=axis)
+    """sum(conj(x1) * x2) along ``axis`` (the Array API conjugates the first argument), in the two
+    inputs' promoted dtype; the contracted axes must have the same size (they are not broadcast)."""
+    x1, x2 = _arr(x1), _arr(x2)
+    nd = builtins.max(_ndim(x1), _ndim(x2))
+    a = _axis1(axis, nd)
+    s1, s2 = (1,) * (nd - _ndim(x1)) + _shape(x1), (1,) * (nd - _ndim(x2)) + _shape(x2)
+    if s1[a] != s2[a]:
+        raise ValueError(f"vecdot: the contracted axis {axis} has size {s1[a]} in x1 (shape {_shape(x1)}) and "
+                         f"{s2[a]} in x2 (shape {_shape(x2)}); they must be equal")
+    dtype = np.result_type(concrete(x1), concrete(x2))
+    out = sum(P.conj(x1) * x2 if _is_complex(x1) else P.multiply(x1, x2), axis=a)
+    return _in_dtype(out, dtype)
 
 
 def tensordot(x1, x2, /, *, axes=2):

@@ -604,34 +604,8 @@ def take_along_axis(arr, indices, axis=-1):
 
 @implements(np.linspace)
 def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0, *, device=None):
-    """NumPy's arithmetic, step for step, on traced endpoints."""
-    num = operator.index(num)
-    if num < 0:
-        raise ValueError(f"Number of samples, {num}, must be non-negative.")
-    start, stop = xp._arr(start), xp._arr(stop)
-    dt = np.result_type(concrete(start), concrete(stop), 1.0)
-    if dtype is not None and np.dtype(dtype).kind not in "fc":
-        raise TypeError(f"np.linspace: dtype={dtype!r} is not supported on traced values (a floating dtype is)")
-    div = (num - 1) if endpoint else num
-    delta = stop - start
-    lead = (-1,) + (1,) * _ndim(delta)
-    y = np.arange(0, num, dtype=dt).reshape(lead)
-    if div > 0:
-        step = delta / div
-        y = (y / div) * delta if np.any(concrete(step) == 0) else y * step
-    else:
-        step = math.nan
-        y = y * delta
-    y = y + start
-    if endpoint and num > 1:
-        shape = _shape(y)
-        head = xp.getitem(y, (slice(0, num - 1),))
-        y = xp.concat([head, xp.reshape(xp.broadcast_to(stop, shape[1:]), (1,) + shape[1:])], axis=0)
-    if axis != 0:
-        y = xp.moveaxis(y, 0, axis)
-    if dtype is not None:
-        y = xp.astype(y, dtype)
-    return (y, step) if retstep else y
+    xp._device(device, "np.linspace")
+    return xp._traced_linspace(start, stop, num, endpoint=endpoint, retstep=retstep, dtype=dtype, axis=axis)
 
 
 @implements(np.gradient)

@@ -364,7 +364,10 @@ for _name, _fn in [("equal", np.equal), ("not_equal", np.not_equal), ("less", np
                    ("isnan", np.isnan), ("isinf", np.isinf), ("isfinite", np.isfinite),
                    ("signbit", np.signbit), ("logical_and", np.logical_and), ("logical_or", np.logical_or),
                    ("logical_xor", np.logical_xor), ("logical_not", np.logical_not),
-                   ("floor_divide", np.floor_divide), ("nextafter", np.nextafter)]:
+                   ("floor_divide", np.floor_divide), ("nextafter", np.nextafter),
+                   ("bitwise_and", np.bitwise_and), ("bitwise_or", np.bitwise_or), ("bitwise_xor", np.bitwise_xor),
+                   ("bitwise_invert", np.invert), ("bitwise_left_shift", np.left_shift),
+                   ("bitwise_right_shift", np.right_shift)]:
     defnondiff(_name, _fn)
 equal, not_equal = PRIMITIVES["equal"], PRIMITIVES["not_equal"]
 less, less_equal = PRIMITIVES["less"], PRIMITIVES["less_equal"]

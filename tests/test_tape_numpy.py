@@ -206,3 +206,50 @@ def test_ufunc_table_is_the_rule_table():
     for p in P.PRIMITIVES.values():
         if p.ufunc is not None:
             assert D.UFUNCS[p.ufunc] is p
+
+
+# ------------------------------------------------------------------------------------------ fft
+
+Z = RNG.standard_normal((3, 6)) + 1j * RNG.standard_normal((3, 6))
+ZH = RNG.standard_normal((3, 4)) + 1j * RNG.standard_normal((3, 4))
+R36 = RNG.standard_normal((3, 6))
+
+FFT_CASES = {
+    "fft": (lambda a: np.fft.fft(a), (Z,)),
+    "fft_real_padded": (lambda a: np.fft.fft(a, n=8, axis=0), (R36,)),
+    "ifft_cropped_ortho": (lambda a: np.fft.ifft(a, n=4, norm="ortho"), (Z,)),
+    "rfft": (lambda a: np.fft.rfft(a), (R36,)),
+    "rfft_n_forward": (lambda a: np.fft.rfft(a, n=5, norm="forward", axis=0), (R36,)),
+    "irfft": (lambda a: np.fft.irfft(a), (ZH,)),
+    "irfft_odd_ortho": (lambda a: np.fft.irfft(a, n=7, norm="ortho"), (ZH,)),
+    "hfft": (lambda a: np.fft.hfft(a), (ZH,)),
+    "ihfft": (lambda a: np.fft.ihfft(a), (R36,)),
+    "fft2": (lambda a: np.fft.fft2(a), (Z,)),
+    "rfftn": (lambda a: np.fft.rfftn(a), (R36,)),
+    "irfft2": (lambda a: np.fft.irfft2(a, s=(3, 6)), (ZH,)),
+    "ifftn_axes": (lambda a: np.fft.ifftn(a, axes=(0,)), (Z,)),
+    "shifts": (lambda a: np.fft.fftshift(a) + np.fft.ifftshift(a, axes=1), (R36,)),
+    "namespace_rfft_float32": (lambda a: unigrad.namespace(a).fft.rfft(a), (R36.astype(np.float32),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FFT_CASES))
+def test_fft_value_and_derivatives(name):
+    f, args = FFT_CASES[name]
+    got, want = traced(f, *args), f(*args) if "namespace" not in name else np.fft.rfft(*args)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5 if want.dtype == np.complex64 else 1e-12, atol=1e-12)
+    check_grads(f, args, order=2, backend="numpy")
+
+
+@pytest.mark.parametrize("name", ["rfft", "irfft", "fft"])
+def test_fft_vjp_against_jax(name):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    x = {"rfft": R36[0], "irfft": ZH[0], "fft": Z[0]}[name].astype(np.complex64 if name != "rfft" else np.float32)
+    f_np, f_jax = getattr(np.fft, name), getattr(jnp.fft, name)
+    out, vjp_fn = unigrad.vjp(f_np, x, backend="numpy")
+    ct = (RNG.standard_normal(out.shape) + (1j * RNG.standard_normal(out.shape) if np.iscomplexobj(out) else 0)
+          ).astype(out.dtype)
+    want = jax.vjp(f_jax, jnp.asarray(x))[1](jnp.asarray(ct))[0]
+    np.testing.assert_allclose(vjp_fn(ct)[0], np.asarray(want), rtol=2e-5, atol=2e-5)

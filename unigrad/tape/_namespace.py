@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from . import _composites as _C
+from . import _fft as fft  # noqa: F401 -- the namespace's fft extension
 from . import _linalg as linalg  # noqa: F401 -- the namespace's linalg extension
 from . import _numpy_dispatch
 from ._composites import *  # noqa: F401,F403

@@ -21,6 +21,7 @@ import operator
 import numpy as np
 
 from . import _composites as C
+from . import _fft as F
 from . import _functions as xp
 from . import _linalg as L
 from . import _primitives as P
@@ -836,3 +837,29 @@ for _name in ("matmul", "outer", "cross", "diagonal", "trace", "vector_norm", "m
               "tensordot", "vecdot", "matrix_transpose"):  # NumPy 2's Array API spellings in np.linalg
     if hasattr(np.linalg, _name):
         FUNCTIONS[getattr(np.linalg, _name)] = getattr(L, _name)
+
+
+# -- fft: NumPy's signatures (norm=None is "backward"; fft2 and friends are the n-d ones on two axes)
+
+def _fft1(fname, fn):
+    def transform(a, n=None, axis=-1, norm=None, out=None):
+        _refuse(f"fft.{fname}", out=(out, None))
+        return fn(a, n=n, axis=axis, norm=norm)
+    return transform
+
+
+def _fftn(fname, fn, default_axes):
+    def transform(a, s=None, axes=default_axes, norm=None, out=None):
+        _refuse(f"fft.{fname}", out=(out, None))
+        return fn(a, s=s, axes=axes, norm=norm)
+    return transform
+
+
+for _name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft"):
+    FUNCTIONS[getattr(np.fft, _name)] = _fft1(_name, getattr(F, _name))
+for _name, _fn, _axes in [("fftn", F.fftn, None), ("ifftn", F.ifftn, None), ("rfftn", F.rfftn, None),
+                          ("irfftn", F.irfftn, None), ("fft2", F.fftn, (-2, -1)), ("ifft2", F.ifftn, (-2, -1)),
+                          ("rfft2", F.rfftn, (-2, -1)), ("irfft2", F.irfftn, (-2, -1))]:
+    FUNCTIONS[getattr(np.fft, _name)] = _fftn(_name, _fn, _axes)
+FUNCTIONS[np.fft.fftshift] = lambda x, axes=None: F.fftshift(x, axes=axes)
+FUNCTIONS[np.fft.ifftshift] = lambda x, axes=None: F.ifftshift(x, axes=axes)

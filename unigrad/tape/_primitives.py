@@ -779,6 +779,67 @@ def einsum(*xs, labels, out):
 
 
 
+# ------------------------------------------------------------------------- discrete Fourier transforms
+# One transform along one negative ``axis`` of an array whose length there is the transform's length
+# (the namespace crops or zero-pads first). All are linear; the VJP is the unconjugated transpose.
+
+def _fft_impl(x, axis, inverse, norm):
+    return (np.fft.ifft if inverse else np.fft.fft)(x, axis=axis, norm=norm)
+
+
+# The DFT matrix is symmetric, so each complex transform is its own transpose.
+fft_c2c = defprim("fft", _fft_impl, vjp=(lambda g, ans, x, axis, inverse, norm: fft_c2c(
+    g, axis=axis, inverse=inverse, norm=norm),), jvp=LINEAR)
+
+
+def _along(x, axis, index):
+    return getitem(x, index=(slice(None),) * (_ndim(x) + axis) + (index,))
+
+
+def _zero_pad(x, axis, n):
+    """x with zeros appended along ``axis`` up to length n."""
+    shape = list(_shape(x))
+    extra = n - shape[axis]
+    if extra <= 0:
+        return x
+    shape[axis] = extra
+    return concat(x, np.zeros(tuple(shape), dtype=x.dtype), axis=axis)
+
+
+def _rfft_impl(x, axis, norm):
+    return np.fft.rfft(x, axis=axis, norm=norm)
+
+
+def _rfft_vjp(g, ans, x, axis, norm):
+    """rfft keeps the first n//2 + 1 rows of the DFT: its transpose pads g with zeros to n and applies
+    the (symmetric) DFT; a real input takes the real part."""
+    return real(fft_c2c(_zero_pad(g, axis, _shape(x)[axis]), axis=axis, inverse=False, norm=norm))
+
+
+rfft = defprim("rfft", _rfft_impl, vjp=(_rfft_vjp,), jvp=LINEAR)
+
+
+def _irfft_impl(x, axis, n, norm):
+    return np.fft.irfft(x, n=n, axis=axis, norm=norm)
+
+
+def _irfft_vjp(g, ans, x, axis, n, norm):
+    """irfft(X)_j = scale * sum_k c_k Re(X_k w^jk) with c = 1 for the zero (and, n even, the Nyquist)
+    frequency and 2 for the others; with JAX's convention (d/da - i d/db for X = a + ib) the cotangent
+    of X_k is c_k * ifft(g)_k."""
+    m = _shape(x)[axis]
+    c = np.full(m, 2.0)
+    c[0] = 1.0
+    if n % 2 == 0:
+        c[-1] = 1.0
+    c = c.reshape((m,) + (1,) * (-axis - 1)).astype(np.finfo(x.dtype).dtype)
+    full = fft_c2c(astype(g, dtype=np.dtype(x.dtype)), axis=axis, inverse=True, norm=norm)
+    return _along(full, axis, slice(0, m)) * c
+
+
+irfft = defprim("irfft", _irfft_impl, vjp=(_irfft_vjp,), jvp=LINEAR)
+
+
 # ------------------------------------------------------------------------- linear algebra
 # Matrices live on the last two axes; every rule broadcasts over the leading ones (batch axes of
 # cotangents and tangents included). Helpers first, then one row per primitive.

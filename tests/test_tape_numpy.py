@@ -109,6 +109,12 @@ CASES = {
     "float_power": (lambda a: np.float_power(a, 2), (POS.astype(np.float32),)),
     "svd_values": (lambda a: np.linalg.svd(a, compute_uv=False), (M,)),
     "qr_r": (lambda a: np.abs(np.linalg.qr(a, mode="r")), (A,)),
+    "eigvals_complex": (lambda a: np.linalg.eigvals(a) ** 2, (A,)),
+    "eigvals_real": (lambda a: np.linalg.eigvals(a), (SPD,)),
+    "eig_reconstruction": (lambda a: (np.linalg.eig(a)[1] * np.linalg.eig(a)[0]) @ np.linalg.inv(np.linalg.eig(a)[1]),
+                           (A,)),
+    "eig_vector_moduli": (lambda a: np.abs(np.linalg.eig(a).eigenvectors), (A,)),
+    "eigvals_of_complex": (lambda z: np.linalg.eigvals(z), (A + 1j * SPD,)),
 }
 
 CHECK_ONLY_VALUE = {"partition", "partition_axis0", "round_decimals", "nan_to_num_defaults", "nan_to_num_complex"}
@@ -253,3 +259,14 @@ def test_fft_vjp_against_jax(name):
           ).astype(out.dtype)
     want = jax.vjp(f_jax, jnp.asarray(x))[1](jnp.asarray(ct))[0]
     np.testing.assert_allclose(vjp_fn(ct)[0], np.asarray(want), rtol=2e-5, atol=2e-5)
+
+
+def test_eigvals_vjp_against_jax():
+    jax = pytest.importorskip("jax")
+    a = A.astype(np.float32)
+    out, vjp_fn = unigrad.vjp(np.linalg.eigvals, a, backend="numpy")
+    ct = (RNG.standard_normal(4) + 1j * RNG.standard_normal(4)).astype(np.complex64)
+    w, pullback = jax.vjp(jax.numpy.linalg.eigvals, jax.numpy.asarray(a))
+    order = [int(np.argmin(np.abs(np.asarray(w) - o))) for o in out]  # LAPACK may order them differently
+    want = pullback(jax.numpy.asarray(ct[np.argsort(order)]))[0]
+    np.testing.assert_allclose(vjp_fn(ct)[0], np.asarray(want), rtol=1e-4, atol=1e-4)

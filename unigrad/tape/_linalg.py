@@ -185,6 +185,28 @@ def eigvalsh(x, /):
     return eigh(x).eigenvalues
 
 
+EigResult = namedtuple("EigResult", ["eigenvalues", "eigenvectors"])
+
+
+def eig(x, /):
+    """Eigenvalues and unit-norm eigenvectors of a general square matrix (NumPy's ``linalg.eig``):
+    complex, or real when x is real and every eigenvalue is (NumPy's rule). Derivatives need distinct
+    eigenvalues; eigenvectors carry LAPACK's phase, so only phase-invariant functions of them (the
+    reconstruction V diag(w) V^-1, |v|...) match finite differences."""
+    x = _square(x, "eig")
+    if not xp._is_traced(x):
+        return EigResult(*np.linalg.eig(x))
+    n = _shape(x)[-1]
+    w, v = P._split(P.eig(x), [(n,), (n, n)])
+    if not xp._is_complex(x) and np.all(np.imag(concrete(w)) == 0):
+        w, v = xp.real(w), xp.real(v)
+    return EigResult(w, v)
+
+
+def eigvals(x, /):
+    return eig(x).eigenvalues if xp._is_traced(x) else np.linalg.eigvals(_square(x, "eigvals"))
+
+
 def svd(x, /, *, full_matrices=True):
     """U, S, Vh with x = U diag(S) Vh.
 

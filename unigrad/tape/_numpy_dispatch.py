@@ -830,7 +830,8 @@ def multi_dot(arrays, *, out=None):
     return result
 
 
-for _name, _fn in [("inv", L.inv), ("det", L.det), ("slogdet", L.slogdet), ("solve", L.solve),
+for _name, _fn in [("inv", L.inv), ("det", L.det), ("slogdet", L.slogdet), ("solve", L.solve), ("eig", L.eig),
+                   ("eigvals", L.eigvals),
                    ("matrix_power", L.matrix_power), ("norm", L.norm)]:
     FUNCTIONS[getattr(np.linalg, _name)] = _fn
 for _name in ("matmul", "outer", "cross", "diagonal", "trace", "vector_norm", "matrix_norm", "svdvals",

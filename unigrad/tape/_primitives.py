@@ -1095,6 +1095,32 @@ def _eigh_jvp(tangents, ans, x):
 eigh = _defjoint("eigh", _eigh_impl, _eigh_jvp)
 
 
+# -- eig (general square matrices): packed (eigenvalues (n,), eigenvectors (n, n)), always complex
+def _eig_impl(x):
+    w, v = np.linalg.eig(x)
+    dtype = np.result_type(w.dtype, np.complex64)
+    return _pack_np([w.astype(dtype, copy=False), v.astype(dtype, copy=False)], np.shape(x)[:-2])
+
+
+def _eig_jvp(tangents, ans, x):
+    """With C = V^-1 dA V: dw = diag(C); dV = V (F o C), F_ij = 1 / (w_j - w_i) off the diagonal, minus
+    the part along each column that would change its norm (NumPy's eigenvectors have unit norm; their
+    phase is LAPACK's choice, so only phase-invariant functions of them are comparable)."""
+    (t,) = tangents
+    n = _shape(x)[-1]
+    w, v = _split(ans, [(n,), (n, n)])
+    if not _is_complex(t):
+        t = astype(t, dtype=np.dtype(ans.dtype))
+    c = matmul(solve(v, t), v)
+    dw = _diag_part(c)
+    dv = matmul(v, _inverse_gaps(w) * c)
+    dv = dv - v * _row(real(reduce_sum(conj(v) * dv, axis=(-2,), keepdims=False)))
+    return _join([dw, dv], [(n,), (n, n)], np.dtype(ans.dtype))
+
+
+eig = _defjoint("eig", _eig_impl, _eig_jvp)
+
+
 # -- svd: packed (U, S, Vh)
 def _svd_cores(m, n, full_matrices):
     k = min(m, n)

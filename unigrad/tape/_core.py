@@ -1,4 +1,4 @@
-"""The tape's engine: traces, tracers, ``bind`` and the forward and backward sweeps.
+"""The tape's engine: the reverse and forward traces and their sweeps (``record``, ``backward``, ``push``).
 
 How it works, in one page:
 
@@ -21,6 +21,12 @@ How it works, in one page:
   rows. Rules stay batch-agnostic because every axis parameter is stored as a
   negative number (counted from the end), and broadcasting is undone (reverse)
   or aligned (forward) here, centrally, for primitives flagged ``broadcasts``.
+* Results belong to the caller (``_owned``) and each cotangent has its value's
+  dtype (``_like_dtype``).
+
+Primitives and tracers are defined in ``_tracer``; the few primitives the engine
+itself applies (reshape, sum, broadcast_to, real, astype) are looked up by name in
+the registry the rule table fills, so this module imports no rule.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np
 
 from ._tracer import (PRIMITIVES, FTracer, LeakedTracerError, Primitive, RTracer, Trace, Tracer,  # noqa: F401
                       _depth, _ndim, _shape, bind, concrete)
+
 
 class ReverseTrace(Trace):
     __slots__ = ("tape", "released")

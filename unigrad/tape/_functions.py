@@ -1,21 +1,14 @@
-"""The Array API namespace of the tape: functions over NumPy arrays and traced values.
+"""The Array API main namespace of the tape: functions over NumPy arrays and traced values.
 
-``unigrad.namespace(x)`` returns this module for NumPy arrays and for the
-tape's traced values. Every function here normalises its arguments (axes to
-negative tuples, shapes to concrete tuples, vectors to matrices for matmul)
-and calls the primitives of ``_primitives``; composites built from them
-(statistics, softmax, NumPy spellings) live in ``_composites`` and the
-``linalg`` extension in ``_linalg``. On plain NumPy inputs the result is what
-NumPy computes.
+``_namespace`` assembles these with the ``linalg`` and ``fft`` extensions and the composites
+(statistics, softmax, NumPy spellings); ``unigrad.namespace(x)`` returns it. Every function here
+normalises its arguments (axes to negative tuples, shapes to concrete tuples, vectors to matrices
+for matmul) and calls the primitives of ``_primitives``; the elementwise functions are the
+primitives themselves. On plain NumPy inputs the result is what NumPy computes.
 
-Functions whose results carry no derivative (``argsort``, ``argmax``,
-``searchsorted``, ``nonzero``, ``unique_*``, ``count_nonzero``, ``all``,
-``any``, comparisons) return plain NumPy arrays even for traced inputs.
-
-Traced values also work with NumPy's own functions: ``np.sin(x)`` and
-``np.add(x, 1)`` (``__array_ufunc__``) and ``np.sum(x)``, ``np.linalg.inv(x)``...
-(``__array_function__``) dispatch here; anything without a derivative rule
-raises a TypeError naming the function.
+Functions whose results carry no derivative (``argsort``, ``argmax``, ``searchsorted``,
+``nonzero``, ``unique_*``, ``count_nonzero``, ``all``, ``any``, comparisons, ``bitwise_*``)
+return plain NumPy arrays even for traced inputs.
 """
 
 from __future__ import annotations

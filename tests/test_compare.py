@@ -52,7 +52,7 @@ def backend_with(name, **namespace_overrides):
 def maximum_with_tie_weight(weight):
     """maximum whose derivative at a tie goes ``weight`` to x1 and ``1 - weight`` to x2."""
     def wx(x, y):
-        xv, yv = P._val(x), P._val(y)
+        xv, yv = P.concrete(x), P.concrete(y)
         return np.where(xv == yv, weight, np.where(xv > yv, 1.0, 0.0)).astype(np.result_type(xv, yv))
 
     prim = Primitive("maximum", np.maximum,

@@ -9,7 +9,8 @@ import numpy as np
 from ..backend import Backend, Capabilities, _chunks
 from . import _core
 from . import _namespace as namespace_module
-from ._core import Tracer, backward, push, record
+from ._core import backward, push, record
+from ._tracer import Tracer, concrete
 
 __all__ = ["NumpyBackend"]
 
@@ -45,7 +46,7 @@ class NumpyBackend(Backend):
 
     def to_numpy(self, x):
         if isinstance(x, Tracer):
-            x = x.primal_value()
+            x = concrete(x)
         return np.asarray(x)
 
     def is_array(self, x):
@@ -77,11 +78,11 @@ class NumpyBackend(Backend):
         return np.zeros(x.shape, dtype=x.dtype)
 
     def stop_gradient(self, x):
-        return x.primal_value() if isinstance(x, Tracer) else x
+        return concrete(x)
 
     # ---------------------------------------------------------------- the two required transforms
     def vjp(self, f, primals, *, has_aux=False):
-        trace, outs, out_idx, aux = record(f, primals, has_aux)
+        trace, outs, out_idx, aux = record(f, primals, has_aux, kept=True)
         n = len(primals)
 
         def vjp_fn(cotangents):

@@ -12,9 +12,10 @@ import math
 
 import numpy as np
 
-from . import _namespace as xp
+from . import _functions as xp
+from . import _linalg
 from . import _primitives as P
-from ._core import _ndim, _shape
+from ._tracer import _ndim, _shape, concrete
 
 __all__ = [
     "mean", "var", "std", "logsumexp", "softmax", "log_softmax", "relu", "cumsum", "cumprod",
@@ -48,7 +49,7 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Standard deviation. Where the variance is 0 the derivative is 0 (a subgradient, like
     ``vector_norm`` at 0), not the NaN of sqrt's infinite slope times a zero."""
     v = var(x, axis=axis, correction=correction, keepdims=keepdims)
-    zero = xp._value(v) == 0
+    zero = concrete(v) == 0
     if not np.any(zero):
         return xp.sqrt(v)
     return xp.where(zero, 0, xp.sqrt(xp.where(zero, 1, v)))
@@ -58,7 +59,7 @@ def logsumexp(x, /, *, axis=None, keepdims=False):
     """log(sum(exp(x))), computed stably (the shift by the maximum carries no derivative)."""
     x = xp._arr(x)
     axes = xp._axes(axis, _ndim(x))
-    shift = np.max(xp._value(x), axis=axes, keepdims=True) if math.prod(_shape(x)) else 0.0
+    shift = np.max(concrete(x), axis=axes, keepdims=True) if math.prod(_shape(x)) else 0.0
     shift = np.where(np.isfinite(shift), shift, 0)
     out = xp.log(P.reduce_sum(xp.exp(x - shift), axis=axes, keepdims=True)) + shift
     if keepdims:
@@ -77,8 +78,10 @@ def log_softmax(x, /, *, axis=-1):
 
 
 def relu(x, /):
-    """maximum(x, 0): the derivative at exactly 0 is 1/2 (the ``maximum`` tie rule)."""
-    return xp.maximum(x, 0)
+    """max(x, 0), with derivative 0 at exactly 0, as torch, JAX and TensorFlow define ``relu``
+    (``maximum(x, 0)`` splits a tie in half); NaN stays NaN."""
+    x = xp._arr(x)
+    return xp.where(concrete(x) <= 0, 0, x)
 
 
 # -------------------------------------------------------------------- NumPy spellings
@@ -122,11 +125,10 @@ def outer(x1, x2, /):
 
 def diagonal(x, /, offset=0, axis1=0, axis2=1):
     """NumPy's diagonal (axes 0 and 1 by default; ``linalg.diagonal`` uses the last two)."""
-    from ._linalg import diagonal as last_two
     nd = _ndim(x)
     a1, a2 = axis1 % nd, axis2 % nd
     rest = [k for k in range(nd) if k not in (a1, a2)]
-    return last_two(xp.permute_dims(x, (*rest, a1, a2)), offset=offset)
+    return _linalg.diagonal(xp.permute_dims(x, (*rest, a1, a2)), offset=offset)
 
 
 def trace(x, /, offset=0, axis1=0, axis2=1, dtype=None):

@@ -1,4 +1,4 @@
-"""The tape's engine: traces, tracers, ``bind`` and the forward and backward sweeps.
+"""The tape's engine: the reverse and forward traces and their sweeps (``record``, ``backward``, ``push``).
 
 How it works, in one page:
 
@@ -21,70 +21,20 @@ How it works, in one page:
   rows. Rules stay batch-agnostic because every axis parameter is stored as a
   negative number (counted from the end), and broadcasting is undone (reverse)
   or aligned (forward) here, centrally, for primitives flagged ``broadcasts``.
+* Results belong to the caller (``_owned``) and each cotangent has its value's
+  dtype (``_like_dtype``).
+
+Primitives and tracers are defined in ``_tracer``; the few primitives the engine
+itself applies (reshape, sum, broadcast_to, real, astype) are looked up by name in
+the registry the rule table fills, so this module imports no rule.
 """
 
 from __future__ import annotations
 
-import contextvars
-
 import numpy as np
 
-_depth: contextvars.ContextVar[int] = contextvars.ContextVar("unigrad_tape_depth", default=0)
-
-
-class LeakedTracerError(RuntimeError):
-    """A traced value escaped the transform that created it and was used later."""
-
-
-class Primitive:
-    """One operation of the tape: its NumPy implementation and its derivative rules.
-
-    ``vjps[i](g, ans, *args, **params)`` is the cotangent of argument i;
-    ``jvps[i](t, ans, *args, **params)`` the tangent contribution of argument i.
-    ``None`` as a rule means a zero derivative; ``vjps=None`` marks a
-    primitive whose outputs are not differentiable (comparisons, argmax...).
-    ``jvp_joint(tangents, ans, *args, **params)`` replaces the per-argument JVP
-    rules where one formula is simpler (tangents hold None for constants).
-    """
-
-    __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "partial", "__weakref__")
-
-    def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False):
-        self.name, self.impl = name, impl
-        self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
-        self.partial = vjps is not None and None in vjps  # some arguments have a zero derivative
-
-    def __call__(self, *args, **params):
-        top = None  # the highest-level trace among the arguments processes the call
-        for a in args:
-            if isinstance(a, Tracer):
-                tr = a.trace
-                if top is None or tr.level > top.level:
-                    top = tr
-        if top is None:
-            return self.impl(*args, **params)
-        return top.process(self, args, params)
-
-    def __repr__(self):
-        return f"<primitive {self.name}>"
-
-
-def bind(prim: Primitive, args, params):
-    """Apply ``prim``: the highest-level trace among the arguments processes it (see ``Primitive.__call__``)."""
-    return prim(*args, **params)
-
-
-class Trace:
-    __slots__ = ("level", "active")
-
-    def __init__(self):
-        self.level = _depth.get() + 1
-        self.active = True
-
-    def _leaked(self, prim):
-        raise LeakedTracerError(
-            f"a traced value from a finished unigrad transform was passed to {prim.name}: values computed "
-            f"inside f must not be kept and reused after the transform returns (return them instead)")
+from ._tracer import (PRIMITIVES, FTracer, LeakedTracerError, Primitive, RTracer, Trace, Tracer,  # noqa: F401
+                      _depth, _ndim, _shape, bind, concrete)
 
 
 class ReverseTrace(Trace):
@@ -174,7 +124,7 @@ class ForwardTrace(Trace):
             return ans
         want = tuple(self.batch_shape) + tuple(np.shape(ans) if not isinstance(ans, Tracer) else ans.shape)
         if tuple(t_out.shape) != want:
-            t_out = broadcast_to(t_out, want)
+            t_out = PRIMITIVES["broadcast_to"](t_out, want)
         return FTracer(self, ans, t_out)
 
 
@@ -185,15 +135,7 @@ def _align(t, x, ans):
         return t
     nb = t.ndim - xnd
     shape = tuple(t.shape)
-    return reshape(t, shape[:nb] + (1,) * (and_ - xnd) + shape[nb:])
-
-
-def _ndim(x):
-    return x.ndim if isinstance(x, Tracer) else np.ndim(x)
-
-
-def _shape(x):
-    return tuple(x.shape) if isinstance(x, Tracer) else np.shape(x)
+    return PRIMITIVES["reshape"](t, shape[:nb] + (1,) * (and_ - xnd) + shape[nb:])
 
 
 def unbroadcast(c, shape, nb):
@@ -206,119 +148,8 @@ def unbroadcast(c, shape, nb):
     axes = [nb + k - nd for k in range(lead)]
     axes += [nb + lead + k - nd for k, s in enumerate(shape) if s == 1 and cshape[nb + lead + k] != 1]
     if axes:
-        c = reduce_sum(c, axis=tuple(axes), keepdims=True)
-    return reshape(c, cshape[:nb] + tuple(shape))
-
-
-class Tracer:
-    """A value being traced by one trace. Behaves like an array (operators, shape, dtype, .T)."""
-
-    __slots__ = ("trace", "value")
-    __array_ufunc__ = None  # make NumPy defer to our reflected operators
-    __array_priority__ = 1000
-
-    # The value is a NumPy array or scalar (or a lower-level tracer), which have these attributes;
-    # a Python scalar does not.
-    @property
-    def shape(self):
-        try:
-            return self.value.shape
-        except AttributeError:
-            return np.shape(self.value)
-
-    @property
-    def dtype(self):
-        try:
-            return self.value.dtype
-        except AttributeError:
-            return np.result_type(self.value)
-
-    @property
-    def ndim(self):
-        try:
-            return self.value.ndim
-        except AttributeError:
-            return np.ndim(self.value)
-
-    @property
-    def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def device(self):
-        return "cpu"
-
-    def __len__(self):
-        s = self.shape
-        if not s:
-            raise TypeError("len() of a 0-d traced array")
-        return s[0]
-
-    def primal_value(self):
-        """The concrete NumPy value under every level of tracing."""
-        v = self.value
-        while isinstance(v, Tracer):
-            v = v.value
-        return v
-
-    def __bool__(self):
-        return bool(self.primal_value())
-
-    def __float__(self):
-        return float(self.primal_value())
-
-    def __int__(self):
-        return int(self.primal_value())
-
-    def __complex__(self):
-        return complex(self.primal_value())
-
-    def __index__(self):
-        return int(self.primal_value())
-
-    def __repr__(self):
-        return f"Traced<{type(self).__name__} level={self.trace.level}>({self.primal_value()!r})"
-
-    def __hash__(self):
-        return id(self)
-
-    def __array_namespace__(self, api_version=None):
-        from . import _namespace
-        return _namespace
-
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
-
-    def __array__(self, dtype=None, copy=None):
-        raise TypeError(
-            "a traced array cannot be converted to a NumPy array inside a unigrad transform (that would drop "
-            "its derivative); use unigrad.namespace(x) functions instead of np.* on traced values")
-
-
-class RTracer(Tracer):
-    __slots__ = ("index",)
-
-    def __init__(self, trace, value, index):
-        self.trace, self.value, self.index = trace, value, index
-
-
-class FTracer(Tracer):
-    __slots__ = ("tangent",)
-
-    def __init__(self, trace, value, tangent):
-        self.trace, self.value, self.tangent = trace, value, tangent
-
-
-def zeros(shape, dtype):
-    return np.zeros(shape, dtype=dtype)
-
-
-def _lower(x, trace):
-    """The value of ``x`` one level below ``trace`` (x itself if it is not traced by it)."""
-    if isinstance(x, Tracer) and x.trace is trace:
-        return x.value
-    return x
+        c = PRIMITIVES["sum"](c, axis=tuple(axes), keepdims=True)
+    return PRIMITIVES["reshape"](c, cshape[:nb] + tuple(shape))
 
 
 # ------------------------------------------------------------------------------- reverse sweep
@@ -354,29 +185,61 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
                 x = vals[i]
                 if c.shape[nb:] != x.shape or c.ndim != x.ndim + nb:
                     c = unbroadcast(c, _shape(x), nb)
-                if c.dtype.kind == "c" and x.dtype.kind != "c":
-                    c = real(c)
+                if c.dtype != x.dtype:  # mixed dtypes: each value's cotangent in its own dtype
+                    c = _like_dtype(c, x)
             old = get(pidx)
             cts[pidx] = c if old is None else old + c
         if release:
             tape[idx] = None
     grads = []
     for i in range(n_inputs):
+        v = input_values[i]
         g = cts.get(i)
         if g is None:
-            v = input_values[i]
             g = np.zeros(tuple(batch_shape) + _shape(v), dtype=v.dtype)
-        grads.append(_writable(g))
+        else:
+            if type(g) is not np.ndarray or g.dtype is not v.dtype:  # (a dtype is one object per kind)
+                g = _like_dtype(g, v)
+            g = _owned(g, cotangents, grads)
+        grads.append(g)
     return tuple(grads)
 
 
-def _writable(g):
-    """Results users own: 0-d arrays rather than NumPy scalars, and never a read-only broadcast view."""
-    if isinstance(g, np.generic):
-        return np.asarray(g)
-    if isinstance(g, np.ndarray) and not g.flags.writeable:
-        return g.copy()
-    return g
+def _like_dtype(c, x):
+    """The cotangent ``c`` of ``x`` in x's dtype, as torch and JAX give it: a float32 input mixed with
+    float64 data gets a float32 gradient, a real input the real part of a complex cotangent."""
+    if not hasattr(c, "dtype"):
+        c = np.asarray(c)
+    cd, xd = c.dtype, x.dtype
+    if cd == xd:
+        return c
+    if cd.kind == "c" and xd.kind != "c":
+        c = PRIMITIVES["real"](c)
+    if xd.kind in "fc" and c.dtype != xd:
+        c = PRIMITIVES["astype"](c, dtype=np.dtype(xd))
+    return c
+
+
+def _owned(r, received, handed):
+    """``r`` as a result the caller owns: a writable NumPy array (a 0-d array for a scalar) whose memory
+    belongs to no array the caller gave (``received``) nor to a result handed out before it
+    (``handed``); copied only when it would. Rules return fresh arrays or views of their cotangent, so
+    without this a result can be (a view of) the caller's cotangent, or one array for two inputs
+    (``a + b``). A Tracer (a nested transform's value) is returned as it is."""
+    if type(r) is not np.ndarray:
+        return r if isinstance(r, Tracer) else np.asarray(r)
+    owner = r.base  # NumPy points every view's base at the array that owns the memory
+    if owner is None:
+        owner = r
+    elif not r.flags.writeable:  # a broadcast view
+        return r.copy()
+    for a in received:
+        if a is owner or (type(a) is np.ndarray and a.base is owner):
+            return r.copy()
+    for a in handed:
+        if a is owner or (type(a) is np.ndarray and a.base is owner):
+            return r.copy()
+    return r
 
 
 def _run_traced(trace, f, inputs, has_aux):
@@ -390,8 +253,13 @@ def _run_traced(trace, f, inputs, has_aux):
     return result if has_aux else (result, ())
 
 
-def record(f, primals, has_aux):
-    """Run ``f`` under a new reverse trace. Returns (trace, out_values, out_indices, aux)."""
+def record(f, primals, has_aux, kept=False):
+    """Run ``f`` under a new reverse trace. Returns (trace, out_values, out_indices, aux).
+
+    The values returned are arrays the caller owns: none is a primal or a view of one, and with
+    ``kept`` (the trace outlives the call: ``vjp``'s ``vjp_fn`` sweeps it later) none is a value the
+    tape holds, so mutating ``out`` in place cannot change what ``vjp_fn`` computes.
+    """
     trace = ReverseTrace()
     n = len(primals)
     trace.tape.extend([None] * n)  # the inputs' entries
@@ -399,35 +267,40 @@ def record(f, primals, has_aux):
     out_values, out_indices = [], []
     for o in outs:
         if isinstance(o, RTracer) and o.trace is trace:
-            out_values.append(_strip(o.value, trace))
+            v = _strip(o, trace, kept)
+            out_values.append(v if kept else _owned(v, primals, out_values))  # kept: already a fresh copy
             out_indices.append(o.index)
         else:
-            out_values.append(_strip(o, trace))
+            out_values.append(_owned(_strip(o, trace), primals, out_values))
             out_indices.append(None)
-    aux = tuple([_strip(a, trace) for a in aux]) if aux else ()
+    aux = tuple([_strip(a, trace, kept) for a in aux]) if aux else ()
     return trace, tuple(out_values), out_indices, aux
 
 
-def _strip(a, trace):
+def _strip(a, trace, kept=False):
+    """The value of ``a`` under ``trace``'s level; with ``kept``, a copy of an array the tape holds."""
+    held = kept and isinstance(a, RTracer) and a.trace is trace
     while isinstance(a, Tracer) and a.trace.level >= trace.level:
         a = a.value
-    return np.asarray(a) if isinstance(a, np.generic) else a
+    if isinstance(a, np.generic):
+        return np.asarray(a)
+    return a.copy() if held and type(a) is np.ndarray else a
 
 
 def push(f, primals, tangents, has_aux, batch_shape=()):
-    """Run ``f`` under a new forward trace. Returns (out_values, out_tangents, aux)."""
+    """Run ``f`` under a new forward trace. Returns (out_values, out_tangents, aux): arrays the caller
+    owns (none is, or is a view of, a primal, a tangent or another result), each tangent in its
+    output's dtype."""
     trace = ForwardTrace(batch_shape)
     outs, aux = _run_traced(trace, f, [FTracer(trace, p, t) for p, t in zip(primals, tangents)], has_aux)
     values, tans = [], []
+    received = tuple(primals) + tuple(tangents)
     for o in outs:
         if isinstance(o, FTracer) and o.trace is trace:
-            values.append(_strip(o.value, trace))
-            tans.append(_writable(_strip(o.tangent, trace)))
+            v = _owned(_strip(o.value, trace), received, values)
+            values.append(v)
+            tans.append(_owned(_like_dtype(_strip(o.tangent, trace), v), received, values + tans))
         else:
-            values.append(_strip(o, trace))
+            values.append(_owned(_strip(o, trace), received, values))
             tans.append(np.zeros(tuple(batch_shape) + _shape(o), dtype=o.dtype))
     return tuple(values), tuple(tans), tuple(_strip(a, trace) for a in aux)
-
-
-# These two are used by the engine itself; the rule table defines them (import cycle broken at the end).
-from ._primitives import broadcast_to, real, reduce_sum, reshape  # noqa: E402

@@ -20,9 +20,9 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import _namespace as xp
+from . import _functions as xp
 from . import _primitives as P
-from ._core import _ndim, _shape
+from ._tracer import _ndim, _shape, concrete
 
 EighResult = namedtuple("EighResult", ["eigenvalues", "eigenvectors"])
 SVDResult = namedtuple("SVDResult", ["U", "S", "Vh"])
@@ -125,7 +125,7 @@ def matrix_power(x, n, /):
     x = _square(x, "matrix_power")
     n = int(n)
     if n == 0:
-        return np.broadcast_to(np.eye(_shape(x)[-1], dtype=xp._value(x).dtype), _shape(x)).copy()
+        return np.broadcast_to(np.eye(_shape(x)[-1], dtype=concrete(x).dtype), _shape(x)).copy()
     if n < 0:
         x, n = inv(x), -n
     result, base = None, x
@@ -148,7 +148,7 @@ def pinv(x, /, *, rtol=None):
 
 def matrix_rank(x, /, *, rtol=None):
     """Rank (an integer: no derivative)."""
-    return np.linalg.matrix_rank(xp._value(x), rtol=rtol)
+    return np.linalg.matrix_rank(concrete(x), rtol=rtol)
 
 
 # -------------------------------------------------------------------- decompositions
@@ -183,6 +183,28 @@ def eigvalsh(x, /):
     if not xp._is_traced(x):
         return np.linalg.eigvalsh((x + np.conj(np.swapaxes(x, -1, -2))) / 2)
     return eigh(x).eigenvalues
+
+
+EigResult = namedtuple("EigResult", ["eigenvalues", "eigenvectors"])
+
+
+def eig(x, /):
+    """Eigenvalues and unit-norm eigenvectors of a general square matrix (NumPy's ``linalg.eig``):
+    complex, or real when x is real and every eigenvalue is (NumPy's rule). Derivatives need distinct
+    eigenvalues; eigenvectors carry LAPACK's phase, so only phase-invariant functions of them (the
+    reconstruction V diag(w) V^-1, |v|...) match finite differences."""
+    x = _square(x, "eig")
+    if not xp._is_traced(x):
+        return EigResult(*np.linalg.eig(x))
+    n = _shape(x)[-1]
+    w, v = P._split(P.eig(x), [(n,), (n, n)])
+    if not xp._is_complex(x) and np.all(np.imag(concrete(w)) == 0):
+        w, v = xp.real(w), xp.real(v)
+    return EigResult(w, v)
+
+
+def eigvals(x, /):
+    return eig(x).eigenvalues if xp._is_traced(x) else np.linalg.eigvals(_square(x, "eigvals"))
 
 
 def svd(x, /, *, full_matrices=True):
@@ -228,7 +250,7 @@ def qr(x, /, *, mode="reduced"):
 
 def _safe_sqrt(s):
     """sqrt with derivative 0 (a subgradient) where s == 0 instead of inf * 0 = NaN."""
-    zero = xp._value(s) == 0
+    zero = concrete(s) == 0
     if not np.any(zero):
         return xp.sqrt(s)
     return xp.where(zero, 0, xp.sqrt(xp.where(zero, 1, s)))
@@ -248,9 +270,9 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):  # noqa: A002
     if ord == 1:
         return xp.sum(a, axis=axis, keepdims=keepdims)
     if ord == 0:  # the number of non-zeros: piecewise constant
-        return xp.sum(xp.astype(xp._value(a) != 0, xp._value(a).dtype), axis=axis, keepdims=keepdims)
+        return xp.sum(xp.astype(concrete(a) != 0, concrete(a).dtype), axis=axis, keepdims=keepdims)
     total = xp.sum(a ** ord, axis=axis, keepdims=keepdims)
-    zero = xp._value(total) == 0
+    zero = concrete(total) == 0
     if ord < 0 or not np.any(zero):
         return total ** (1.0 / ord)
     return xp.where(zero, 0, xp.where(zero, 1, total) ** (1.0 / ord))

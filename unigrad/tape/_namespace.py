@@ -1,721 +1,37 @@
-"""The Array API namespace of the tape: functions over NumPy arrays and traced values.
+"""The Array API namespace of the tape: ``unigrad.namespace(x)`` for NumPy arrays and traced values.
 
-``unigrad.namespace(x)`` returns this module for NumPy arrays and for the
-tape's traced values. Every function here normalises its arguments (axes to
-negative tuples, shapes to concrete tuples, vectors to matrices for matmul)
-and calls the primitives of ``_primitives``; composites built from them
-(statistics, softmax, NumPy spellings) live in ``_composites`` and the
-``linalg`` extension in ``_linalg``. On plain NumPy inputs the result is what
-NumPy computes.
+This module only assembles: the standard's main functions from ``_functions`` (whose elementwise
+functions are the rule table's rows themselves), composites (statistics, softmax, NumPy spellings)
+from ``_composites``, the ``linalg`` extension from ``_linalg``, and NumPy's own functions on traced
+values from ``_numpy_dispatch``. Importing it gives traced values their operators and methods.
+On plain NumPy inputs every function returns what NumPy computes.
 
-Functions whose results carry no derivative (``argsort``, ``argmax``,
-``searchsorted``, ``nonzero``, ``unique_*``, ``count_nonzero``, ``all``,
-``any``, comparisons) return plain NumPy arrays even for traced inputs.
-
-Traced values also work with NumPy's own functions: ``np.sin(x)`` and
-``np.add(x, 1)`` (``__array_ufunc__``) and ``np.sum(x)``, ``np.linalg.inv(x)``...
-(``__array_function__``) dispatch here; anything without a derivative rule
-raises a TypeError naming the function.
+Functions whose results carry no derivative (``argsort``, ``argmax``, ``searchsorted``,
+``nonzero``, ``unique_*``, ``count_nonzero``, ``all``, ``any``, comparisons) return plain NumPy
+arrays even for traced inputs.
 """
 
 from __future__ import annotations
 
-import builtins
-import math
-import operator
-from collections import namedtuple
+import sys
 
 import numpy as np
 
-from . import _primitives as P
-from ._core import Tracer, _ndim, _shape
+from . import _composites as _C
+from . import _fft as fft  # noqa: F401 -- the namespace's fft extension
+from . import _linalg as linalg  # noqa: F401 -- the namespace's linalg extension
+from . import _numpy_dispatch
+from ._composites import *  # noqa: F401,F403
+from ._tracer import Tracer, concrete  # noqa: F401
+from ._functions import *  # noqa: F401,F403
+from ._functions import ELEMENTWISE, __array_api_version__, __array_namespace_info__  # noqa: F401
+from ._tracer import _ndim, _shape  # noqa: F401 -- used by tests and tools
+from ._functions import _arr, _axes, _axis1, _is_complex, _is_traced  # noqa: F401 -- likewise
+from ._functions import (clip, getitem, matmul, matrix_transpose, max, min, permute_dims, prod, reshape,  # noqa: A004
+                         squeeze, sum)
+
+# -------------------------------------------------------------------- operators and methods of traced values
 
-__array_api_version__ = "2024.12"
-
-# -------------------------------------------------------------------- dtypes and constants
-bool = np.bool_  # noqa: A001 -- Array API names
-int8, int16, int32, int64 = np.int8, np.int16, np.int32, np.int64
-uint8, uint16, uint32, uint64 = np.uint8, np.uint16, np.uint32, np.uint64
-float16, float32, float64 = np.float16, np.float32, np.float64
-complex64, complex128 = np.complex64, np.complex128
-e, pi, inf, nan, newaxis = math.e, math.pi, math.inf, math.nan, None
-
-_SCALARS = (builtins.bool, int, float, complex)
-
-
-def _is_traced(x):
-    return isinstance(x, Tracer)
-
-
-def _value(x):
-    while isinstance(x, Tracer):
-        x = x.value
-    return x
-
-
-def _arr(x):
-    """A Tracer stays; anything else becomes a NumPy array (Python scalars stay weak for promotion)."""
-    if isinstance(x, (Tracer, np.ndarray)) or isinstance(x, _SCALARS):
-        return x
-    return np.asarray(x)
-
-
-def _axes(axis, ndim):
-    """Normalise ``axis`` (None, int or tuple) to a tuple of negative ints."""
-    if axis is None:
-        return tuple(range(-ndim, 0))
-    if isinstance(axis, (int, np.integer)):
-        axis = (int(axis),)
-    out = []
-    for a in axis:
-        a = operator.index(a)
-        if not -ndim <= a < builtins.max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
-            raise np.exceptions.AxisError(f"axis {a} is out of bounds for an array of dimension {ndim}")
-        out.append(a - ndim if a >= 0 else a)
-    if len(set(out)) != len(out):
-        raise ValueError(f"repeated axis in {axis!r}")
-    return tuple(out) if ndim else ()
-
-
-def _axis1(axis, ndim):
-    (a,) = _axes(axis, ndim)
-    return a
-
-
-def _is_complex(x):
-    return np.dtype(_value(x).dtype).kind == "c"
-
-
-# -------------------------------------------------------------------- creation (constants)
-
-def asarray(obj, /, *, dtype=None, device=None, copy=None):
-    if _is_traced(obj):
-        return obj if dtype is None else astype(obj, dtype)
-    if isinstance(obj, (list, tuple)) and builtins.any(_is_traced(o) for o in obj):
-        return stack([asarray(o, dtype=dtype) for o in obj])
-    return np.array(obj, dtype=dtype, copy=True if copy else None)
-
-
-def _constant(fn):
-    def wrapper(*args, device=None, **kwargs):
-        return fn(*args, **kwargs)
-    wrapper.__name__ = fn.__name__
-    return wrapper
-
-
-zeros = _constant(np.zeros)
-ones = _constant(np.ones)
-empty = _constant(np.empty)
-full = _constant(np.full)
-eye = _constant(np.eye)
-arange = _constant(np.arange)
-linspace = _constant(np.linspace)
-from_dlpack = _constant(np.from_dlpack)
-
-
-def _like(fn):
-    def wrapper(x, /, *args, dtype=None, device=None, **kwargs):
-        v = _value(x)
-        return fn(v, *args, dtype=dtype, **kwargs)
-    wrapper.__name__ = fn.__name__
-    return wrapper
-
-
-zeros_like = _like(np.zeros_like)
-ones_like = _like(np.ones_like)
-empty_like = _like(np.empty_like)
-full_like = _like(np.full_like)
-
-
-def __array_namespace_info__():
-    """Inspection API: the tape runs where NumPy runs (device ``"cpu"``), with NumPy's dtypes."""
-    return np.__array_namespace_info__()
-
-
-def tril(x, /, *, k=0):
-    return _mask_mul(x, np.tril(np.ones(_shape(x)[-2:], dtype=builtins.bool), k))
-
-
-def triu(x, /, *, k=0):
-    return _mask_mul(x, np.triu(np.ones(_shape(x)[-2:], dtype=builtins.bool), k))
-
-
-def _mask_mul(x, mask):
-    if not _is_traced(x):
-        return np.where(mask, x, np.zeros((), dtype=np.result_type(x)))
-    return P.where(mask, x, 0)
-
-
-def meshgrid(*arrays, indexing="xy"):
-    """Coordinate matrices from 1-D arrays (traced arrays stay traced)."""
-    if indexing not in ("xy", "ij"):
-        raise ValueError(f"meshgrid: indexing must be 'xy' or 'ij'; got {indexing!r}")
-    arrays = [_arr(a) for a in arrays]
-    if not builtins.any(_is_traced(a) for a in arrays):
-        return list(np.meshgrid(*arrays, indexing=indexing))
-    n = len(arrays)
-    sizes = [_shape(a)[0] for a in arrays]
-    if indexing == "xy" and n >= 2:
-        sizes[0], sizes[1] = sizes[1], sizes[0]
-    out = []
-    for k, a in enumerate(arrays):
-        pos = k if indexing == "ij" or n < 2 or k > 1 else 1 - k
-        shape = [1] * n
-        shape[pos] = _shape(a)[0]
-        out.append(broadcast_to(reshape(a, tuple(shape)), tuple(sizes)))
-    return out
-
-
-# -------------------------------------------------------------------- elementwise
-
-def _elementwise1(prim):
-    # A primitive is itself the namespace function: its NumPy implementation (a ufunc) takes lists and
-    # scalars as they are, and a wrapper would cost a Python call on the tape's hottest path.
-    return prim
-
-
-exp, expm1, log, log1p, log2, log10 = map(_elementwise1, (P.exp, P.expm1, P.log, P.log1p, P.log2, P.log10))
-sqrt, sin, cos, tan, sinh, cosh, tanh = map(_elementwise1, (P.sqrt, P.sin, P.cos, P.tan, P.sinh, P.cosh, P.tanh))
-asin, acos, atan, asinh, acosh, atanh = map(
-    _elementwise1, (P.arcsin, P.arccos, P.arctan, P.arcsinh, P.arccosh, P.arctanh))
-abs, negative, positive, square, sign = map(  # noqa: A001
-    _elementwise1, (P.absolute, P.negative, P.positive, P.square, P.sign))
-floor, ceil, trunc, real, imag, conj = map(_elementwise1, (P.floor, P.ceil, P.trunc, P.real, P.imag, P.conj))
-reciprocal, sigmoid = _elementwise1(P.reciprocal), _elementwise1(P.sigmoid)
-isnan, isinf, isfinite, signbit, logical_not = map(
-    _elementwise1, (P.PRIMITIVES[n] for n in ("isnan", "isinf", "isfinite", "signbit", "logical_not")))
-
-
-def round(x, /, decimals=0):  # noqa: A001
-    return P.round_(_arr(x)) if decimals == 0 else P.round_(_arr(x), decimals=decimals)
-
-
-_elementwise2 = _elementwise1
-
-
-add, subtract, multiply, divide, pow = map(  # noqa: A001
-    _elementwise2, (P.add, P.subtract, P.multiply, P.divide, P.power))
-maximum, minimum, atan2, hypot, logaddexp, copysign, remainder = map(
-    _elementwise2, (P.maximum, P.minimum, P.arctan2, P.hypot, P.logaddexp, P.copysign, P.remainder))
-equal, not_equal, less, less_equal, greater, greater_equal = map(
-    _elementwise2, (P.equal, P.not_equal, P.less, P.less_equal, P.greater, P.greater_equal))
-logical_and, logical_or, logical_xor, floor_divide, nextafter = map(
-    _elementwise2, (P.PRIMITIVES[n] for n in ("logical_and", "logical_or", "logical_xor", "floor_divide",
-                                              "nextafter")))
-
-
-def where(condition, x1, x2, /):
-    return P.where(_value(condition), _arr(x1), _arr(x2))
-
-
-def clip(x, /, min=None, max=None):  # noqa: A002
-    """Clip to [min, max]; at a bound the derivative with respect to x is 1 (bounds inclusive)."""
-    if min is None and max is None:
-        return x
-    return P.clip(_arr(x), None if min is None else _arr(min), None if max is None else _arr(max))
-
-
-def astype(x, dtype, /, *, copy=True, device=None):
-    dtype = np.dtype(dtype)
-    if np.dtype(_value(x).dtype) == dtype:
-        return x
-    if dtype.kind not in "fc":  # integer or bool results carry no derivative
-        return np.asarray(_value(x)).astype(dtype)
-    return P.astype(x, dtype=dtype)
-
-
-# -------------------------------------------------------------------- reductions
-
-def sum(x, /, *, axis=None, dtype=None, keepdims=False):  # noqa: A001
-    x = _arr(x)
-    if dtype is not None:
-        x = astype(x, dtype)
-    return P.reduce_sum(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims)
-
-
-def prod(x, /, *, axis=None, dtype=None, keepdims=False):
-    """Product; its derivative is the product of the other elements (exact at zeros, no division)."""
-    x = _arr(x)
-    if dtype is not None:
-        x = astype(x, dtype)
-    return P.reduce_prod(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims)
-
-
-def max(x, /, *, axis=None, keepdims=False):  # noqa: A001
-    """Maximum; tied maxima share the derivative evenly."""
-    x = _arr(x)
-    return P.reduce_max(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims)
-
-
-def min(x, /, *, axis=None, keepdims=False):  # noqa: A001
-    """Minimum; tied minima share the derivative evenly."""
-    x = _arr(x)
-    return P.reduce_min(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims)
-
-
-def _cumulative(x, axis, dtype, include_initial, fname):
-    x = _arr(x)
-    if axis is None:
-        if _ndim(x) != 1:
-            raise ValueError(f"{fname}: axis is required for arrays with more than one dimension")
-        axis = 0
-    a = _axis1(axis, _ndim(x))
-    if dtype is not None:
-        x = astype(x, dtype)
-    return x, a
-
-
-def _with_initial(out, x, a, fill):
-    shape = list(_shape(x))
-    shape[a] = 1
-    return concat([np.full(shape, fill, dtype=_value(x).dtype), out], axis=a)
-
-
-def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
-    x, a = _cumulative(x, axis, dtype, include_initial, "cumulative_sum")
-    out = P.cumsum(x, axis=a)
-    return _with_initial(out, x, a, 0) if include_initial else out
-
-
-def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
-    """Cumulative product; traced values go through a log-depth scan of multiplies, so derivatives
-    of every order are exact, zeros included."""
-    x, a = _cumulative(x, axis, dtype, include_initial, "cumulative_prod")
-    out = P.cumprod_scan(x, a) if _is_traced(x) else np.cumprod(x, axis=a)
-    return _with_initial(out, x, a, 1) if include_initial else out
-
-
-def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
-    """n-th forward difference along ``axis``."""
-    x = _arr(x)
-    a = _axis1(axis, _ndim(x))
-    if prepend is not None or append is not None:
-        parts = [p for p in (prepend, x, append) if p is not None]
-        x = concat([_arr(p) for p in parts], axis=a)
-    pre = (slice(None),) * (_ndim(x) + a)
-    for _ in range(n):
-        size = _shape(x)[a]
-        x = getitem(x, pre + (slice(1, size),)) - getitem(x, pre + (slice(0, builtins.max(size - 1, 0)),))
-    return x
-
-
-# -------------------------------------------------------------------- shapes
-
-def reshape(x, /, shape, *, copy=None):
-    x = _arr(x)
-    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-    if -1 in shape:
-        known = math.prod(s for s in shape if s != -1)
-        size = math.prod(_shape(x))
-        if shape.count(-1) > 1 or (known == 0 or size % known):
-            raise ValueError(f"cannot reshape array of shape {_shape(x)} into shape {shape}")
-        shape = tuple(size // known if s == -1 else s for s in shape)
-    if math.prod(shape) != math.prod(_shape(x)):
-        raise ValueError(f"cannot reshape array of shape {_shape(x)} into shape {shape}")
-    if shape == _shape(x):
-        return x
-    return P.reshape(x, shape=shape)
-
-
-def broadcast_to(x, /, shape):
-    x = _arr(x)
-    shape = tuple(shape)
-    np.broadcast_shapes(_shape(x), shape)
-    if _shape(x) == shape:
-        return x
-    return P.broadcast_to(x, shape=shape)
-
-
-def broadcast_arrays(*arrays):
-    shape = np.broadcast_shapes(*(_shape(a) for a in arrays))
-    return [broadcast_to(a, shape) for a in arrays]
-
-
-def permute_dims(x, /, axes):
-    x = _arr(x)
-    nd = _ndim(x)
-    axes = tuple(operator.index(a) % nd if nd else a for a in axes)
-    if sorted(axes) != list(range(nd)):
-        raise ValueError(f"axes {axes} are not a permutation of the {nd} dimensions")
-    if axes == tuple(range(nd)):
-        return x
-    return P.permute_dims(x, axes=axes)
-
-
-def matrix_transpose(x, /):
-    if _ndim(x) < 2:
-        raise ValueError(f"matrix_transpose needs an array of at least 2 dimensions; got shape {_shape(x)}")
-    return P.matrix_transpose(_arr(x))
-
-
-def moveaxis(x, source, destination, /):
-    nd = _ndim(x)
-    source = _axes(source, nd)
-    destination = _axes(destination, nd)
-    if len(source) != len(destination):
-        raise ValueError("moveaxis: source and destination must have the same number of axes")
-    order = [k for k in range(-nd, 0) if k not in source]
-    for d, s in sorted(zip((d + nd for d in destination), source)):
-        order.insert(d, s)
-    return permute_dims(x, tuple(k + nd for k in order))
-
-
-def expand_dims(x, /, *, axis=0):
-    """Insert size-1 axes at ``axis`` (an int or a tuple of positions in the result)."""
-    x = _arr(x)
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    nd = _ndim(x) + len(axes)
-    positions = set()
-    for a in axes:
-        p = a + nd if a < 0 else a
-        if not 0 <= p < nd:
-            raise np.exceptions.AxisError(f"axis {a} is out of bounds for the result of dimension {nd}")
-        positions.add(p)
-    if len(positions) != len(axes):
-        raise ValueError(f"repeated axis in {axis!r}")
-    it = iter(_shape(x))
-    return reshape(x, tuple(1 if k in positions else next(it) for k in range(nd)))
-
-
-def squeeze(x, /, axis=None):
-    """Remove size-1 axes (all of them when ``axis`` is None, as NumPy does)."""
-    x = _arr(x)
-    shape = _shape(x)
-    if axis is None:
-        return reshape(x, tuple(s for s in shape if s != 1))
-    axes = _axes(axis, _ndim(x))
-    for a in axes:
-        if shape[a] != 1:
-            raise ValueError(f"cannot squeeze axis {a} of size {shape[a]}")
-    return reshape(x, tuple(s for k, s in enumerate(shape) if k - len(shape) not in axes))
-
-
-def flip(x, /, *, axis=None):
-    x = _arr(x)
-    return P.flip(x, axis=_axes(axis, _ndim(x)))
-
-
-def roll(x, /, shift, *, axis=None):
-    x = _arr(x)
-    if axis is None:
-        return reshape(roll(reshape(x, (-1,)), shift, axis=0), _shape(x))
-    axes = _axes(axis, _ndim(x))
-    shift = (shift,) * len(axes) if isinstance(shift, (int, np.integer)) else tuple(shift)
-    return P.roll(x, shift=tuple(int(s) for s in shift), axis=axes)
-
-
-def concat(arrays, /, *, axis=0):
-    arrays = [_arr(a) for a in arrays]
-    if axis is None:
-        return concat([reshape(a, (-1,)) for a in arrays], axis=0)
-    nd = _ndim(arrays[0])
-    if not builtins.any(_is_traced(a) for a in arrays):
-        return np.concatenate(arrays, axis=axis)
-    return P.concat(*arrays, axis=_axis1(axis, nd))
-
-
-def stack(arrays, /, *, axis=0):
-    arrays = [_arr(a) for a in arrays]
-    nd = _ndim(arrays[0]) + 1
-    a = axis if axis >= 0 else axis + nd
-    return concat([expand_dims(x, axis=a) for x in arrays], axis=a)
-
-
-def unstack(x, /, *, axis=0):
-    a = _axis1(axis, _ndim(x))
-    pre = (slice(None),) * (_ndim(x) + a)
-    return tuple(getitem(x, pre + (i,)) for i in range(_shape(x)[a]))
-
-
-def tile(x, repetitions, /):
-    x = _arr(x)
-    reps = tuple(repetitions)
-    nd = builtins.max(_ndim(x), len(reps))
-    x = reshape(x, (1,) * (nd - _ndim(x)) + _shape(x))
-    reps = (1,) * (nd - len(reps)) + reps
-    inter = []
-    for s, r in zip(_shape(x), reps):
-        inter += [r, s]
-    expanded = broadcast_to(reshape(x, tuple(v for s in _shape(x) for v in (1, s))), tuple(inter))
-    return reshape(expanded, tuple(s * r for s, r in zip(_shape(x), reps)))
-
-
-def repeat(x, repeats, /, *, axis=None):
-    x = _arr(x)
-    if axis is None:
-        x, axis = reshape(x, (-1,)), 0
-    a = _axis1(axis, _ndim(x))
-    index = np.repeat(np.arange(_shape(x)[a]), np.asarray(_value(repeats)))
-    return take(x, index, axis=a)
-
-
-# -------------------------------------------------------------------- indexing
-
-def _normalize_index(index, shape):
-    """An index without Ellipsis, with arrays as NumPy integer arrays and masks turned into indices."""
-    if not isinstance(index, tuple):
-        index = (index,)
-    out = []
-    for i in index:
-        if isinstance(i, Tracer):
-            i = _value(i)
-            if np.dtype(i.dtype).kind not in "biu":
-                raise IndexError("only integer or boolean arrays can index")
-        if isinstance(i, list):
-            i = np.asarray(i)
-        if isinstance(i, (builtins.bool, np.bool_)) or (isinstance(i, np.ndarray) and i.dtype == np.bool_
-                                                        and i.ndim == 0):
-            if not i:
-                raise IndexError("x[False] (an empty 0-d mask) is not supported on traced values")
-            out.append(None)  # x[True] is x[None]
-            continue
-        if isinstance(i, np.ndarray) and i.dtype == np.bool_:
-            out.extend(np.nonzero(i))
-            continue
-        if isinstance(i, np.ndarray) and i.ndim == 0 and i.dtype.kind in "iu":
-            i = int(i)
-        out.append(i)
-    consumed = builtins.sum(1 for i in out if i is not None and i is not Ellipsis)
-    if builtins.sum(1 for i in out if i is Ellipsis) > 1:
-        raise IndexError("an index can only have a single ellipsis")
-    if consumed > len(shape):
-        raise IndexError(f"too many indices for an array of dimension {len(shape)}: {consumed} were given")
-    if builtins.any(i is Ellipsis for i in out):
-        k = next(j for j, i in enumerate(out) if i is Ellipsis)
-        out[k:k + 1] = [slice(None)] * (len(shape) - consumed)
-    return tuple(out)
-
-
-def getitem(x, index):
-    """``x[index]``: ints, slices (any step), None, Ellipsis, integer arrays and boolean masks."""
-    x = _arr(x)
-    if isinstance(index, (int, slice)) and _ndim(x):
-        return P.getitem(x, index=(index,))
-    return P.getitem(x, index=_normalize_index(index, _shape(x)))
-
-
-def take(x, indices, /, *, axis=None):
-    x = _arr(x)
-    if axis is None:
-        if _ndim(x) != 1:
-            raise ValueError("take: axis is required for arrays with more than one dimension")
-        axis = 0
-    a = _axis1(axis, _ndim(x))
-    index = (slice(None),) * (_ndim(x) + a) + (np.asarray(_value(indices)),)
-    return P.getitem(x, index=index)
-
-
-def take_along_axis(x, indices, /, *, axis=-1):
-    x = _arr(x)
-    return P.take_along_axis(x, np.asarray(_value(indices)), axis=_axis1(axis, _ndim(x)))
-
-
-# -------------------------------------------------------------------- sorting, searching, sets
-
-def sort(x, /, *, axis=-1, descending=False, stable=True):
-    """Sorted values; the derivative follows the (stable) sorting permutation, ties included."""
-    x = _arr(x)
-    a = _axis1(axis, _ndim(x))
-    if not _is_traced(x):
-        out = np.sort(x, axis=a, kind="stable")
-        return np.flip(out, axis=a) if descending else out
-    return P.take_along_axis(x, argsort(x, axis=a, descending=descending, stable=stable), axis=a)
-
-
-def argsort(x, /, *, axis=-1, descending=False, stable=True):
-    v = np.asarray(_value(x))
-    if not descending:
-        return np.argsort(v, axis=axis, kind="stable")
-    # stable and descending: sort the reversed array ascending, then map the indices back
-    last = v.shape[axis] - 1 if v.ndim else 0
-    return last - np.flip(np.argsort(np.flip(v, axis), axis=axis, kind="stable"), axis)
-
-
-def argmax(x, /, *, axis=None, keepdims=False):
-    return np.argmax(_value(x), axis=axis, keepdims=keepdims)
-
-
-def argmin(x, /, *, axis=None, keepdims=False):
-    return np.argmin(_value(x), axis=axis, keepdims=keepdims)
-
-
-def nonzero(x, /):
-    return np.nonzero(_value(x))
-
-
-def count_nonzero(x, /, *, axis=None, keepdims=False):
-    return np.count_nonzero(_value(x), axis=axis, keepdims=keepdims)
-
-
-def searchsorted(x1, x2, /, *, side="left", sorter=None):
-    return np.searchsorted(_value(x1), _value(x2), side=side,
-                           sorter=None if sorter is None else np.asarray(_value(sorter)))
-
-
-def all(x, /, *, axis=None, keepdims=False):  # noqa: A001
-    return np.all(_value(x), axis=axis, keepdims=keepdims)
-
-
-def any(x, /, *, axis=None, keepdims=False):  # noqa: A001
-    return np.any(_value(x), axis=axis, keepdims=keepdims)
-
-
-UniqueAllResult = namedtuple("UniqueAllResult", ["values", "indices", "inverse_indices", "counts"])
-UniqueCountsResult = namedtuple("UniqueCountsResult", ["values", "counts"])
-UniqueInverseResult = namedtuple("UniqueInverseResult", ["values", "inverse_indices"])
-
-
-def unique_all(x, /):
-    return UniqueAllResult(*np.unique_all(_value(x)))
-
-
-def unique_counts(x, /):
-    return UniqueCountsResult(*np.unique_counts(_value(x)))
-
-
-def unique_inverse(x, /):
-    return UniqueInverseResult(*np.unique_inverse(_value(x)))
-
-
-def unique_values(x, /):
-    return np.unique_values(_value(x))
-
-
-def isdtype(dtype, kind):
-    import array_api_compat.numpy as cnp
-    return cnp.isdtype(dtype, kind)
-
-
-def result_type(*arrays_and_dtypes):
-    return np.result_type(*(_value(a) for a in arrays_and_dtypes))
-
-
-def can_cast(from_, to, /):
-    return np.can_cast(from_, to)
-
-
-finfo, iinfo = np.finfo, np.iinfo
-
-
-# -------------------------------------------------------------------- products (main namespace)
-
-def matmul(x1, x2, /):
-    x1, x2 = _arr(x1), _arr(x2)
-    n1, n2 = _ndim(x1), _ndim(x2)
-    if n1 >= 2 and n2 >= 2:
-        return P.matmul(x1, x2)
-    if n1 == 0 or n2 == 0:
-        raise ValueError("matmul: operands must be at least 1-D (use * for scalars)")
-    a = reshape(x1, (1, _shape(x1)[0])) if n1 == 1 else x1
-    b = reshape(x2, (_shape(x2)[0], 1)) if n2 == 1 else x2
-    out = P.matmul(a, b)
-    shape = _shape(out)
-    if n1 == 1:
-        shape = shape[:-2] + shape[-1:]
-    if n2 == 1:
-        shape = shape[:-1]
-    return reshape(out, shape)
-
-
-def vecdot(x1, x2, /, *, axis=-1):
-    """sum(conj(x1) * x2) along ``axis`` (the Array API conjugates the first argument)."""
-    return sum(conj(x1) * x2 if _is_complex(x1) else multiply(x1, x2), axis=axis)
-
-
-def tensordot(x1, x2, /, *, axes=2):
-    x1, x2 = _arr(x1), _arr(x2)
-    if isinstance(axes, (int, np.integer)):
-        ax1 = tuple(range(_ndim(x1) - axes, _ndim(x1)))
-        ax2 = tuple(range(axes))
-    else:
-        ax1, ax2 = (tuple(a) if not isinstance(a, (int, np.integer)) else (a,) for a in axes)
-    ax1 = tuple(a % _ndim(x1) for a in ax1)
-    ax2 = tuple(a % _ndim(x2) for a in ax2)
-    free1 = [k for k in range(_ndim(x1)) if k not in ax1]
-    free2 = [k for k in range(_ndim(x2)) if k not in ax2]
-    s1, s2 = _shape(x1), _shape(x2)
-    k = math.prod(s1[a] for a in ax1)
-    a = reshape(permute_dims(x1, tuple(free1) + ax1), (math.prod(s1[f] for f in free1), k))
-    b = reshape(permute_dims(x2, ax2 + tuple(free2)), (k, math.prod(s2[f] for f in free2)))
-    return reshape(P.matmul(a, b), tuple(s1[f] for f in free1) + tuple(s2[f] for f in free2))
-
-
-def _einsum_label(c):
-    if not c.isalpha() or not c.isascii():
-        raise ValueError(f"einsum: invalid subscript {c!r} (letters a-z, A-Z and '...' only)")
-    return ord(c) - ord("a") if c.islower() else 26 + ord(c) - ord("A")
-
-
-def _parse_einsum(subscripts, shapes):
-    """Integer labels per operand and for the output, with '...' expanded into labels of their own.
-
-    Returns ``(labels, out, keep)``: ``keep[k]`` lists the axes of operand k that stay; an
-    ellipsis axis of size 1 that broadcasts against a larger one is dropped (einsum then
-    broadcasts it by the label's absence).
-    """
-    spec = subscripts.replace(" ", "")
-    inputs, arrow, output = spec.partition("->")
-    terms = inputs.split(",")
-    if len(terms) != len(shapes):
-        raise ValueError(f"einsum: {len(terms)} operand subscripts for {len(shapes)} operands")
-    n_ell = []
-    for t, s in zip(terms, shapes):
-        n_letters = len(t.replace("...", ""))
-        if ("..." in t and n_letters > len(s)) or ("..." not in t and n_letters != len(s)):
-            raise ValueError(f"einsum: subscripts {t!r} do not match an operand of dimension {len(s)}")
-        n_ell.append(len(s) - n_letters if "..." in t else 0)
-    n_broadcast = builtins.max(n_ell, default=0)
-    ell_labels = [100 + j for j in range(n_broadcast)]  # placeholders, renumbered at the end
-    ell_sizes = [1] * n_broadcast
-    labels = []
-    for t, s, ne in zip(terms, shapes, n_ell):
-        before, _, after = t.partition("...")
-        lab = [_einsum_label(c) for c in before]
-        for j in range(ne):
-            e = n_broadcast - ne + j
-            size = s[len(lab)]
-            if size != 1:
-                if ell_sizes[e] not in (1, size):
-                    raise ValueError(f"einsum: operands of shapes {shapes} cannot be broadcast together")
-                ell_sizes[e] = size
-            lab.append(ell_labels[e])
-        lab += [_einsum_label(c) for c in after]
-        labels.append(lab)
-    keep = []
-    for k, (lab, s) in enumerate(zip(labels, shapes)):
-        kept = [j for j, a in enumerate(lab) if not (a >= 100 and s[j] == 1 and ell_sizes[a - 100] != 1)]
-        keep.append(kept)
-        labels[k] = [lab[j] for j in kept]
-    if arrow:
-        before, _, after = output.partition("...")
-        out = [_einsum_label(c) for c in before]
-        out += (ell_labels if "..." in output else []) + [_einsum_label(c) for c in after]
-    else:  # implicit output: the broadcast axes, then the letters used once, in alphabetical order
-        letters = inputs.replace("...", "").replace(",", "")
-        out = ell_labels + [_einsum_label(c) for c in sorted(c for c in set(letters) if letters.count(c) == 1)]
-    used = {a for lab in labels for a in lab if a < 100} | {a for a in out if a < 100}
-    free = (a for a in range(52) if a not in used)
-    renumber = {a: next(free) for a in ell_labels}
-    labels = tuple(tuple(renumber.get(a, a) for a in lab) for lab in labels)
-    return labels, tuple(renumber.get(a, a) for a in out), keep
-
-
-def einsum(subscripts, /, *operands, optimize=None):
-    """Einstein summation (NumPy's string form, '...' included) as one differentiable primitive:
-    the cotangent of each operand is itself an einsum."""
-    operands = [_arr(o) for o in operands]
-    if not builtins.any(_is_traced(o) for o in operands):
-        return np.einsum(subscripts, *operands, optimize=optimize if optimize is not None else False)
-    labels, out, keep = _parse_einsum(subscripts, [_shape(o) for o in operands])
-    ops = []
-    for o, k in zip(operands, keep):
-        if len(k) != _ndim(o):
-            o = reshape(o, tuple(_shape(o)[j] for j in k))
-        ops.append(o)
-    return P.einsum(*ops, labels=labels, out=out)
-
-
-# -------------------------------------------------------------------- operators on traced values
 
 def _reflected(fn):
     return lambda self, other: fn(other, self)
@@ -731,10 +47,10 @@ def _no_setitem(self, key, value):
                     "xp.where(mask, v, x) or xp.concat([...]) (the tape records values, not memory)")
 
 
-def _reshape_method(self, *shape, **kwargs):
+def _reshape_method(self, *shape, order="C"):
     if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
         shape = shape[0]
-    return reshape(self, shape)
+    return _numpy_dispatch.reshape(self, shape, order=order)
 
 
 def _transpose_method(self, *axes):
@@ -743,199 +59,58 @@ def _transpose_method(self, *axes):
     return permute_dims(self, tuple(axes) if axes else tuple(range(self.ndim))[::-1])
 
 
-def _install_operators():
-    from . import _composites as C
+def _namespace_of(self, api_version=None):
+    return sys.modules[__name__]
 
-    for name, fn in {"__add__": add, "__sub__": subtract, "__mul__": multiply, "__truediv__": divide,
-                     "__pow__": pow, "__matmul__": matmul, "__mod__": remainder, "__floordiv__": floor_divide,
-                     "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
-                     "__eq__": equal, "__ne__": not_equal}.items():
+
+def _install_operators():
+    E = ELEMENTWISE
+    for name, fn in {"__add__": E["add"], "__sub__": E["subtract"], "__mul__": E["multiply"],
+                     "__truediv__": E["divide"], "__pow__": E["pow"], "__matmul__": matmul,
+                     "__mod__": E["remainder"], "__floordiv__": E["floor_divide"], "__lt__": E["less"],
+                     "__le__": E["less_equal"], "__gt__": E["greater"], "__ge__": E["greater_equal"],
+                     "__eq__": E["equal"], "__ne__": E["not_equal"]}.items():
         setattr(Tracer, name, _method(fn))
-    for name, fn in [("__radd__", add), ("__rsub__", subtract), ("__rmul__", multiply), ("__rtruediv__", divide),
-                     ("__rpow__", pow), ("__rmatmul__", matmul), ("__rmod__", remainder),
-                     ("__rfloordiv__", floor_divide)]:
+    for name, fn in [("__radd__", E["add"]), ("__rsub__", E["subtract"]), ("__rmul__", E["multiply"]),
+                     ("__rtruediv__", E["divide"]), ("__rpow__", E["pow"]), ("__rmatmul__", matmul),
+                     ("__rmod__", E["remainder"]), ("__rfloordiv__", E["floor_divide"])]:
         setattr(Tracer, name, _reflected(fn))
-    Tracer.__neg__ = _method(negative)
+    Tracer.__neg__ = _method(E["negative"])
     Tracer.__pos__ = lambda self: self
-    Tracer.__abs__ = _method(abs)
+    Tracer.__abs__ = _method(E["abs"])
     Tracer.__getitem__ = getitem
     Tracer.__setitem__ = _no_setitem
     Tracer.__hash__ = object.__hash__
+    Tracer.__array_namespace__ = _namespace_of
     Tracer.T = property(lambda self: permute_dims(self, tuple(range(self.ndim))[::-1]))
     Tracer.mT = property(matrix_transpose)
-    Tracer.real = property(real)
-    Tracer.imag = property(imag)
-    Tracer.conj = Tracer.conjugate = _method(conj)
+    Tracer.real = property(E["real"])
+    Tracer.imag = property(E["imag"])
+    Tracer.conj = Tracer.conjugate = _method(E["conj"])
     Tracer.sum = lambda self, axis=None, dtype=None, keepdims=False: sum(self, axis=axis, dtype=dtype,
                                                                          keepdims=keepdims)
     Tracer.prod = lambda self, axis=None, dtype=None, keepdims=False: prod(self, axis=axis, dtype=dtype,
                                                                            keepdims=keepdims)
-    Tracer.mean = lambda self, axis=None, keepdims=False: C.mean(self, axis=axis, keepdims=keepdims)
-    Tracer.var = lambda self, axis=None, ddof=0, keepdims=False: C.var(self, axis=axis, correction=ddof,
-                                                                       keepdims=keepdims)
-    Tracer.std = lambda self, axis=None, ddof=0, keepdims=False: C.std(self, axis=axis, correction=ddof,
-                                                                       keepdims=keepdims)
+    Tracer.mean = lambda self, axis=None, keepdims=False: _C.mean(self, axis=axis, keepdims=keepdims)
+    Tracer.var = lambda self, axis=None, ddof=0, keepdims=False: _C.var(self, axis=axis, correction=ddof,
+                                                                        keepdims=keepdims)
+    Tracer.std = lambda self, axis=None, ddof=0, keepdims=False: _C.std(self, axis=axis, correction=ddof,
+                                                                        keepdims=keepdims)
     Tracer.max = lambda self, axis=None, keepdims=False: max(self, axis=axis, keepdims=keepdims)
     Tracer.min = lambda self, axis=None, keepdims=False: min(self, axis=axis, keepdims=keepdims)
-    Tracer.cumsum = lambda self, axis=None: C.cumsum(self, axis=axis)
-    Tracer.cumprod = lambda self, axis=None: C.cumprod(self, axis=axis)
+    Tracer.cumsum = lambda self, axis=None: _C.cumsum(self, axis=axis)
+    Tracer.cumprod = lambda self, axis=None: _C.cumprod(self, axis=axis)
     Tracer.clip = lambda self, min=None, max=None: clip(self, min, max)  # noqa: A002
-    Tracer.dot = lambda self, other: C.dot(self, other)
+    Tracer.dot = lambda self, other: _C.dot(self, other)
     Tracer.reshape = _reshape_method
     Tracer.transpose = _transpose_method
-    Tracer.swapaxes = lambda self, axis1, axis2: C.swapaxes(self, axis1, axis2)
+    Tracer.swapaxes = lambda self, axis1, axis2: _C.swapaxes(self, axis1, axis2)
     Tracer.squeeze = lambda self, axis=None: squeeze(self, axis)
-    Tracer.flatten = Tracer.ravel = lambda self: reshape(self, (-1,))
-    Tracer.astype = lambda self, dtype, copy=True: astype(self, dtype)
+    Tracer.flatten = Tracer.ravel = lambda self, order="C": _numpy_dispatch.ravel(self, order=order)
+    Tracer.astype = lambda self, dtype, copy=True: astype(self, dtype)  # noqa: F405
     Tracer.copy = lambda self: self  # traced values are immutable
-    Tracer.__array_ufunc__ = _array_ufunc
-    Tracer.__array_function__ = _array_function
+    Tracer.__array_ufunc__ = _numpy_dispatch.array_ufunc
+    Tracer.__array_function__ = _numpy_dispatch.array_function
 
 
-from . import _linalg as linalg  # noqa: E402
-from ._composites import *  # noqa: E402,F401,F403
-
-
-# -------------------------------------------------------------------- NumPy functions on traced values
-# np.sin(x) and np.add(x, 1) reach __array_ufunc__, np.sum(x) and np.linalg.inv(x) __array_function__;
-# both map NumPy's functions to this namespace. Anything else is a TypeError that names the function
-# (NumPy's own code would drop the derivative).
-
-_UFUNCS = {
-    np.add: add, np.subtract: subtract, np.multiply: multiply, np.divide: divide, np.power: pow,
-    np.float_power: pow, np.negative: negative, np.positive: positive, np.absolute: abs, np.sign: sign,
-    np.exp: exp, np.expm1: expm1, np.log: log, np.log1p: log1p, np.log2: log2, np.log10: log10,
-    np.sqrt: sqrt, np.square: square, np.reciprocal: reciprocal, np.sin: sin, np.cos: cos, np.tan: tan,
-    np.arcsin: asin, np.arccos: acos, np.arctan: atan, np.sinh: sinh, np.cosh: cosh, np.tanh: tanh,
-    np.arcsinh: asinh, np.arccosh: acosh, np.arctanh: atanh, np.arctan2: atan2, np.hypot: hypot,
-    np.logaddexp: logaddexp, np.maximum: maximum, np.minimum: minimum, np.copysign: copysign,
-    np.remainder: remainder, np.floor_divide: floor_divide, np.nextafter: nextafter, np.floor: floor,
-    np.ceil: ceil, np.trunc: trunc, np.rint: round, np.conjugate: conj, np.matmul: matmul,
-    np.equal: equal, np.not_equal: not_equal, np.less: less, np.less_equal: less_equal, np.greater: greater,
-    np.greater_equal: greater_equal, np.isnan: isnan, np.isinf: isinf, np.isfinite: isfinite,
-    np.signbit: signbit, np.logical_and: logical_and, np.logical_or: logical_or, np.logical_xor: logical_xor,
-    np.logical_not: logical_not,
-}
-_UFUNC_REDUCTIONS = {np.add: sum, np.multiply: prod, np.maximum: max, np.minimum: min}
-
-
-def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
-    name = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
-    if kwargs.get("out") is not None:
-        raise TypeError(f"{name} with out=...: a NumPy array cannot hold a traced value (in-place updates such "
-                        f"as `a += x` included); write `a = a + x` instead")
-    kwargs.pop("out", None)
-    if method == "__call__" and ufunc in _UFUNCS and not kwargs:
-        return _UFUNCS[ufunc](*inputs)
-    if method == "reduce" and ufunc in _UFUNC_REDUCTIONS and len(inputs) == 1 and set(kwargs) <= {"axis",
-                                                                                               "keepdims"}:
-        return _UFUNC_REDUCTIONS[ufunc](inputs[0], axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims",
-                                                                                                   False))
-    extra = f" with {sorted(kwargs)}" if kwargs else ""
-    raise TypeError(f"{name}{extra} is not supported on traced values (it has no derivative rule in the tape); "
-                    f"use the functions of unigrad.namespace(x)")
-
-
-def _numpy_reduction(fn, **renames):
-    """Adapt a reduction to NumPy's signature (axis, dtype, out, keepdims...), refusing what it can't honour."""
-    def adapted(a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
-        if out is not None or kwargs:
-            raise TypeError(f"{fn.__name__} on traced values does not take out= or {sorted(kwargs)}")
-        extra = {renames.get("dtype", "dtype"): dtype} if dtype is not None else {}
-        return fn(a, axis=axis, keepdims=keepdims, **extra)
-    return adapted
-
-
-def _numpy_statistic(fn):
-    def adapted(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
-        if out is not None or kwargs:
-            raise TypeError(f"{fn.__name__} on traced values does not take out= or {sorted(kwargs)}")
-        return fn(a if dtype is None else astype(a, dtype), axis=axis, correction=ddof, keepdims=keepdims)
-    return adapted
-
-
-def _numpy_functions():
-    C = _composites_module
-    table = {
-        np.sum: _numpy_reduction(sum), np.prod: _numpy_reduction(prod),
-        np.max: lambda a, axis=None, out=None, keepdims=False: max(a, axis=axis, keepdims=keepdims),
-        np.min: lambda a, axis=None, out=None, keepdims=False: min(a, axis=axis, keepdims=keepdims),
-        np.mean: lambda a, axis=None, dtype=None, out=None, keepdims=False: C.mean(
-            a if dtype is None else astype(a, dtype), axis=axis, keepdims=keepdims),
-        np.var: _numpy_statistic(C.var), np.std: _numpy_statistic(C.std),
-        np.cumsum: lambda a, axis=None, dtype=None, out=None: C.cumsum(a, axis=axis, dtype=dtype),
-        np.cumprod: lambda a, axis=None, dtype=None, out=None: C.cumprod(a, axis=axis, dtype=dtype),
-        np.reshape: lambda a, shape=None, order="C", **kw: reshape(a, kw.get("newshape", shape)),
-        np.transpose: lambda a, axes=None: C.transpose(a, axes),
-        np.swapaxes: C.swapaxes, np.moveaxis: moveaxis, np.ravel: lambda a, order="C": C.ravel(a),
-        np.squeeze: lambda a, axis=None: squeeze(a, axis), np.expand_dims: lambda a, axis: expand_dims(a, axis=axis),
-        np.concatenate: lambda arrays, axis=0, **kw: concat(arrays, axis=axis),
-        np.stack: lambda arrays, axis=0, **kw: stack(arrays, axis=axis),
-        np.hstack: lambda arrays, **kw: C.hstack(arrays), np.vstack: lambda arrays, **kw: C.vstack(arrays),
-        np.where: lambda condition, x=None, y=None: nonzero(condition) if x is None and y is None else where(
-            condition, x, y),
-        np.clip: lambda a, a_min=None, a_max=None, out=None, *, min=None, max=None: clip(  # noqa: A002
-            a, a_min if min is None else min, a_max if max is None else max),
-        np.dot: C.dot, np.inner: C.inner, np.outer: C.outer, np.tensordot: lambda a, b, axes=2: tensordot(
-            a, b, axes=axes),
-        np.einsum: lambda subscripts, *operands, **kw: einsum(subscripts, *operands),
-        np.trace: C.trace, np.diagonal: C.diagonal, np.diag: C.diag,
-        np.flip: lambda m, axis=None: flip(m, axis=axis), np.roll: lambda a, shift, axis=None: roll(
-            a, shift, axis=axis),
-        np.tile: lambda a, reps: tile(a, (reps,) if isinstance(reps, (int, np.integer)) else reps),
-        np.repeat: lambda a, repeats, axis=None: repeat(a, repeats, axis=axis),
-        np.broadcast_to: lambda array, shape, subok=False: broadcast_to(array, shape),
-        np.broadcast_arrays: lambda *args, subok=False: broadcast_arrays(*args),
-        np.take: lambda a, indices, axis=None, out=None, mode="raise": take(
-            a if axis is not None else reshape(a, (-1,)), indices, axis=0 if axis is None else axis),
-        np.take_along_axis: lambda arr, indices, axis=-1: take_along_axis(arr, indices, axis=axis),
-        np.sort: lambda a, axis=-1, kind=None, order=None, **kw: sort(
-            a if axis is not None else reshape(a, (-1,)), axis=-1 if axis is None else axis),
-        np.argsort: lambda a, axis=-1, kind=None, order=None, **kw: argsort(a, axis=axis),
-        np.argmax: lambda a, axis=None, out=None, keepdims=False: argmax(a, axis=axis, keepdims=keepdims),
-        np.argmin: lambda a, axis=None, out=None, keepdims=False: argmin(a, axis=axis, keepdims=keepdims),
-        np.real: real, np.imag: imag, np.atleast_1d: C.atleast_1d, np.atleast_2d: C.atleast_2d,
-        np.atleast_3d: C.atleast_3d, np.cross: lambda a, b, axisa=-1, axisb=-1, axisc=-1, axis=None: linalg.cross(
-            a, b, axis=-1 if axis is None else axis),
-        np.shape: _shape, np.ndim: _ndim, np.size: lambda a, axis=None: math.prod(_shape(a)) if axis is None
-        else _shape(a)[axis],
-        np.iscomplexobj: _is_complex, np.isrealobj: lambda x: not _is_complex(x), np.result_type: result_type,
-        np.linalg.inv: linalg.inv, np.linalg.det: linalg.det, np.linalg.slogdet: linalg.slogdet,
-        np.linalg.solve: linalg.solve, np.linalg.eigh: lambda a, UPLO="L": linalg.eigh(a),
-        np.linalg.eigvalsh: lambda a, UPLO="L": linalg.eigvalsh(a),
-        np.linalg.cholesky: lambda a, upper=False: linalg.cholesky(a, upper=upper),
-        np.linalg.qr: lambda a, mode="reduced": linalg.qr(a, mode=mode),
-        np.linalg.svd: lambda a, full_matrices=True, compute_uv=True, hermitian=False: (
-            linalg.svd(a, full_matrices=full_matrices) if compute_uv else linalg.svdvals(a)),
-        np.linalg.pinv: lambda a, rcond=None, hermitian=False, *, rtol=None: linalg.pinv(
-            a, rtol=rtol if rcond is None else rcond),
-        np.linalg.matrix_power: linalg.matrix_power, np.linalg.matrix_rank: lambda A, tol=None, hermitian=False,
-        *, rtol=None: np.linalg.matrix_rank(_value(A), tol, hermitian, rtol=rtol),
-        np.linalg.norm: linalg.norm, np.linalg.multi_dot: lambda arrays, *, out=None: _multi_dot(arrays),
-    }
-    for name in ("matmul", "outer", "cross", "diagonal", "trace", "vector_norm", "matrix_norm", "svdvals",
-                 "tensordot", "vecdot", "matrix_transpose"):  # NumPy 2's Array API spellings in np.linalg
-        if hasattr(np.linalg, name):
-            table[getattr(np.linalg, name)] = getattr(linalg, name)
-    return table
-
-
-def _multi_dot(arrays):
-    result = arrays[0]
-    for a in arrays[1:]:
-        result = _composites_module.dot(result, a)
-    return result
-
-
-def _array_function(self, func, types, args, kwargs):
-    impl = _NUMPY_FUNCTIONS.get(func)
-    if impl is None:
-        raise TypeError(f"np.{func.__name__} is not supported on traced values (it has no derivative rule in the "
-                        f"tape); use the functions of unigrad.namespace(x)")
-    return impl(*args, **kwargs)
-
-
-from . import _composites as _composites_module  # noqa: E402
-
-_NUMPY_FUNCTIONS = _numpy_functions()
 _install_operators()

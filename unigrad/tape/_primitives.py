@@ -25,7 +25,7 @@ map ``dx -> jvp(dx)`` (traced ops all the way, so it differentiates again).
 
 Non-differentiable points, one rule each (the full list is in docs/tape.md):
 ``abs``/``sign`` at 0 -> 0; ``maximum``/``minimum`` ties -> half to each side
-(so ``relu`` at 0 -> 1/2); ``max``/``min`` reductions -> split evenly among tied
+(``relu`` at 0 -> 0: its own rule); ``max``/``min`` reductions -> split evenly among tied
 elements; ``clip`` at a bound -> 1 (the bound is inclusive); ``sqrt`` at 0 ->
 inf (the true one-sided limit); ``x ** 0`` -> 0 for the base;
 ``floor``/``ceil``/``round``/``trunc``/``sign``/``floor_divide`` -> 0; ``sort``
@@ -41,16 +41,26 @@ import math
 
 import numpy as np
 
-from ._core import Primitive, Tracer, _ndim, _shape
+from ._core import backward, record, unbroadcast
+from ._tracer import PRIMITIVES, Primitive, Tracer, _ndim, _shape, concrete
 
 LINEAR = "linear"
-PRIMITIVES: dict[str, Primitive] = {}
 
 
-def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False):
-    """Create and register a primitive; ``jvp=LINEAR`` (or a LINEAR entry) reuses the primitive itself."""
+def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, elementwise=None, ufunc=None):
+    """Create and register a primitive; ``jvp=LINEAR`` (or a LINEAR entry) reuses the primitive itself.
+
+    A primitive whose ``impl`` is a NumPy ufunc is elementwise: the namespace exports it under ``name``
+    and NumPy's ufunc dispatches to it on traced values (``ufunc=`` names the ufunc when ``impl`` is
+    a wrapper; ``elementwise=False`` opts out)."""
     vjps = vjp if vjp is None else tuple(vjp)
-    prim = Primitive(name, impl, vjps, (), jvp_joint=jvp_joint, broadcasts=broadcasts)
+    if ufunc is None and isinstance(impl, np.ufunc):
+        ufunc = impl
+    ufunc = ufunc or None  # ufunc=False: no dispatch (matmul: the namespace's own handles vectors)
+    if elementwise is None:
+        elementwise = ufunc is not None
+    prim = Primitive(name, impl, vjps, (), jvp_joint=jvp_joint, broadcasts=broadcasts, elementwise=elementwise,
+                     ufunc=ufunc)
     if vjps is not None:
         n = len(vjps)
         jvps = (LINEAR,) * n if jvp == LINEAR else tuple(jvp)
@@ -67,9 +77,9 @@ def _linear_in(prim, i):
     return rule
 
 
-def defnondiff(name, impl):
+def defnondiff(name, impl, **flags):
     """A primitive whose outputs carry no derivative (comparisons, argmax, integer results)."""
-    return defprim(name, impl, vjp=None)
+    return defprim(name, impl, vjp=None, **flags)
 
 
 def _nb(g, ans):
@@ -89,11 +99,11 @@ def _real_like(c, x):
 
 # ------------------------------------------------------------------------- elementwise, unary
 
-def _unary(name, impl, dfdx):
+def _unary(name, impl, dfdx, **flags):
     """An elementwise primitive with derivative ``dfdx(ans, x)`` (holomorphic for complex input)."""
     return defprim(name, impl,
                    vjp=(lambda g, ans, x: g * dfdx(ans, x),),
-                   jvp=(lambda t, ans, x: t * dfdx(ans, x),))
+                   jvp=(lambda t, ans, x: t * dfdx(ans, x),), elementwise=True, **flags)
 
 
 negative = defprim("negative", np.negative, vjp=(lambda g, ans, x: -g,), jvp=LINEAR)
@@ -118,6 +128,27 @@ arcsinh = _unary("asinh", np.arcsinh, lambda ans, x: 1 / sqrt(x * x + 1))
 arccosh = _unary("acosh", np.arccosh, lambda ans, x: 1 / sqrt(x * x - 1))
 arctanh = _unary("atanh", np.arctanh, lambda ans, x: 1 / (1 - x * x))
 square = _unary("square", np.square, lambda ans, x: 2 * x)
+exp2 = _unary("exp2", np.exp2, lambda ans, x: ans * math.log(2))
+fabs = _unary("fabs", np.fabs, lambda ans, x: sign(x))  # real only, as NumPy's
+deg2rad = defprim("deg2rad", np.deg2rad, vjp=(lambda g, ans, x: g * (math.pi / 180),), jvp=LINEAR)
+rad2deg = defprim("rad2deg", np.rad2deg, vjp=(lambda g, ans, x: g * (180 / math.pi),), jvp=LINEAR)
+
+
+def _sinc_slope(ans, x):
+    """d/dx sin(pi x) / (pi x) = (cos(pi x) - sinc(x)) / x, and its Taylor series near 0 (exact there to
+    every order; the closed form would cancel)."""
+    small = np.abs(concrete(x)) < 1e-2
+    if not np.any(small):
+        return (cos(x * math.pi) - ans) / x
+    p2 = math.pi ** 2
+    xs = where(small, x, 0)
+    x2 = xs * xs
+    series = xs * (-p2 / 3 + x2 * (p2 * p2 / 30 - x2 * (p2 ** 3 / 840)))
+    xb = where(small, 1, x)
+    return where(small, series, (cos(xb * math.pi) - where(small, 1, ans)) / xb)
+
+
+sinc = _unary("sinc", np.sinc, _sinc_slope)
 reciprocal = _unary("reciprocal", np.reciprocal, lambda ans, x: -(ans * ans))
 
 
@@ -128,7 +159,7 @@ def _sigmoid_impl(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-sigmoid = _unary("sigmoid", _sigmoid_impl, lambda ans, x: ans * (1 - ans))
+sigmoid = _unary("sigmoid", _sigmoid_impl, lambda ans, x: ans * (1 - ans))  # no NumPy ufunc
 
 
 def _sign_impl(x):
@@ -138,11 +169,11 @@ def _sign_impl(x):
     return np.sign(x)
 
 
-sign = defprim("sign", _sign_impl, vjp=(None,), jvp=(None,))
+sign = defprim("sign", _sign_impl, vjp=(None,), jvp=(None,), ufunc=np.sign)
 floor = defprim("floor", np.floor, vjp=(None,), jvp=(None,))
 ceil = defprim("ceil", np.ceil, vjp=(None,), jvp=(None,))
 trunc = defprim("trunc", np.trunc, vjp=(None,), jvp=(None,))
-round_ = defprim("round", np.round, vjp=(None,), jvp=(None,))
+round_ = defprim("round", np.round, vjp=(None,), jvp=(None,), ufunc=np.rint, elementwise=False)  # decimals=
 
 
 def _abs_vjp(g, ans, x):
@@ -162,9 +193,9 @@ def _abs_jvp(t, ans, x):
 absolute = defprim("abs", np.abs, vjp=(_abs_vjp,), jvp=(_abs_jvp,))
 
 # complex parts: real-linear maps; the VJP is the transpose with JAX's (unconjugated) convention
-real = defprim("real", np.real, vjp=(lambda g, ans, x: _complexify(g, x),), jvp=LINEAR)
+real = defprim("real", np.real, vjp=(lambda g, ans, x: _complexify(g, x),), jvp=LINEAR, elementwise=True)
 imag = defprim("imag", np.imag, vjp=(lambda g, ans, x: _complexify(g * -1j, x) if _is_complex(x) else g * 0,),
-               jvp=LINEAR)
+               jvp=LINEAR, elementwise=True)
 conj = defprim("conj", np.conj, vjp=(lambda g, ans, x: conj(g),), jvp=LINEAR)
 
 
@@ -222,31 +253,34 @@ divide = defprim("divide", np.true_divide,
                  jvp=(lambda t, ans, x, y: t / y, lambda t, ans, x, y: -t * ans / y), broadcasts=True)
 
 
-def _mm_rules(op):
+def _mm_rules(op, skip_nan=False):
+    """Weights of x in maximum/minimum: 1 where x wins, 1/2 at a tie; ``skip_nan`` (fmax, fmin): a NaN
+    loses to a number."""
     wins = (lambda x, y: x > y) if op == "max" else (lambda x, y: x < y)
 
     def wx(x, y):
-        w = np.where(_val(x) == _val(y), 0.5, np.where(wins(_val(x), _val(y)), 1.0, 0.0))
-        return w.astype(np.result_type(_val(x), _val(y)), copy=False)
+        xv, yv = concrete(x), concrete(y)
+        w = np.where(xv == yv, 0.5, np.where(wins(xv, yv), 1.0, 0.0))
+        if skip_nan:
+            w = np.where(np.isnan(yv), 1.0, np.where(np.isnan(xv), 0.0, w))
+        return w.astype(np.result_type(xv, yv), copy=False)
 
     return ((lambda g, ans, x, y: g * wx(x, y), lambda g, ans, x, y: g * (1 - wx(x, y))),
             (lambda t, ans, x, y: t * wx(x, y), lambda t, ans, x, y: t * (1 - wx(x, y))))
-
-
-def _val(x):
-    while isinstance(x, Tracer):
-        x = x.value
-    return x
 
 
 _rules = _mm_rules("max")
 maximum = defprim("maximum", np.maximum, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
 _rules = _mm_rules("min")
 minimum = defprim("minimum", np.minimum, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
+_rules = _mm_rules("max", skip_nan=True)
+fmax = defprim("fmax", np.fmax, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
+_rules = _mm_rules("min", skip_nan=True)
+fmin = defprim("fmin", np.fmin, vjp=_rules[0], jvp=_rules[1], broadcasts=True)
 
 def _over(num, den):
     """num / den, and 0 where den == 0 (at the origin of atan2 and hypot: the documented rule)."""
-    zero = _val(den) == 0
+    zero = concrete(den) == 0
     if not np.any(zero):
         return num / den
     return where(zero, 0, num / where(zero, 1, den))
@@ -267,6 +301,10 @@ arctan2 = defprim("atan2", np.arctan2,
 hypot = defprim("hypot", np.hypot,
                 vjp=(lambda g, ans, x, y: g * _over(x, ans), lambda g, ans, x, y: g * _over(y, ans)),
                 jvp=(lambda t, ans, x, y: t * _over(x, ans), lambda t, ans, x, y: t * _over(y, ans)), broadcasts=True)
+logaddexp2 = defprim("logaddexp2", np.logaddexp2,
+                     vjp=(lambda g, ans, x, y: g * exp2(x - ans), lambda g, ans, x, y: g * exp2(y - ans)),
+                     jvp=(lambda t, ans, x, y: t * exp2(x - ans), lambda t, ans, x, y: t * exp2(y - ans)),
+                     broadcasts=True)
 logaddexp = defprim("logaddexp", np.logaddexp,
                     vjp=(lambda g, ans, x, y: g * exp(x - ans), lambda g, ans, x, y: g * exp(y - ans)),
                     jvp=(lambda t, ans, x, y: t * exp(x - ans), lambda t, ans, x, y: t * exp(y - ans)),
@@ -278,7 +316,7 @@ remainder = defprim("remainder", np.remainder,
 
 def _floor_quotient(x, y):
     """floor(x / y) as a constant: piecewise constant, so it carries no derivative."""
-    return np.floor_divide(_val(x), _val(y))
+    return np.floor_divide(concrete(x), concrete(y))
 
 
 copysign = defprim("copysign", np.copysign,
@@ -302,22 +340,22 @@ def _clip_impl(x, lo, hi):
 
 def _inside(x, lo, hi):
     """1 where x is inside [lo, hi] (bounds inclusive), else 0; lo/hi may be None."""
-    xv = _val(x)
+    xv = concrete(x)
     m = np.ones(np.shape(xv), dtype=bool)
     if lo is not None:
-        m &= xv >= _val(lo)
+        m &= xv >= concrete(lo)
     if hi is not None:
-        m &= xv <= _val(hi)
+        m &= xv <= concrete(hi)
     return m
 
 
 clip = defprim("clip", _clip_impl,
                vjp=(lambda g, ans, x, lo, hi: where(_inside(x, lo, hi), g, 0),
-                    lambda g, ans, x, lo, hi: where(_val(x) < _val(lo), g, 0),
-                    lambda g, ans, x, lo, hi: where(_val(x) > _val(hi), g, 0)),
+                    lambda g, ans, x, lo, hi: where(concrete(x) < concrete(lo), g, 0),
+                    lambda g, ans, x, lo, hi: where(concrete(x) > concrete(hi), g, 0)),
                jvp=(lambda t, ans, x, lo, hi: where(_inside(x, lo, hi), t, 0),
-                    lambda t, ans, x, lo, hi: where(_val(x) < _val(lo), t, 0),
-                    lambda t, ans, x, lo, hi: where(_val(x) > _val(hi), t, 0)),
+                    lambda t, ans, x, lo, hi: where(concrete(x) < concrete(lo), t, 0),
+                    lambda t, ans, x, lo, hi: where(concrete(x) > concrete(hi), t, 0)),
                broadcasts=True)
 
 # ------------------------------------------------------------------------- comparisons and friends
@@ -326,7 +364,10 @@ for _name, _fn in [("equal", np.equal), ("not_equal", np.not_equal), ("less", np
                    ("isnan", np.isnan), ("isinf", np.isinf), ("isfinite", np.isfinite),
                    ("signbit", np.signbit), ("logical_and", np.logical_and), ("logical_or", np.logical_or),
                    ("logical_xor", np.logical_xor), ("logical_not", np.logical_not),
-                   ("floor_divide", np.floor_divide), ("nextafter", np.nextafter)]:
+                   ("floor_divide", np.floor_divide), ("nextafter", np.nextafter),
+                   ("bitwise_and", np.bitwise_and), ("bitwise_or", np.bitwise_or), ("bitwise_xor", np.bitwise_xor),
+                   ("bitwise_invert", np.invert), ("bitwise_left_shift", np.left_shift),
+                   ("bitwise_right_shift", np.right_shift)]:
     defnondiff(_name, _fn)
 equal, not_equal = PRIMITIVES["equal"], PRIMITIVES["not_equal"]
 less, less_equal = PRIMITIVES["less"], PRIMITIVES["less_equal"]
@@ -370,7 +411,7 @@ def _min_impl(x, axis, keepdims):
 
 def _extremum_weights(ans, x, axis, keepdims):
     """Indicator of the extremal elements, divided by how many tie (the evenly-split convention)."""
-    xv, av = _val(x), _val(ans)
+    xv, av = concrete(x), concrete(ans)
     if not keepdims:
         av = av.reshape(_keep_shape(np.shape(xv), axis))
     hit = (xv == av)
@@ -480,7 +521,6 @@ reshape = defprim("reshape", lambda x, shape: np.reshape(x, shape), vjp=(_reshap
 
 
 def _broadcast_vjp(g, ans, x, shape):
-    from ._core import unbroadcast
     return unbroadcast(g, _shape(x), _nb(g, ans))
 
 
@@ -666,7 +706,7 @@ def _matmul_vjp_b(g, ans, a, b):
 
 
 # Operands are at least 2-D here; the namespace turns vectors into matrices and back.
-matmul = defprim("matmul", np.matmul, vjp=(_matmul_vjp_a, _matmul_vjp_b),
+matmul = defprim("matmul", np.matmul, elementwise=False, ufunc=False, vjp=(_matmul_vjp_a, _matmul_vjp_b),
                  jvp=(lambda t, ans, a, b: matmul(t, b), lambda t, ans, a, b: matmul(a, t)), broadcasts=True)
 
 
@@ -739,6 +779,67 @@ def einsum(*xs, labels, out):
 
 
 
+# ------------------------------------------------------------------------- discrete Fourier transforms
+# One transform along one negative ``axis`` of an array whose length there is the transform's length
+# (the namespace crops or zero-pads first). All are linear; the VJP is the unconjugated transpose.
+
+def _fft_impl(x, axis, inverse, norm):
+    return (np.fft.ifft if inverse else np.fft.fft)(x, axis=axis, norm=norm)
+
+
+# The DFT matrix is symmetric, so each complex transform is its own transpose.
+fft_c2c = defprim("fft", _fft_impl, vjp=(lambda g, ans, x, axis, inverse, norm: fft_c2c(
+    g, axis=axis, inverse=inverse, norm=norm),), jvp=LINEAR)
+
+
+def _along(x, axis, index):
+    return getitem(x, index=(slice(None),) * (_ndim(x) + axis) + (index,))
+
+
+def _zero_pad(x, axis, n):
+    """x with zeros appended along ``axis`` up to length n."""
+    shape = list(_shape(x))
+    extra = n - shape[axis]
+    if extra <= 0:
+        return x
+    shape[axis] = extra
+    return concat(x, np.zeros(tuple(shape), dtype=x.dtype), axis=axis)
+
+
+def _rfft_impl(x, axis, norm):
+    return np.fft.rfft(x, axis=axis, norm=norm)
+
+
+def _rfft_vjp(g, ans, x, axis, norm):
+    """rfft keeps the first n//2 + 1 rows of the DFT: its transpose pads g with zeros to n and applies
+    the (symmetric) DFT; a real input takes the real part."""
+    return real(fft_c2c(_zero_pad(g, axis, _shape(x)[axis]), axis=axis, inverse=False, norm=norm))
+
+
+rfft = defprim("rfft", _rfft_impl, vjp=(_rfft_vjp,), jvp=LINEAR)
+
+
+def _irfft_impl(x, axis, n, norm):
+    return np.fft.irfft(x, n=n, axis=axis, norm=norm)
+
+
+def _irfft_vjp(g, ans, x, axis, n, norm):
+    """irfft(X)_j = scale * sum_k c_k Re(X_k w^jk) with c = 1 for the zero (and, n even, the Nyquist)
+    frequency and 2 for the others; with JAX's convention (d/da - i d/db for X = a + ib) the cotangent
+    of X_k is c_k * ifft(g)_k."""
+    m = _shape(x)[axis]
+    c = np.full(m, 2.0)
+    c[0] = 1.0
+    if n % 2 == 0:
+        c[-1] = 1.0
+    c = c.reshape((m,) + (1,) * (-axis - 1)).astype(np.finfo(x.dtype).dtype)
+    full = fft_c2c(astype(g, dtype=np.dtype(x.dtype)), axis=axis, inverse=True, norm=norm)
+    return _along(full, axis, slice(0, m)) * c
+
+
+irfft = defprim("irfft", _irfft_impl, vjp=(_irfft_vjp,), jvp=LINEAR)
+
+
 # ------------------------------------------------------------------------- linear algebra
 # Matrices live on the last two axes; every rule broadcasts over the leading ones (batch axes of
 # cotangents and tangents included). Helpers first, then one row per primitive.
@@ -785,7 +886,7 @@ def _tril_strict(x):
 
 def _safe_reciprocal(s):
     """1 / s, and 0 where s == 0 (the value, not its derivative, decides)."""
-    zero = _val(s) == 0
+    zero = concrete(s) == 0
     return where(zero, 0, 1 / where(zero, 1, s))
 
 
@@ -796,7 +897,7 @@ def _inverse_gaps(w):
     symmetric eigen- or singular-value solver): the terms that couple them are dropped (documented
     rule), where the exact derivative of the singular vectors does not exist.
     """
-    wv = _val(w)
+    wv = concrete(w)
     n = wv.shape[-1]
     gaps_v = wv[..., None, :] - wv[..., :, None]
     scale = np.max(np.abs(wv), axis=-1, keepdims=True)[..., None] if n else 0.0
@@ -839,8 +940,6 @@ def _transposed_jvp(jvp_joint, i):
     """The VJP rule of argument ``i`` of a primitive with a (linear in the tangent) joint JVP rule:
     reverse mode over ``dx -> jvp_joint(dx)``, recorded with the tape's own traced ops. The result
     is the exact transpose of the JVP (the transpose test holds to rounding) and differentiates again."""
-    from ._core import backward, record
-
     def rule(g, ans, *args, **params):
         x = args[i]
         zero = np.zeros(_shape(x), dtype=x.dtype)
@@ -896,7 +995,7 @@ def _cofactor(x, ans):
     n <= 16, the Faddeev-LeVerrier (Cayley-Hamilton) polynomial, exact at every rank and to every
     order; beyond that the SVD (A = U S Vh: det(U) det(Vh) conj(U) diag(prod of the other s) conj(Vh)),
     whose first derivative is exact at rank n-1."""
-    xv = _val(x)
+    xv = concrete(x)
     n = xv.shape[-1]
     if n == 0:
         return np.zeros(xv.shape, dtype=xv.dtype)
@@ -910,7 +1009,7 @@ def _cofactor(x, ans):
         phase = det(u) * det(vh)  # unit modulus, a smooth function of A
         sv, u, vh = real(sv), conj(u), conj(vh)
     else:
-        phase = np.linalg.det(_val(u)) * np.linalg.det(_val(vh))  # +-1: locally constant
+        phase = np.linalg.det(concrete(u)) * np.linalg.det(concrete(vh))  # +-1: locally constant
     adj_s = _prod_others(sv, (-1,))
     return matmul(u * _row(adj_s), vh) * reshape(phase, _shape(phase) + (1, 1))
 
@@ -919,7 +1018,7 @@ def _cofactor_polynomial(x):
     """adj(A) = (-1)^(n+1) M_n with M_1 = I, M_k = A M_(k-1) + c_(n-k+1) I, c_(n-k) = -tr(A M_k) / k
     (Faddeev-LeVerrier), on A scaled to unit max-norm (cof is homogeneous of degree n-1)."""
     n = _shape(x)[-1]
-    scale = float(np.max(np.abs(_val(x)))) or 1.0
+    scale = float(np.max(np.abs(concrete(x)))) or 1.0
     a = x * (1.0 / scale)
     eye = np.eye(n, dtype=np.finfo(x.dtype).dtype)
     m = eye
@@ -994,6 +1093,32 @@ def _eigh_jvp(tangents, ans, x):
 
 
 eigh = _defjoint("eigh", _eigh_impl, _eigh_jvp)
+
+
+# -- eig (general square matrices): packed (eigenvalues (n,), eigenvectors (n, n)), always complex
+def _eig_impl(x):
+    w, v = np.linalg.eig(x)
+    dtype = np.result_type(w.dtype, np.complex64)
+    return _pack_np([w.astype(dtype, copy=False), v.astype(dtype, copy=False)], np.shape(x)[:-2])
+
+
+def _eig_jvp(tangents, ans, x):
+    """With C = V^-1 dA V: dw = diag(C); dV = V (F o C), F_ij = 1 / (w_j - w_i) off the diagonal, minus
+    the part along each column that would change its norm (NumPy's eigenvectors have unit norm; their
+    phase is LAPACK's choice, so only phase-invariant functions of them are comparable)."""
+    (t,) = tangents
+    n = _shape(x)[-1]
+    w, v = _split(ans, [(n,), (n, n)])
+    if not _is_complex(t):
+        t = astype(t, dtype=np.dtype(ans.dtype))
+    c = matmul(solve(v, t), v)
+    dw = _diag_part(c)
+    dv = matmul(v, _inverse_gaps(w) * c)
+    dv = dv - v * _row(real(reduce_sum(conj(v) * dv, axis=(-2,), keepdims=False)))
+    return _join([dw, dv], [(n,), (n, n)], np.dtype(ans.dtype))
+
+
+eig = _defjoint("eig", _eig_impl, _eig_jvp)
 
 
 # -- svd: packed (U, S, Vh)

@@ -1,0 +1,194 @@
+"""Traced values and primitives: the vocabulary the rule table and the engine share.
+
+A :class:`Primitive` is one operation of the tape (its NumPy implementation and its derivative
+rules); calling it finds the highest-level tracer among its arguments and lets that tracer's trace
+process the call (``_core`` holds the traces and the sweeps). A :class:`Tracer` is a value being
+traced: it behaves like an array (``_namespace`` gives it its operators and methods).
+:func:`concrete` is the NumPy value under every level of tracing.
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+import numpy as np
+
+_depth: contextvars.ContextVar[int] = contextvars.ContextVar("unigrad_tape_depth", default=0)
+
+
+class LeakedTracerError(RuntimeError):
+    """A traced value escaped the transform that created it and was used later."""
+
+
+PRIMITIVES: dict = {}  # name -> Primitive, filled by the rule table at import (the engine looks up its few here)
+
+
+class Primitive:
+    """One operation of the tape: its NumPy implementation and its derivative rules.
+
+    ``vjps[i](g, ans, *args, **params)`` is the cotangent of argument i;
+    ``jvps[i](t, ans, *args, **params)`` the tangent contribution of argument i.
+    ``None`` as a rule means a zero derivative; ``vjps=None`` marks a
+    primitive whose outputs are not differentiable (comparisons, argmax...).
+    ``jvp_joint(tangents, ans, *args, **params)`` replaces the per-argument JVP
+    rules where one formula is simpler (tangents hold None for constants).
+    ``elementwise``: the namespace exports the primitive itself under ``name``;
+    ``ufunc``: the NumPy ufunc it computes, which NumPy dispatches to it on traced values.
+    """
+
+    __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "partial", "elementwise", "ufunc",
+                 "__weakref__")
+
+    def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False, elementwise=False,
+                 ufunc=None):
+        self.name, self.impl = name, impl
+        self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
+        self.partial = vjps is not None and None in vjps  # some arguments have a zero derivative
+        self.elementwise, self.ufunc = elementwise, ufunc
+
+    def __call__(self, *args, **params):
+        top = None  # the highest-level trace among the arguments processes the call
+        for a in args:
+            if isinstance(a, Tracer):
+                tr = a.trace
+                if top is None or tr.level > top.level:
+                    top = tr
+        if top is None:
+            return self.impl(*args, **params)
+        return top.process(self, args, params)
+
+    def __repr__(self):
+        return f"<primitive {self.name}>"
+
+
+def bind(prim: Primitive, args, params):
+    """Apply ``prim``: the highest-level trace among the arguments processes it (see ``Primitive.__call__``)."""
+    return prim(*args, **params)
+
+
+class Trace:
+    __slots__ = ("level", "active")
+
+    def __init__(self):
+        self.level = _depth.get() + 1
+        self.active = True
+
+    def _leaked(self, prim):
+        raise LeakedTracerError(
+            f"a traced value from a finished unigrad transform was passed to {prim.name}: values computed "
+            f"inside f must not be kept and reused after the transform returns (return them instead)")
+
+
+def concrete(x):
+    """The NumPy value of ``x`` under every level of tracing (``x`` itself when it is not traced)."""
+    while isinstance(x, Tracer):
+        x = x.value
+    return x
+
+
+def _ndim(x):
+    return x.ndim if isinstance(x, Tracer) else np.ndim(x)
+
+
+def _shape(x):
+    return tuple(x.shape) if isinstance(x, Tracer) else np.shape(x)
+
+
+class Tracer:
+    """A value being traced by one trace. Behaves like an array (operators, shape, dtype, .T)."""
+
+    __slots__ = ("trace", "value")
+    __array_ufunc__ = None  # make NumPy defer to our reflected operators
+    __array_priority__ = 1000
+
+    # The value is a NumPy array or scalar (or a lower-level tracer), which have these attributes;
+    # a Python scalar does not.
+    @property
+    def shape(self):
+        try:
+            return self.value.shape
+        except AttributeError:
+            return np.shape(self.value)
+
+    @property
+    def dtype(self):
+        try:
+            return self.value.dtype
+        except AttributeError:
+            return np.result_type(self.value)
+
+    @property
+    def ndim(self):
+        try:
+            return self.value.ndim
+        except AttributeError:
+            return np.ndim(self.value)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def device(self):
+        return "cpu"
+
+    def __len__(self):
+        s = self.shape
+        if not s:
+            raise TypeError("len() of a 0-d traced array")
+        return s[0]
+
+    def __bool__(self):
+        # Kept: `if x > 0:` and `while err > tol:` are control flow on values, as in HIPS autograd and
+        # eager JAX/torch; the branch taken is traced, and a comparison carries no derivative anyway.
+        return bool(concrete(self))
+
+    # float(x), int(x), complex(x) and operator.index(x) would turn a traced value into a constant and
+    # silently drop its derivative: they raise, as np.asarray(x) does.
+    def __float__(self):
+        raise _conversion_error("float")
+
+    def __int__(self):
+        raise _conversion_error("int")
+
+    def __complex__(self):
+        raise _conversion_error("complex")
+
+    def __index__(self):
+        raise _conversion_error("operator.index")
+
+    def __repr__(self):
+        return f"Traced<{type(self).__name__} level={self.trace.level}>({concrete(self)!r})"
+
+    def __hash__(self):
+        return id(self)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "a traced array cannot be converted to a NumPy array inside a unigrad transform (that would drop "
+            "its derivative); use unigrad.namespace(x) functions instead of np.* on traced values")
+
+
+def _conversion_error(kind):
+    return TypeError(
+        f"{kind}() of a traced array inside a unigrad transform would drop its derivative; keep it an array "
+        f"(x.sum(), xp.reshape(x, ()), x[0]...), or take its value as a constant explicitly with "
+        f"unigrad.to_numpy(x). bool(x) and comparisons (if x > 0:) still work for control flow")
+
+
+class RTracer(Tracer):
+    __slots__ = ("index",)
+
+    def __init__(self, trace, value, index):
+        self.trace, self.value, self.index = trace, value, index
+
+
+class FTracer(Tracer):
+    __slots__ = ("tangent",)
+
+    def __init__(self, trace, value, tangent):
+        self.trace, self.value, self.tangent = trace, value, tangent

@@ -396,3 +396,17 @@ def test_independent_rows_with_infinite_derivatives_are_not_refused():
         jac = unigrad.batched_jacobian(lambda x: unigrad.namespace(x).sqrt(x))(x)
         want = 0.5 / np.sqrt(x)
     np.testing.assert_array_equal(np.diagonal(jac, axis1=1, axis2=2), want)  # (off the diagonal: 0 * inf)
+
+
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_jacobian_dtype_does_not_depend_on_the_mode(bk):
+    x32 = np.array([0.5, 1.5], dtype=np.float32)
+    data = np.array([1.0, 2.0, 3.0])  # float64: the outputs are float64
+
+    def f(x, d):
+        xp = unigrad.namespace(x)
+        return xp.sin(xp.sum(x) * d)
+
+    blocks = [_np(unigrad.jacobian(f, mode=m, backend=bk)(x32, data)) for m in ("rev", "fwd", "auto")]
+    assert {str(b.dtype) for b in blocks} == {"float64"}, [b.dtype for b in blocks]
+    np.testing.assert_allclose(blocks[0], blocks[1], rtol=1e-6)

@@ -229,6 +229,20 @@ def _flatten_blocks(jac):
     return tuple(block for row in jac for block in row)
 
 
+def promoted_blocks(b, outputs, leaves, jac):
+    """``jac[i][j]`` in the dtype both output i and input j promote to, whatever the mode: reverse mode
+    pulls back to the input's dtype, forward mode pushes to the output's, and ``mode="auto"`` must not
+    change a result's dtype by choosing between them."""
+    out = []
+    for o, row in zip(outputs, jac):
+        blocks = []
+        for x, block in zip(leaves, row):
+            want = _checks.promote(b.dtype(o), b.dtype(x))
+            blocks.append(block if b.dtype(block) == want else b.cast(block, want))
+        out.append(tuple(blocks))
+    return tuple(out)
+
+
 def output_shapes(shapes: BoundedCache, call: Call):
     """The shapes of ``f``'s outputs for this call's signature: one plain forward evaluation per
     signature (shapes follow from the signature: array shapes and exact non-array values)."""
@@ -333,7 +347,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
         def kernel(b, flat_f, leaves):
             method = b.jacrev if chosen == "rev" else b.jacfwd
             outs, jac, aux = method(flat_f, leaves, chunk_size=chunk, has_aux=has_aux)
-            return outs, _flatten_blocks(jac), aux
+            return outs, _flatten_blocks(promoted_blocks(b, outs, leaves, jac)), aux
         return kernel
 
     kernels = {"rev": kernel_for("rev", chunk_size), "fwd": kernel_for("fwd", chunk_size)}

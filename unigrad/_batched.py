@@ -66,7 +66,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       >>> unigrad.batched_jacobian(lambda x: x ** 2)(x).shape
       (4, 3, 3)
     """
-    from ._api import _wraps, budget_chunk, choose_mode
+    from ._api import _wraps, budget_chunk, choose_mode, promoted_blocks
 
     _checks.check_mode(mode, "batched_jacobian")
     _checks.check_chunk(chunk_size, "batched_jacobian")
@@ -83,7 +83,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         def kernel(b, flat_f, leaves):
             method = b.per_example_jacobian if separable else b.batched_jacobian
             outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
-            return outs, tuple(block for row in jac for block in row), aux
+            return outs, tuple(block for row in promoted_blocks(b, outs, leaves, jac) for block in row), aux
         return kernel
 
     kernels = {"rev": kernel_for("rev", chunk_size), "fwd": kernel_for("fwd", chunk_size)}

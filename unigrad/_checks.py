@@ -177,3 +177,16 @@ def is_numpy_conversion(exc: BaseException) -> bool:
     """Did ``exc`` come from converting a traced value to a NumPy array (on any backend)?"""
     text = f"{type(exc).__name__}: {exc}"
     return any(s in text for s in _NUMPY_CONVERSION)
+
+
+def promote(a: str, b: str) -> str:
+    """The dtype two floating or complex dtype names promote to (the Array API's table; bfloat16 and
+    float16 together give float32)."""
+    if a == b:
+        return a
+    if "bfloat16" in (a, b):
+        other = b if a == "bfloat16" else a
+        if other == "float16":
+            return "float32"
+        return other if other in ("float32", "float64", "complex64", "complex128") else "bfloat16"
+    return np.result_type(np.dtype(a), np.dtype(b)).name

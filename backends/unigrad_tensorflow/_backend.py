@@ -287,8 +287,14 @@ class TensorflowBackend(Backend):
         concrete = {}
 
         def compiled(*arrays):
-            if not all(isinstance(a, (tf.Tensor, tf.Variable)) for a in arrays):
-                return function(*arrays)
+            for a in arrays:
+                if not isinstance(a, tf.Tensor):
+                    # A tf.Variable is read (a concrete function traced for a Variable takes a resource
+                    # handle, one traced for a tensor takes values: the same key must serve both).
+                    arrays = tuple(tf.convert_to_tensor(v) if isinstance(v, tf.Variable) else v for v in arrays)
+                    if not all(isinstance(v, tf.Tensor) for v in arrays):
+                        return function(*arrays)
+                    break
             key = tuple((tuple(a.shape), a.dtype) for a in arrays)
             program = concrete.get(key)
             if program is None:

@@ -107,6 +107,17 @@ def _operand(other):
     return NotImplemented
 
 
+class _Deferred(TypeError):
+    """Raised by a conversion inside a ``tf.Tensor`` operator, so that TensorFlow calls our reflected one.
+
+    TensorFlow re-raises this very exception when the reflected operator fails too: the reflected
+    operator then writes its own error into it."""
+
+
+# The conversion error TensorFlow may re-raise, while its reflected operator runs.
+_DEFERRED = contextvars.ContextVar("unigrad_tensorflow_deferred", default=None)
+
+
 def _binary(fname, reflected=False):
     def op(self, other):
         other = _operand(other)
@@ -118,6 +129,11 @@ def _binary(fname, reflected=False):
         except tf.errors.OpError as exc:  # never a raw TensorFlow error from an operator
             raise ValueError(f"{'reflected ' if reflected else ''}operator {fname} of unigrad TensorFlow arrays: "
                              f"{exc.message}") from None
+        except (TypeError, ValueError) as exc:
+            deferred = _DEFERRED.get() if reflected else None
+            if deferred is not None:  # TensorFlow will raise the deferral: make it say what went wrong
+                deferred.args = (f"{fname} of a tf.Tensor and a unigrad TensorFlow array: {exc}",)
+            raise
     op.__name__ = f"__{'r' if reflected else ''}{fname}__"
     return op
 
@@ -139,8 +155,10 @@ class Array:
     def __tf_tensor__(self, dtype=None, name=None):
         if _from_tf_operator():
             # tf.Tensor's operator then calls ours, reflected (TensorFlow's documented fallback)
-            raise TypeError("a tf.Tensor operator met a unigrad TensorFlow array: the array's reflected operator "
-                            "implements it (if it failed, its error is shown above)")
+            deferred = _Deferred("a tf.Tensor operator met a unigrad TensorFlow array: its reflected operator "
+                                 "implements the operation")
+            _DEFERRED.set(deferred)
+            raise deferred
         return self._t.__tf_tensor__(dtype, name)
 
     def __array__(self, dtype=None, copy=None):

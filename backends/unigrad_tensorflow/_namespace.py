@@ -327,7 +327,7 @@ exp, expm1, log, log1p = (_unary(f, n) for f, n in ((tf.exp, "exp"), (tf.math.ex
                                                     (tf.math.log, "log"), (tf.math.log1p, "log1p")))
 log2 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN2, x.dtype), "log2")
 log10 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN10, x.dtype), "log10")
-sqrt, sin, cos, tan = (_unary(f, n) for f, n in ((tf.sqrt, "sqrt"), (tf.sin, "sin"), (tf.cos, "cos"),
+sin, cos, tan = (_unary(f, n) for f, n in ((tf.sin, "sin"), (tf.cos, "cos"),
                                                  (tf.tan, "tan")))
 sinh, cosh, tanh = (_unary(f, n) for f, n in ((tf.sinh, "sinh"), (tf.cosh, "cosh"), (tf.tanh, "tanh")))
 asin, acos, atan = (_unary(f, n) for f, n in ((tf.asin, "asin"), (tf.acos, "acos"), (tf.atan, "atan")))
@@ -373,7 +373,75 @@ def signbit(x, /):
 
 add, subtract, multiply = _binary(tf.add, "add"), _binary(tf.subtract, "subtract"), _binary(tf.multiply, "multiply")
 divide = _binary(tf.math.truediv, "divide")
+# ---- derivatives at the hard points: the rule of the other backends (docs/conventions.md) where
+# TensorFlow's own gradient differs. The gradient functions keep TensorFlow's (conjugate) convention
+# for complex values, which the adapter converts like any other. Cotangents are selected (tf.where),
+# never multiplied by a zero weight, where the rule gives a point no derivative.
+
+def _unbroadcast(g, x):
+    """``g`` summed over the axes ``x`` was broadcast along."""
+    if g.shape.is_fully_defined() and g.shape == x.shape:
+        return g
+    gx, _ = tf.raw_ops.BroadcastGradientArgs(s0=tf.shape(x), s1=tf.shape(g))
+    return tf.reshape(tf.reduce_sum(g, gx), tf.shape(x))
+
+
+@tf.custom_gradient
+def _sqrt_ad(x):
+    y = tf.sqrt(x)
+
+    def grad(g):
+        # g / (2 sqrt(x)), multiplied out: a zero cotangent at x < 0 (the untaken branch of a where) gives
+        # NaN, as on NumPy, torch and JAX; TensorFlow's SqrtGrad kernel gives 0 there
+        return g * tf.math.conj(tf.constant(0.5, y.dtype) / y)
+    return y, grad
+
+
+def _sqrt(x):
+    return _sqrt_ad(x) if x.dtype.is_floating or x.dtype.is_complex else tf.sqrt(x)
+
+
+sqrt = _unary(_sqrt, "sqrt")
+
+
+def _extremum(fn, first_wins):
+    """maximum / minimum whose derivative at a tie is 1/2 for each argument (torch, JAX and the tape);
+    TensorFlow's gives all of it to the first argument, so ``maximum(x, 0)`` and ``maximum(0, x)`` differed."""
+    @tf.custom_gradient
+    def ad(x1, x2):
+        def grad(g):
+            wins, tie = first_wins(x1, x2), tf.equal(x1, x2)
+            zero, half = tf.zeros_like(g), g * tf.constant(0.5, g.dtype)
+            g1 = tf.where(wins, g, tf.where(tie, half, zero))
+            g2 = tf.where(wins | tie, tf.where(tie, half, zero), g)
+            g2 = tf.where(tf.math.is_nan(x1) | tf.math.is_nan(x2), zero, g2)
+            return _unbroadcast(g1, x1), _unbroadcast(g2, x2)
+        return fn(x1, x2), grad
+
+    def op(x1, x2):
+        return ad(x1, x2) if x1.dtype.is_floating else fn(x1, x2)
+    return op
+
+
+@tf.custom_gradient
+def _pow_ad(x1, x2):
+    z = tf.pow(x1, x2)
+
+    def grad(g):
+        zero = tf.zeros_like(z)
+        # d/dx1 = x2 x1^(x2 - 1), and 0 where x2 == 0 (x ** 0 is constant; 0 * inf would be NaN at x1 = 0);
+        # d/dx2 = x1^x2 log(x1), NaN for x1 < 0 (as on torch and JAX; TensorFlow gives 0), 0 at x1 = 0, x2 >= 0
+        d1 = tf.where(tf.equal(x2, tf.zeros_like(x2)), zero, x2 * tf.pow(x1, x2 - tf.ones_like(x2)))
+        x2_real = tf.math.real(x2) if x2.dtype.is_complex else x2
+        at_zero = tf.equal(x1, tf.zeros_like(x1)) & (x2_real >= 0)
+        d2 = tf.where(at_zero, zero, z * tf.math.log(x1))
+        return _unbroadcast(g * tf.math.conj(d1), x1), _unbroadcast(g * tf.math.conj(d2), x2)
+    return z, grad
+
+
 def _pow(x1, x2):
+    if x1.dtype.is_floating or x1.dtype.is_complex:
+        return _pow_ad(x1, x2)
     if not x1.dtype.is_unsigned:
         return tf.pow(x1, x2)
     # no unsigned Pow kernel: square and multiply, wrapping around as NumPy's does
@@ -385,8 +453,20 @@ def _pow(x1, x2):
     return result
 
 
-pow = _binary(_pow, "pow")  # noqa: A001
-maximum, minimum = _binary(tf.maximum, "maximum"), _binary(tf.minimum, "minimum")
+def pow(x1, x2, /):  # noqa: A001
+    if isinstance(x2, _SCALARS) and not isinstance(x1, _SCALARS):  # x ** 2, x ** 0.5: a constant exponent
+        x1 = _tensor(x1)
+        x1 = _tensor(x1, _weak(x2, x1.dtype))
+        if x2 == 0:  # x ** 0 is 1 for every x, NaN included, with derivative 0 (TensorFlow's: NaN at x = 0)
+            return tf.ones_like(x1)
+        if x1.dtype.is_unsigned:
+            return _pow(x1, _scalar(x2, x1.dtype))
+        return tf.pow(x1, _scalar(x2, x1.dtype))
+    return _pow(*_promote(x1, x2))
+
+
+maximum = _binary(_extremum(tf.maximum, tf.greater), "maximum")
+minimum = _binary(_extremum(tf.minimum, tf.less), "minimum")
 atan2 = _binary(tf.math.atan2, "atan2")
 floor_divide, remainder = _binary(tf.math.floordiv, "floor_divide"), _binary(tf.math.floormod, "remainder")
 equal, not_equal = _binary(tf.equal, "equal"), _binary(tf.not_equal, "not_equal")

@@ -296,3 +296,24 @@ def test_namespace_errors_and_info_match_the_standard():
     ii = tfx.iinfo(tf.ones(2, tf.uint8))
     assert (ii.min, ii.max, ii.bits) == (0, 255, 8) and type(ii.max) is int
     assert math.isclose(tfx.finfo(tfx.complex128).eps, np.finfo(np.float64).eps)
+
+
+def test_the_backend_hook_for_non_differentiated_arguments():
+    b = unigrad.get_backend(TF)
+    Array = unigrad_tensorflow().Array
+    wrapped = b.arguments((tf.constant(M), tf.Variable(V), 3, "label"))
+    assert type(wrapped[0]) is Array and type(wrapped[1]) is Array and wrapped[2:] == (3, "label")
+    assert b.is_array(wrapped[0]) and b.shape(wrapped[0]) == (3, 3) and b.dtype(wrapped[1]) == "float64"
+
+
+@pytest.mark.xfail(strict=True, reason="the core binds non-differentiated arrays inside its flat function; it has to "
+                                       "pass them through backend.arguments() (unigrad/_api.py, _flat_function)")
+def test_non_differentiated_arguments_are_arrays_too():
+    kinds = []
+
+    def f(v, m):
+        kinds.append(type(m))
+        return unigrad.namespace(v).sum(m.T @ v)
+
+    _same(unigrad.grad(f, backend=TF)(V, M), M @ np.ones(3))
+    assert kinds == [unigrad_tensorflow().Array]

@@ -117,6 +117,14 @@ class TensorflowBackend(Backend):
     def stop_gradient(self, x):
         return tf.stop_gradient(_plain(x))
 
+    def arguments(self, arrays):
+        """What ``f`` receives for its non-differentiated array arguments ``arrays``: :class:`Array` s, like the
+        differentiated ones the transforms hand it. The core binds those arguments inside its flat
+        function, out of the adapter's reach: it has to call this where it assembles ``f``'s arguments
+        (until it does, ``f`` gets them as plain ``tf.Tensor`` s; see docs/guide.md)."""
+        return tuple(Array(a) if isinstance(a, tf.Tensor) else
+                     Array(tf.convert_to_tensor(a)) if isinstance(a, tf.Variable) else a for a in arrays)
+
     def evaluate(self, f, primals):
         """``f(*primals)`` as the transforms call it: on :class:`Array` s, plain tensors back."""
         return _tree_plain(_call(f, primals))

@@ -16,9 +16,16 @@ Array API semantics that TensorFlow does not have natively:
   * creation functions default to float64 (like NumPy and the tape) and take
     ``device=`` as ``"cpu"``, ``"cuda:N"``/``"gpu:N"`` or a TensorFlow device name.
 
-Operators on TensorFlow tensors (``x @ w``, ``x * y``) are TensorFlow's own: they
-do not promote mixed dtypes and ``@`` needs 2-D operands; use ``matmul`` here
-for the Array API behaviour.
+  * integer and unsigned dtypes TensorFlow has no kernel for (``floor`` of an integer,
+    ``abs``/``negative``/``sign``/``pow`` of unsigned, integer ``matmul``), and sums of
+    small integers accumulated in int64 / uint64 as the standard says;
+  * derivatives at the hard points follow the tape, torch and JAX where TensorFlow's differ
+    (``maximum``/``minimum`` ties, ``x ** 0``, ``sqrt`` in the untaken branch of a ``where``).
+
+This module is the implementation (plain tensors in, plain tensors out); the public
+namespace, ``unigrad_tensorflow.namespace``, is the same functions behind a boundary that also
+takes :class:`unigrad_tensorflow.Array` s and, while a transform runs ``f``, returns them
+(``_array.py``). Operators on plain ``tf.Tensor`` s outside ``f`` stay TensorFlow's own.
 """
 
 from __future__ import annotations

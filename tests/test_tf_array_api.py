@@ -317,3 +317,14 @@ def test_non_differentiated_arguments_are_arrays_too():
 
     _same(unigrad.grad(f, backend=TF)(V, M), M @ np.ones(3))
     assert kinds == [unigrad_tensorflow().Array]
+
+
+def test_python_conversions_of_symbolic_arrays_say_why():
+    def f(x):
+        if x[0] > 0:  # Python control flow on a value: fine eagerly, not inside tf.function
+            return x * 2.0
+        return x
+
+    _same(unigrad.jacobian(f, backend=TF)(V.clip(0.1)), 2.0 * np.eye(3))
+    with pytest.raises(TypeError, match="symbolic TensorFlow array"):
+        unigrad.jacobian(f, backend=TF, compile=True)(V.clip(0.1))

@@ -214,9 +214,10 @@ class Array:
         return Array(_ns().asarray(self._t, device=device))
 
     def __getattr__(self, name):
-        # TensorFlow-only attributes (x.numpy(), x.get_shape(), x.graph...) of the held tensor
-        if name.startswith("__"):
-            raise AttributeError(name)
+        # TensorFlow's public tensor attributes (x.numpy(), x.get_shape(), x.graph...) of the held tensor;
+        # never its private ones, which TensorFlow's internals probe to recognise a tensor
+        if name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self._t, name)
 
     def __repr__(self):
@@ -228,10 +229,12 @@ class Array:
     def _scalar_value(self, kind):
         if self._t.shape.rank != 0:
             raise TypeError(f"{kind}() of a unigrad TensorFlow array needs a 0-d array; got shape {self.shape}")
-        if not tf.executing_eagerly() and not hasattr(self._t, "numpy"):
+        try:
+            value = self._t.numpy()
+        except (AttributeError, NotImplementedError):
             raise TypeError(f"{kind}() of a symbolic TensorFlow array (inside tf.function or vmap): it has no "
-                            f"value yet; keep it an array (xp.where for control flow)")
-        return self._t.numpy().item()
+                            f"value yet; keep it an array (xp.where for control flow)") from None
+        return value.item()
 
     def __bool__(self):
         return bool(self._scalar_value("bool"))

@@ -344,6 +344,16 @@ def test_compiled_transforms_match_eager(b):
     _close(fn(x)[0], np.sum(X ** 2, axis=1))
 
 
+def test_compiled_variable_then_tensor_of_one_shape():
+    """A program traced for a tf.Variable takes a resource handle: a tf.Tensor of the same shape and
+    dtype next used to crash it (and a Variable after a tensor), through the direct path and the whole."""
+    g = unigrad.grad(loss, compile=True)
+    want = unigrad.grad(loss, backend="numpy")(W, X)
+    for w in (tf.Variable(W), tf.constant(W), tf.Variable(W), tf.constant(W)):
+        _close(g(w, tf.constant(X)), want)
+        _close(g(w, tf.Variable(X)), want)
+
+
 def test_devices_and_conversion(b):
     assert b.devices()[0] == "cpu" and all(d.startswith("cuda:") for d in b.devices()[1:])
     x = b.asarray(np.arange(3.0), device="cpu")

@@ -32,7 +32,8 @@ import tensorflow as tf  # noqa: E402
 import unigrad  # noqa: E402
 from unigrad import Backend, Capabilities  # noqa: E402
 
-from . import _namespace  # noqa: E402
+from . import _array, _namespace  # noqa: E402
+from ._array import Array  # noqa: E402
 from ._namespace import _gpu_count, tf_device_name  # noqa: E402
 
 __all__ = ["TensorflowBackend"]
@@ -45,14 +46,14 @@ class TensorflowBackend(Backend):
     """unigrad on TensorFlow: GradientTape, ForwardAccumulator, pfor and tf.function."""
 
     name = "tensorflow"
-    array_modules = ("tensorflow",)
+    array_modules = ("tensorflow", "unigrad_tensorflow")  # tf.Tensor, and the Arrays f receives
     capabilities = Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
                                 complex=True, float64=True)
     accepts_dlpack = True  # foreign arrays come through asarray, which tries DLPack first
 
     # ---------------------------------------------------------------- arrays
     def namespace(self):
-        return _namespace
+        return _public_namespace()
 
     def version(self):
         return tf.__version__
@@ -62,18 +63,21 @@ class TensorflowBackend(Backend):
 
     def device(self, x):
         """``"cpu"`` or ``"cuda:N"`` (None for a graph tensor TensorFlow has not placed)."""
-        name = x.device
+        name = _plain(x).device
         if not name:
             return None
         kind, _, index = name.rpartition("device:")[2].partition(":")
         return "cpu" if kind == "CPU" else f"cuda:{index or 0}" if kind == "GPU" else name
 
     def is_array(self, x):
-        return isinstance(x, (tf.Tensor, tf.Variable))
+        return isinstance(x, (tf.Tensor, tf.Variable, Array))
 
     def asarray(self, x, dtype=None, device=None):
+        """A plain ``tf.Tensor`` (never an :class:`Array`: those exist only while ``f`` runs)."""
         where = tf_device_name(device)
-        if isinstance(x, tf.Variable):
+        if type(x) is Array:
+            x = x._t
+        elif isinstance(x, tf.Variable):
             x = tf.convert_to_tensor(x)
         elif not isinstance(x, tf.Tensor):
             x = _from_foreign(x)
@@ -86,13 +90,13 @@ class TensorflowBackend(Backend):
 
     def to_numpy(self, x):
         try:
-            return x.numpy()
+            return _plain(x).numpy()
         except (AttributeError, NotImplementedError) as exc:
             raise TypeError(f"to_numpy: {type(x).__name__} is symbolic (inside tf.function or tf.vectorized_map) "
                             f"and has no value yet") from exc
 
     def shape(self, x):
-        dims = x.shape.as_list()
+        dims = _plain(x).shape.as_list()
         if None in dims:
             raise ValueError(f"the shape of {x.name if hasattr(x, 'name') else x} is not fully known ({dims}); "
                              f"unigrad needs static shapes inside tf.function")
@@ -102,20 +106,35 @@ class TensorflowBackend(Backend):
         return x.dtype.name
 
     def cast(self, x, dtype):
-        return tf.cast(x, tf.as_dtype(dtype))
+        return tf.cast(_plain(x), tf.as_dtype(dtype))
 
     def zeros_like(self, x):
-        return tf.zeros_like(x)
+        return tf.zeros_like(_plain(x))
+
+    def ones_like(self, x):
+        return tf.ones_like(_plain(x))
 
     def stop_gradient(self, x):
-        return tf.stop_gradient(x)
+        return tf.stop_gradient(_plain(x))
+
+    def arguments(self, arrays):
+        """What ``f`` receives for its non-differentiated array arguments ``arrays``: :class:`Array` s, like the
+        differentiated ones the transforms hand it. The core binds those arguments inside its flat
+        function, out of the adapter's reach: it has to call this where it assembles ``f``'s arguments
+        (until it does, ``f`` gets them as plain ``tf.Tensor`` s; see docs/guide.md)."""
+        return tuple(Array(a) if isinstance(a, tf.Tensor) else
+                     Array(tf.convert_to_tensor(a)) if isinstance(a, tf.Variable) else a for a in arrays)
+
+    def evaluate(self, f, primals):
+        """``f(*primals)`` as the transforms call it: on :class:`Array` s, plain tensors back."""
+        return _tree_plain(_call(f, primals))
 
     # ---------------------------------------------------------------- reverse and forward mode
     def vjp(self, f, primals, *, has_aux=False):
         primals = _fresh(primals)
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
             tape.watch(primals)
-            outputs, aux = _split(f(*primals), has_aux)
+            outputs, aux = _split(_call(f, primals), has_aux)
 
         def vjp_fn(cotangents):
             cotangents = _check_like(tuple(cotangents), outputs, "cotangent", "output")
@@ -129,7 +148,7 @@ class TensorflowBackend(Backend):
         primals = _fresh(primals)
         tangents = _check_like(tuple(tangents), primals, "tangent", "primal")
         with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
-            outputs, aux = _split(f(*primals), has_aux)
+            outputs, aux = _split(_call(f, primals), has_aux)
         return outputs, tuple(_dense(acc.jvp(o, unconnected_gradients=_ZERO), o) for o in outputs), aux
 
     # ---------------------------------------------------------------- Jacobians
@@ -137,7 +156,7 @@ class TensorflowBackend(Backend):
         primals = _fresh(primals)
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
             tape.watch(primals)
-            outputs, aux = _split(f(*primals), has_aux)
+            outputs, aux = _split(_call(f, primals), has_aux)
         jac = []
         for o in outputs:
             if _size(o) == 0 or not primals:
@@ -149,11 +168,11 @@ class TensorflowBackend(Backend):
 
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
         primals = _fresh(primals)
-        outputs, aux = _split(f(*primals), has_aux)
+        outputs, aux = _split(_call(f, primals), has_aux)
 
         def push(tangents):
             with tf.autodiff.ForwardAccumulator(primals, tuple(tangents)) as acc:
-                outs, _ = _split(f(*primals), has_aux)
+                outs, _ = _split(_call(f, primals), has_aux)
             return tuple(_dense(acc.jvp(o, unconnected_gradients=_ZERO), o) for o in outs)
 
         n_in = sum(_size(p) for p in primals)
@@ -178,7 +197,7 @@ class TensorflowBackend(Backend):
                 pieces = tf.split(x, [_size(primals[j]) // max(batch, 1) for j in group], axis=1)
                 for j, piece in zip(group, pieces):
                     views[j] = tf.reshape(piece, primals[j].shape)
-            outs, aux = _split(f(*views), has_aux)
+            outs, aux = _split(_call(f, views), has_aux)
             for k, o in enumerate(outs):
                 if o.shape.rank == 0 or o.shape[0] != batch:
                     raise ValueError(f"batched_jacobian: output {k} has shape {tuple(o.shape)}; expected a leading "
@@ -255,6 +274,7 @@ class TensorflowBackend(Backend):
 
         def mapped(*args):
             mapped_at = [k for k, ax in enumerate(in_axes) if ax is not None]
+            args = [_plain(a) for a in args]
             elems = tuple(_namespace.moveaxis(args[k], in_axes[k], 0) for k in mapped_at)
             sizes = {e.shape[0] for e in elems}
             if len(sizes) != 1:
@@ -265,7 +285,7 @@ class TensorflowBackend(Backend):
                 call = list(args)
                 for k, s in zip(mapped_at, slices):
                     call[k] = s
-                return tuple(f(*call))
+                return tuple(_plain(o) for o in _call(f, call))
 
             pieces = [tf.vectorized_map(body, tuple(e[start:stop] for e in elems))
                       for start, stop in (_chunks(size, chunk_size) or [(0, 0)])]
@@ -287,8 +307,14 @@ class TensorflowBackend(Backend):
         concrete = {}
 
         def compiled(*arrays):
-            if not all(isinstance(a, (tf.Tensor, tf.Variable)) for a in arrays):
-                return function(*arrays)
+            for a in arrays:
+                if not isinstance(a, tf.Tensor):
+                    # A tf.Variable is read (a concrete function traced for a Variable takes a resource
+                    # handle, one traced for a tensor takes values: the same key must serve both).
+                    arrays = tuple(tf.convert_to_tensor(v) if isinstance(v, tf.Variable) else v for v in arrays)
+                    if not all(isinstance(v, tf.Tensor) for v in arrays):
+                        return function(*arrays)
+                    break
             key = tuple((tuple(a.shape), a.dtype) for a in arrays)
             program = concrete.get(key)
             if program is None:
@@ -303,15 +329,81 @@ class TensorflowBackend(Backend):
 
 def _fresh(primals):
     """New tensors for the primals (see the module docstring: TensorFlow watches tensors by identity)."""
-    return tuple(tf.identity(p) for p in primals)
+    return tuple(tf.identity(_plain(p)) for p in primals)
 
 
 def _split(result, has_aux):
-    """``(outputs, aux)`` of one call of a flat f; aux tensors come back detached."""
+    """``(outputs, aux)`` of one call of a flat f, as plain tensors; aux tensors come back detached."""
     if not has_aux:
-        return tuple(result), None
+        return tuple([_plain(o) for o in result]), None
     outputs, aux = result
-    return tuple(outputs), tuple(tf.stop_gradient(a) if isinstance(a, (tf.Tensor, tf.Variable)) else a for a in aux)
+    aux = tuple(_plain(a) for a in aux)
+    return (tuple([_plain(o) for o in outputs]),
+            tuple(tf.stop_gradient(a) if isinstance(a, (tf.Tensor, tf.Variable)) else a for a in aux))
+
+
+def _plain(x):
+    return x._t if type(x) is Array else x
+
+
+def _tree_plain(tree):
+    if type(tree) is Array:
+        return tree._t
+    if type(tree) in (tuple, list):
+        return type(tree)(_tree_plain(v) for v in tree)
+    if isinstance(tree, dict):
+        return type(tree)((k, _tree_plain(v)) for k, v in tree.items())
+    return tree
+
+
+def _call(f, arrays):
+    """``f`` on the tensors ``arrays`` as :class:`Array` s, with the namespace in its inside-``f`` mode."""
+    token = _array._INSIDE.set(True)
+    try:
+        return f(*[Array(a) if isinstance(a, tf.Tensor) else a for a in arrays])
+    finally:
+        _array._INSIDE.reset(token)
+
+
+def _outside_f(method):
+    """A transform method run from inside another transform's ``f``: the namespace back in its plain mode
+    while it works, and its results handed to that ``f`` as :class:`Array` s."""
+    def run(self, *args, **kwargs):
+        if not _array._INSIDE.get():
+            return method(self, *args, **kwargs)
+        token = _array._INSIDE.set(False)
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            _array._INSIDE.reset(token)
+        return _to_inside(result)
+    run.__name__ = run.__qualname__ = method.__name__
+    run.__doc__ = method.__doc__
+    return run
+
+
+def _to_inside(result):
+    if isinstance(result, tf.Tensor):
+        return Array(result)
+    if type(result) in (tuple, list):
+        return type(result)(_to_inside(v) for v in result)
+    if callable(result) and not isinstance(result, type):  # vjp_fn, a vmapped function
+        inner = result
+
+        def call_from_inside(*args, **kwargs):
+            token = _array._INSIDE.set(False)
+            try:
+                out = inner(*args, **kwargs)
+            finally:
+                _array._INSIDE.reset(token)
+            return _to_inside(out) if _array._INSIDE.get() else out
+        return call_from_inside
+    return result
+
+
+def _public_namespace():
+    from . import namespace
+    return namespace
 
 
 def _conj(x):
@@ -333,6 +425,7 @@ def _dense(g, like, shape=None):
 
 def _check_like(values, references, what, of):
     """TensorFlow broadcasts a wrong-shaped output gradient silently; unigrad never does."""
+    values = tuple(_plain(v) for v in values)
     if len(values) != len(references):
         raise ValueError(f"expected {len(references)} {what}s, one per {of}; got {len(values)}")
     for k, (v, r) in enumerate(zip(values, references)):
@@ -374,7 +467,8 @@ def _gradient(f, primals):
     """TensorFlow's gradient of the scalar ``f`` (its convention), dense, zeros where unconnected."""
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(primals)
-        (output,) = f(*primals)
+        (output,) = _call(f, primals)
+        output = _plain(output)
     grads = tape.gradient(output, list(primals), unconnected_gradients=_ZERO)
     return [_dense(g, p) for g, p in zip(grads, primals)]
 
@@ -435,3 +529,8 @@ def _from_foreign(x):
             pass
         return tf.convert_to_tensor(np.asarray(unigrad.to_numpy(x)))
     return tf.convert_to_tensor(np.asarray(x))
+
+
+for _name in ("vjp", "jvp", "jacrev", "jacfwd", "batched_jacobian", "per_example_jacobian", "value_and_grad",
+              "hessian", "hvp", "vmap"):
+    setattr(TensorflowBackend, _name, _outside_f(getattr(TensorflowBackend, _name)))

@@ -30,7 +30,9 @@ def det(x, /):
 
 
 def slogdet(x, /):
-    return SlogdetResult(*tf.linalg.slogdet(_square(x, "slogdet")))
+    sign, logabsdet = tf.linalg.slogdet(_square(x, "slogdet"))
+    # TensorFlow gives a complex matrix a complex log|det| (zero imaginary part); the standard a real one
+    return SlogdetResult(sign, tf.math.real(logabsdet) if logabsdet.dtype.is_complex else logabsdet)
 
 
 def _hermitian_part(x):

@@ -16,9 +16,16 @@ Array API semantics that TensorFlow does not have natively:
   * creation functions default to float64 (like NumPy and the tape) and take
     ``device=`` as ``"cpu"``, ``"cuda:N"``/``"gpu:N"`` or a TensorFlow device name.
 
-Operators on TensorFlow tensors (``x @ w``, ``x * y``) are TensorFlow's own: they
-do not promote mixed dtypes and ``@`` needs 2-D operands; use ``matmul`` here
-for the Array API behaviour.
+  * integer and unsigned dtypes TensorFlow has no kernel for (``floor`` of an integer,
+    ``abs``/``negative``/``sign``/``pow`` of unsigned, integer ``matmul``), and sums of
+    small integers accumulated in int64 / uint64 as the standard says;
+  * derivatives at the hard points follow the tape, torch and JAX where TensorFlow's differ
+    (``maximum``/``minimum`` ties, ``x ** 0``, ``sqrt`` in the untaken branch of a ``where``).
+
+This module is the implementation (plain tensors in, plain tensors out); the public
+namespace, ``unigrad_tensorflow.namespace``, is the same functions behind a boundary that also
+takes :class:`unigrad_tensorflow.Array` s and, while a transform runs ``f``, returns them
+(``_array.py``). Operators on plain ``tf.Tensor`` s outside ``f`` stay TensorFlow's own.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from ._array import Array  # noqa: E402
 
 __array_api_version__ = "2024.12"
 
@@ -58,7 +67,9 @@ def _dt(dtype):
 
 def _tensor(x, dtype=None):
     """``x`` as a tensor: tensors stay, Variables are read, anything else goes through NumPy (dtype kept)."""
-    if isinstance(x, tf.Variable):
+    if type(x) is Array:
+        x = x._t
+    elif isinstance(x, tf.Variable):
         x = tf.convert_to_tensor(x)
     if not isinstance(x, tf.Tensor):
         x = tf.convert_to_tensor(np.asarray(x))
@@ -224,10 +235,18 @@ empty = zeros
 
 
 def full(shape, fill_value, *, dtype=None, device=None):
-    dtype = _dt(dtype) or (fill_value.dtype if isinstance(fill_value, tf.Tensor) else
-                           tf.as_dtype(np.asarray(fill_value).dtype))
+    if isinstance(fill_value, (tf.Tensor, tf.Variable)):
+        value = _tensor(fill_value)
+        dtype = _dt(dtype) or value.dtype
+        value = tf.cast(value, dtype)
+    else:
+        # a Python scalar becomes a constant of the target dtype directly: tf.cast(0.1, float64) would
+        # round it through float32 first (0.10000000149...), and 1e300 would not even fit
+        dtype = _dt(dtype) or tf.as_dtype(np.asarray(fill_value).dtype)
+        value = _scalar(fill_value, dtype) if isinstance(fill_value, _SCALARS) else tf.constant(
+            np.asarray(fill_value, dtype.as_numpy_dtype))
     with _on(device):
-        return tf.fill(_shape_arg(shape), tf.cast(fill_value, dtype))
+        return tf.fill(_shape_arg(shape), value)
 
 
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
@@ -290,7 +309,7 @@ def triu(x, /, *, k=0):
 
 
 def meshgrid(*arrays, indexing="xy"):
-    return tuple(tf.meshgrid(*_promote(*arrays), indexing=indexing))
+    return list(tf.meshgrid(*_promote(*arrays), indexing=indexing))  # a list since the 2024.12 standard
 
 
 # -------------------------------------------------------------------- elementwise
@@ -315,20 +334,26 @@ exp, expm1, log, log1p = (_unary(f, n) for f, n in ((tf.exp, "exp"), (tf.math.ex
                                                     (tf.math.log, "log"), (tf.math.log1p, "log1p")))
 log2 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN2, x.dtype), "log2")
 log10 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN10, x.dtype), "log10")
-sqrt, sin, cos, tan = (_unary(f, n) for f, n in ((tf.sqrt, "sqrt"), (tf.sin, "sin"), (tf.cos, "cos"),
+sin, cos, tan = (_unary(f, n) for f, n in ((tf.sin, "sin"), (tf.cos, "cos"),
                                                  (tf.tan, "tan")))
 sinh, cosh, tanh = (_unary(f, n) for f, n in ((tf.sinh, "sinh"), (tf.cosh, "cosh"), (tf.tanh, "tanh")))
 asin, acos, atan = (_unary(f, n) for f, n in ((tf.asin, "asin"), (tf.acos, "acos"), (tf.atan, "atan")))
 asinh, acosh, atanh = (_unary(f, n) for f, n in ((tf.asinh, "asinh"), (tf.acosh, "acosh"), (tf.atanh, "atanh")))
-abs = _unary(tf.abs, "abs")  # noqa: A001
-negative = _unary(tf.negative, "negative")
+abs = _unary(lambda x: x if x.dtype.is_unsigned else tf.abs(x), "abs")  # noqa: A001
+# unsigned integers: TensorFlow has no kernels; 0 - x wraps around as NumPy's does
+negative = _unary(lambda x: tf.zeros_like(x) - x if x.dtype.is_unsigned else tf.negative(x), "negative")
 positive = _unary(lambda x: x, "positive")
 square = _unary(tf.square, "square")
-sign = _unary(tf.sign, "sign")  # complex: x / |x|, as the Array API says
-floor = _unary(tf.floor, "floor")
-ceil = _unary(tf.math.ceil, "ceil")
-trunc = _unary(lambda x: tf.where(x < 0, tf.math.ceil(x), tf.floor(x)), "trunc")
-round = _unary(tf.round, "round")  # noqa: A001 -- half to even, like NumPy
+sign = _unary(lambda x: tf.cast(x > 0, x.dtype) if x.dtype.is_unsigned else tf.sign(x),
+              "sign")  # complex: x / |x|, as the Array API says
+def _rounding(fn):
+    return lambda x: x if x.dtype.is_integer or x.dtype.is_bool else fn(x)  # integers: the identity
+
+
+floor = _unary(_rounding(tf.floor), "floor")
+ceil = _unary(_rounding(tf.math.ceil), "ceil")
+trunc = _unary(_rounding(lambda x: tf.where(x < 0, tf.math.ceil(x), tf.floor(x))), "trunc")
+round = _unary(_rounding(tf.round), "round")  # noqa: A001 -- half to even, like NumPy
 real = _unary(tf.math.real, "real")
 imag = _unary(tf.math.imag, "imag")
 conj = _unary(tf.math.conj, "conj")
@@ -355,8 +380,100 @@ def signbit(x, /):
 
 add, subtract, multiply = _binary(tf.add, "add"), _binary(tf.subtract, "subtract"), _binary(tf.multiply, "multiply")
 divide = _binary(tf.math.truediv, "divide")
-pow = _binary(tf.pow, "pow")  # noqa: A001
-maximum, minimum = _binary(tf.maximum, "maximum"), _binary(tf.minimum, "minimum")
+# ---- derivatives at the hard points: the rule of the other backends (docs/conventions.md) where
+# TensorFlow's own gradient differs. The gradient functions keep TensorFlow's (conjugate) convention
+# for complex values, which the adapter converts like any other. Cotangents are selected (tf.where),
+# never multiplied by a zero weight, where the rule gives a point no derivative.
+
+def _unbroadcast(g, x):
+    """``g`` summed over the axes ``x`` was broadcast along."""
+    if g.shape.is_fully_defined() and g.shape == x.shape:
+        return g
+    gx, _ = tf.raw_ops.BroadcastGradientArgs(s0=tf.shape(x), s1=tf.shape(g))
+    return tf.reshape(tf.reduce_sum(g, gx), tf.shape(x))
+
+
+@tf.custom_gradient
+def _sqrt_ad(x):
+    y = tf.sqrt(x)
+
+    def grad(g):
+        # g / (2 sqrt(x)), multiplied out: a zero cotangent at x < 0 (the untaken branch of a where) gives
+        # NaN, as on NumPy, torch and JAX; TensorFlow's SqrtGrad kernel gives 0 there
+        return g * tf.math.conj(tf.constant(0.5, y.dtype) / y)
+    return y, grad
+
+
+def _sqrt(x):
+    return _sqrt_ad(x) if x.dtype.is_floating or x.dtype.is_complex else tf.sqrt(x)
+
+
+sqrt = _unary(_sqrt, "sqrt")
+
+
+def _extremum(fn, first_wins):
+    """maximum / minimum whose derivative at a tie is 1/2 for each argument (torch, JAX and the tape);
+    TensorFlow's gives all of it to the first argument, so ``maximum(x, 0)`` and ``maximum(0, x)`` differed."""
+    @tf.custom_gradient
+    def ad(x1, x2):
+        def grad(g):
+            wins, tie = first_wins(x1, x2), tf.equal(x1, x2)
+            zero, half = tf.zeros_like(g), g * tf.constant(0.5, g.dtype)
+            g1 = tf.where(wins, g, tf.where(tie, half, zero))
+            g2 = tf.where(wins | tie, tf.where(tie, half, zero), g)
+            g2 = tf.where(tf.math.is_nan(x1) | tf.math.is_nan(x2), zero, g2)
+            return _unbroadcast(g1, x1), _unbroadcast(g2, x2)
+        return fn(x1, x2), grad
+
+    def op(x1, x2):
+        return ad(x1, x2) if x1.dtype.is_floating else fn(x1, x2)
+    return op
+
+
+@tf.custom_gradient
+def _pow_ad(x1, x2):
+    z = tf.pow(x1, x2)
+
+    def grad(g):
+        zero = tf.zeros_like(z)
+        # d/dx1 = x2 x1^(x2 - 1), and 0 where x2 == 0 (x ** 0 is constant; 0 * inf would be NaN at x1 = 0);
+        # d/dx2 = x1^x2 log(x1), NaN for x1 < 0 (as on torch and JAX; TensorFlow gives 0), 0 at x1 = 0, x2 >= 0
+        d1 = tf.where(tf.equal(x2, tf.zeros_like(x2)), zero, x2 * tf.pow(x1, x2 - tf.ones_like(x2)))
+        x2_real = tf.math.real(x2) if x2.dtype.is_complex else x2
+        at_zero = tf.equal(x1, tf.zeros_like(x1)) & (x2_real >= 0)
+        d2 = tf.where(at_zero, zero, z * tf.math.log(x1))
+        return _unbroadcast(g * tf.math.conj(d1), x1), _unbroadcast(g * tf.math.conj(d2), x2)
+    return z, grad
+
+
+def _pow(x1, x2):
+    if x1.dtype.is_floating or x1.dtype.is_complex:
+        return _pow_ad(x1, x2)
+    if not x1.dtype.is_unsigned:
+        return tf.pow(x1, x2)
+    # no unsigned Pow kernel: square and multiply, wrapping around as NumPy's does
+    result, base, exponent = tf.ones_like(x1), x1, x2
+    one = tf.ones((), x1.dtype)
+    for _ in range(x1.dtype.size * 8):
+        result = tf.where(tf.bitwise.bitwise_and(exponent, one) == one, result * base, result)
+        base, exponent = base * base, tf.bitwise.right_shift(exponent, one)
+    return result
+
+
+def pow(x1, x2, /):  # noqa: A001
+    if isinstance(x2, _SCALARS) and not isinstance(x1, _SCALARS):  # x ** 2, x ** 0.5: a constant exponent
+        x1 = _tensor(x1)
+        x1 = _tensor(x1, _weak(x2, x1.dtype))
+        if x2 == 0:  # x ** 0 is 1 for every x, NaN included, with derivative 0 (TensorFlow's: NaN at x = 0)
+            return tf.ones_like(x1)
+        if x1.dtype.is_unsigned:
+            return _pow(x1, _scalar(x2, x1.dtype))
+        return tf.pow(x1, _scalar(x2, x1.dtype))
+    return _pow(*_promote(x1, x2))
+
+
+maximum = _binary(_extremum(tf.maximum, tf.greater), "maximum")
+minimum = _binary(_extremum(tf.minimum, tf.less), "minimum")
 atan2 = _binary(tf.math.atan2, "atan2")
 floor_divide, remainder = _binary(tf.math.floordiv, "floor_divide"), _binary(tf.math.floormod, "remainder")
 equal, not_equal = _binary(tf.equal, "equal"), _binary(tf.not_equal, "not_equal")
@@ -366,6 +483,53 @@ logical_and, logical_or = _binary(tf.logical_and, "logical_and"), _binary(tf.log
 logical_xor = _binary(tf.math.logical_xor, "logical_xor")
 hypot = _binary(lambda a, b: tf.sqrt(a * a + b * b), "hypot")
 copysign = _binary(lambda a, b: tf.where(signbit(b), -tf.abs(a), tf.abs(a)), "copysign")
+
+
+def _bitwise(fn, logical, name):
+    def op(x1, x2, /):
+        x1, x2 = _promote(x1, x2)
+        if x1.dtype.is_bool and logical is not None:
+            return logical(x1, x2)
+        if not x1.dtype.is_integer:
+            raise TypeError(f"{name} takes integer or boolean arrays; got dtype {x1.dtype.name}")
+        return fn(x1, x2)
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+bitwise_and = _bitwise(tf.bitwise.bitwise_and, tf.logical_and, "bitwise_and")
+bitwise_or = _bitwise(tf.bitwise.bitwise_or, tf.logical_or, "bitwise_or")
+bitwise_xor = _bitwise(tf.bitwise.bitwise_xor, tf.math.logical_xor, "bitwise_xor")
+bitwise_left_shift = _bitwise(tf.bitwise.left_shift, None, "bitwise_left_shift")
+bitwise_right_shift = _bitwise(tf.bitwise.right_shift, None, "bitwise_right_shift")
+
+
+def bitwise_invert(x, /):
+    x = _tensor(x)
+    if x.dtype.is_bool:
+        return tf.logical_not(x)
+    if not x.dtype.is_integer:
+        raise TypeError(f"bitwise_invert takes integer or boolean arrays; got dtype {x.dtype.name}")
+    return tf.bitwise.invert(x)
+
+
+def nextafter(x1, x2, /):
+    """The next representable value after ``x1`` towards ``x2`` (read and written as bits)."""
+    x1, x2 = _promote(x1, x2)
+    if x1.dtype not in (tf.float32, tf.float64):
+        raise TypeError(f"nextafter takes float32 or float64 arrays; got dtype {x1.dtype.name}")
+    x1, x2 = tf.broadcast_to(x1, tf.broadcast_static_shape(x1.shape, x2.shape)), \
+        tf.broadcast_to(x2, tf.broadcast_static_shape(x1.shape, x2.shape))
+    ints = _SAME_WIDTH_INT[x1.dtype]
+    bits = tf.bitcast(x1, ints)
+    one = tf.ones((), ints)
+    away_from_zero = (x2 > x1) == (x1 > 0)
+    stepped = tf.bitcast(tf.where(away_from_zero, bits + one, bits - one), x1.dtype)
+    tiny = tf.bitcast(one, x1.dtype)  # the smallest subnormal
+    from_zero = tf.where(x2 > x1, tiny, -tiny)
+    out = tf.where(x1 == 0, from_zero, stepped)
+    out = tf.where(x1 == x2, x2, out)
+    return tf.where(tf.math.is_nan(x1) | tf.math.is_nan(x2), tf.constant(math.nan, x1.dtype), out)
 
 
 def logaddexp(x1, x2, /):
@@ -398,20 +562,33 @@ def astype(x, dtype, /, *, copy=True, device=None):
 
 # -------------------------------------------------------------------- reductions
 
-def _reduction(fn, name, bool_as=None):
+def _accumulator(dtype):
+    """The dtype sum/prod/cumulative_sum accumulate an array of ``dtype`` in (the standard's default):
+    bool and signed integers in int64, unsigned integers in uint64, floating point in its own dtype."""
+    if dtype.is_bool or (dtype.is_integer and not dtype.is_unsigned):
+        return tf.int64
+    if dtype.is_unsigned:
+        return tf.uint64
+    return dtype
+
+
+def _reduction(fn, name, accumulate=False, empty=None):
     def op(x, /, *, axis=None, keepdims=False, dtype=None):
-        x = _tensor(x, _dt(dtype))
-        if bool_as is not None and x.dtype == tf.bool:
-            x = tf.cast(x, bool_as)
-        return fn(x, axis=_axes(axis, x.shape.rank), keepdims=keepdims)
+        x = _tensor(x)
+        x = _tensor(x, _dt(dtype) or (_accumulator(x.dtype) if accumulate else None))
+        axes = _axes(axis, x.shape.rank)
+        if empty is not None and builtins.any(x.shape[a] == 0 for a in axes):
+            raise ValueError(f"{name} of an empty array (shape {tuple(x.shape)}, axis={axis}): {empty}")
+        return fn(x, axis=axes, keepdims=keepdims)
     op.__name__ = op.__qualname__ = name
     return op
 
 
-sum = _reduction(tf.reduce_sum, "sum", bool_as=tf.int64)  # noqa: A001
-prod = _reduction(tf.reduce_prod, "prod", bool_as=tf.int64)
-max = _reduction(tf.reduce_max, "max")  # noqa: A001
-min = _reduction(tf.reduce_min, "min")  # noqa: A001
+sum = _reduction(tf.reduce_sum, "sum", accumulate=True)  # noqa: A001
+prod = _reduction(tf.reduce_prod, "prod", accumulate=True)
+# an empty max/min has no value (TensorFlow says -inf / +inf): ValueError, as NumPy and JAX raise
+max = _reduction(tf.reduce_max, "max", empty="it has no maximum")  # noqa: A001
+min = _reduction(tf.reduce_min, "min", empty="it has no minimum")  # noqa: A001
 logsumexp = _reduction(tf.reduce_logsumexp, "logsumexp")
 
 
@@ -434,7 +611,8 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False):
 
 
 def _cumulative(fn, x, axis, dtype, include_initial, initial):
-    x = _tensor(x, _dt(dtype))
+    x = _tensor(x)
+    x = _tensor(x, _dt(dtype) or _accumulator(x.dtype))
     if axis is None:
         if x.shape.rank != 1:
             raise ValueError("cumulative functions need axis= for arrays that are not 1-D")
@@ -473,9 +651,17 @@ def count_nonzero(x, /, *, axis=None, keepdims=False):
     return tf.math.count_nonzero(x, axis=_axes(axis, x.shape.rank), keepdims=keepdims, dtype=tf.int64)
 
 
-def diff(x, /, *, axis=-1, n=1):
+def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
     x = _tensor(x)
     a = _axes(axis, x.shape.rank)[0]
+    if prepend is not None or append is not None:
+        def edge(v):
+            v = _tensor(v, x.dtype)
+            if v.shape.rank == 0:  # a scalar: one slice of x's shape along the axis
+                v = tf.broadcast_to(v, tf.tensor_scatter_nd_update(tf.shape(x), [[a]], [1]))
+            return v
+        x = tf.concat(([edge(prepend)] if prepend is not None else []) + [x] +
+                      ([edge(append)] if append is not None else []), axis=a)
     for _ in range(n):
         x = tf.gather(x, tf.range(1, tf.shape(x)[a]), axis=a) - tf.gather(x, tf.range(tf.shape(x)[a] - 1), axis=a)
     return x
@@ -493,7 +679,11 @@ def broadcast_to(x, /, shape):
 
 def broadcast_arrays(*arrays):
     arrays = [_tensor(a) for a in arrays]
+    if len(arrays) < 2:
+        return arrays
     shape = functools.reduce(tf.broadcast_static_shape, (a.shape for a in arrays))
+    if not shape.is_fully_defined():  # data-dependent sizes (a boolean mask inside tf.function)
+        shape = functools.reduce(tf.broadcast_dynamic_shape, (tf.shape(a) for a in arrays))
     return [tf.broadcast_to(a, shape) for a in arrays]
 
 
@@ -519,7 +709,7 @@ def moveaxis(x, source, destination, /):
     return tf.transpose(x, order)
 
 
-def expand_dims(x, /, *, axis=0):
+def expand_dims(x, /, axis=0):
     x = _tensor(x)
     nd = x.shape.rank + 1
     if not -nd <= axis < nd:
@@ -629,12 +819,22 @@ def _advanced_getitem(x, items):
         i = tf.cast(_tensor(out[k]), tf.int64)
         size = tf.cast(tf.shape(y)[k], tf.int64)
         indices.append(tf.where(i < 0, i + size, i))
-    indices = tf.stack(broadcast_arrays(*indices), axis=-1)
+    if len(advanced) == 1:  # one index array: tf.gather puts its dimensions where the axis was, as NumPy does
+        return tf.gather(y, indices[0], axis=advanced[0])
+    indices = broadcast_arrays(*indices)
     rest = [k for k in range(y.shape.rank) if k not in advanced]
-    result = tf.gather_nd(tf.transpose(y, advanced + rest), indices)
+    moved = tf.transpose(y, advanced + rest)
+    # one linear index into the advanced dimensions, then tf.gather (gather_nd's derivative comes back
+    # as IndexedSlices that ForwardAccumulator inside pfor cannot take)
+    dims = tf.shape(moved, out_type=tf.int64)
+    linear = indices[0]
+    for k in range(1, len(advanced)):
+        linear = linear * dims[k] + indices[k]
+    flat = tf.reshape(moved, tf.concat([[-1], dims[len(advanced):]], 0))
+    result = tf.gather(flat, linear, axis=0)
     if advanced == list(range(advanced[0], advanced[-1] + 1)) and advanced[0] > 0:
         # adjacent advanced indices: NumPy puts the indexed dimensions where they were
-        nb, before = indices.shape.rank - 1, advanced[0]
+        nb, before = indices[0].shape.rank, advanced[0]
         order = list(range(nb, nb + before)) + list(range(nb)) + list(range(nb + before, result.shape.rank))
         result = tf.transpose(result, order)
     return result
@@ -709,6 +909,62 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None):
     return tf.reshape(tf.searchsorted(x1[None, :], flat, side=side, out_type=tf.int64), tf.shape(x2))
 
 
+# -------------------------------------------------------------------- sets
+
+class UniqueAllResult(NamedTuple):
+    values: tf.Tensor
+    indices: tf.Tensor
+    inverse_indices: tf.Tensor
+    counts: tf.Tensor
+
+
+class UniqueCountsResult(NamedTuple):
+    values: tf.Tensor
+    counts: tf.Tensor
+
+
+class UniqueInverseResult(NamedTuple):
+    values: tf.Tensor
+    inverse_indices: tf.Tensor
+
+
+def _unique(x):
+    """Sorted unique values of the flattened ``x`` (every NaN its own value, as the standard says), the
+    index of each one's first occurrence, each element's group, and the counts."""
+    x = _tensor(x)
+    flat = tf.reshape(x, [-1])
+    order = tf.argsort(flat, stable=True) if not flat.dtype.is_bool else tf.argsort(tf.cast(flat, tf.int8),
+                                                                                     stable=True)
+    ordered = tf.gather(flat, order)
+    new = tf.concat([tf.ones([1], tf.bool)[:tf.size(flat)], ordered[1:] != ordered[:-1]], 0)
+    group = tf.cumsum(tf.cast(new, tf.int64)) - 1
+    n = tf.reduce_sum(tf.cast(new, tf.int64))
+    values = tf.boolean_mask(ordered, new)
+    first = tf.math.unsorted_segment_min(tf.cast(order, tf.int64), group, n)
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(group), group, n)
+    inverse = tf.reshape(tf.scatter_nd(tf.cast(order, tf.int64)[:, None], group, tf.shape(flat, tf.int64)),
+                         tf.shape(x))
+    return values, first, inverse, counts
+
+
+def unique_all(x, /):
+    return UniqueAllResult(*_unique(x))
+
+
+def unique_counts(x, /):
+    values, _, _, counts = _unique(x)
+    return UniqueCountsResult(values, counts)
+
+
+def unique_inverse(x, /):
+    values, _, inverse, _ = _unique(x)
+    return UniqueInverseResult(values, inverse)
+
+
+def unique_values(x, /):
+    return _unique(x)[0]
+
+
 # -------------------------------------------------------------------- data types
 
 _KINDS = {
@@ -738,17 +994,73 @@ def can_cast(from_, to, /):
     return builtins.bool(np.can_cast(from_.as_numpy_dtype, tf.as_dtype(to).as_numpy_dtype))
 
 
+class finfo_object(NamedTuple):
+    bits: int
+    eps: float
+    max: float
+    min: float
+    smallest_normal: float
+    dtype: tf.DType
+
+
+class iinfo_object(NamedTuple):
+    bits: int
+    max: int
+    min: int
+    dtype: tf.DType
+
+
+def _dtype_of(x):
+    return x.dtype if isinstance(x, (tf.Tensor, tf.Variable)) else tf.as_dtype(x)
+
+
 def finfo(type, /):  # noqa: A002
-    dtype = (type.dtype if isinstance(type, (tf.Tensor, tf.Variable)) else tf.as_dtype(type)).as_numpy_dtype
+    """The standard's finfo (an array or a dtype; Python floats; complex dtypes give their real part's)."""
+    dtype = _dtype_of(type)
+    real = tf.as_dtype(dtype).real_dtype
     try:
-        return np.finfo(dtype)
+        info = np.finfo(real.as_numpy_dtype)
     except ValueError:  # bfloat16
         import ml_dtypes
-        return ml_dtypes.finfo(dtype)
+        info = ml_dtypes.finfo(real.as_numpy_dtype)
+    return finfo_object(int(info.bits), float(info.eps), float(info.max), float(info.min),
+                        float(info.smallest_normal), dtype)
 
 
 def iinfo(type, /):  # noqa: A002
-    return np.iinfo((type.dtype if isinstance(type, (tf.Tensor, tf.Variable)) else tf.as_dtype(type)).as_numpy_dtype)
+    dtype = _dtype_of(type)
+    info = np.iinfo(dtype.as_numpy_dtype)
+    return iinfo_object(int(info.bits), int(info.max), int(info.min), dtype)
+
+
+class _Info:
+    """What ``__array_namespace_info__()`` returns: the namespace's capabilities, devices and dtypes."""
+
+    def capabilities(self):
+        return {"boolean indexing": True, "data-dependent shapes": True, "max dimensions": 64}
+
+    def default_device(self):
+        return "cpu"
+
+    def devices(self):
+        return ["cpu"] + [f"cuda:{i}" for i in range(_gpu_count())]
+
+    def default_dtypes(self, *, device=None):
+        return {"real floating": tf.float64, "complex floating": tf.complex128, "integral": tf.int64,
+                "indexing": tf.int64}
+
+    def dtypes(self, *, device=None, kind=None):
+        every = {"bool": tf.bool, "int8": tf.int8, "int16": tf.int16, "int32": tf.int32, "int64": tf.int64,
+                 "uint8": tf.uint8, "uint16": tf.uint16, "uint32": tf.uint32, "uint64": tf.uint64,
+                 "float32": tf.float32, "float64": tf.float64, "complex64": tf.complex64,
+                 "complex128": tf.complex128}
+        if kind is None:
+            return every
+        return {k: d for k, d in every.items() if isdtype(d, kind)}
+
+
+def __array_namespace_info__():
+    return _Info()
 
 
 def size(x, /):
@@ -763,17 +1075,48 @@ def matmul(x1, x2, /):
     n1, n2 = x1.shape.rank, x2.shape.rank
     if n1 == 0 or n2 == 0:
         raise ValueError("matmul: operands must be at least 1-D (use multiply for scalars)")
+    k1, k2 = x1.shape[-1], x2.shape[0 if n2 == 1 else -2]
+    if k1 is not None and k2 is not None and k1 != k2:
+        raise ValueError(f"matmul: the contracted dimensions differ: shapes {tuple(x1.shape)} and "
+                         f"{tuple(x2.shape)}")
     if n1 == 1 and n2 == 1:
         return tf.reduce_sum(x1 * x2)
     if n1 == 1:
-        return tf.squeeze(tf.linalg.matmul(x1[None, :], x2), -2)
+        return tf.squeeze(_matmul2(x1[None, :], x2), -2)
     if n2 == 1:
-        return tf.squeeze(tf.linalg.matmul(x1, x2[:, None]), -1)
-    return tf.linalg.matmul(x1, x2)
+        return tf.squeeze(_matmul2(x1, x2[:, None]), -1)
+    return _matmul2(x1, x2)
+
+
+_MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.complex64, tf.complex128, tf.int32, tf.int64)
+
+
+def _matmul2(x1, x2):
+    if x1.dtype in _MATMUL_DTYPES:
+        return tf.linalg.matmul(x1, x2)
+    return _in_int64(tf.linalg.matmul, x1, x2)
+
+
+def _in_int64(fn, x1, x2, *args):
+    """``fn`` for integer dtypes TensorFlow has no MatMul kernel for (uint8..uint64, int8, int16): computed in
+    int64, whose wrap-around keeps the low bits, then brought back -- NumPy's modular result. Bool: in int64,
+    then nonzero."""
+    dtype = x1.dtype
+    if dtype.is_bool:
+        return fn(tf.cast(x1, tf.int64), tf.cast(x2, tf.int64), *args) != 0
+    if not dtype.is_integer:
+        raise TypeError(f"no TensorFlow kernel for dtype {dtype.name}")
+    if dtype == tf.uint64:
+        return tf.bitcast(fn(tf.bitcast(x1, tf.int64), tf.bitcast(x2, tf.int64), *args), tf.uint64)
+    return tf.cast(fn(tf.cast(x1, tf.int64), tf.cast(x2, tf.int64), *args), dtype)
 
 
 def vecdot(x1, x2, /, *, axis=-1):
     x1, x2 = _promote(x1, x2)
+    n1, n2 = x1.shape[axis] if x1.shape.rank else None, x2.shape[axis] if x2.shape.rank else None
+    if n1 is None or n2 is None or n1 != n2:
+        raise ValueError(f"vecdot: x1 and x2 must have one size along axis {axis} (it is contracted, never "
+                         f"broadcast); got shapes {tuple(x1.shape)} and {tuple(x2.shape)}")
     return tf.reduce_sum(tf.math.conj(x1) * x2, axis=axis)
 
 
@@ -782,6 +1125,8 @@ def tensordot(x1, x2, /, *, axes=2):
     if not isinstance(axes, int):
         a1, a2 = ([a] if isinstance(a, int) else list(a) for a in axes)
         axes = [[a % x1.shape.rank for a in a1], [a % x2.shape.rank for a in a2]]
+    if x1.dtype not in _MATMUL_DTYPES:
+        return _in_int64(tf.tensordot, x1, x2, axes)
     return tf.tensordot(x1, x2, axes)
 
 
@@ -809,7 +1154,8 @@ def diagonal(x, /, *, offset=0):
 
 
 def trace(x, /, *, offset=0, dtype=None):
-    return tf.reduce_sum(_tensor(diagonal(x, offset=offset), _dt(dtype)), axis=-1)
+    d = diagonal(x, offset=offset)
+    return tf.reduce_sum(_tensor(d, _dt(dtype) or _accumulator(d.dtype)), axis=-1)
 
 
 def diag(x, /, k=0):

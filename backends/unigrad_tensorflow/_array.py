@@ -1,0 +1,377 @@
+"""The arrays ``f`` receives inside a TensorFlow transform: ``tf.Tensor`` with the Array API's operators.
+
+A ``tf.Tensor``'s own operators are TensorFlow's: ``@`` needs 2-D operands, mixed dtypes raise
+instead of promoting, ``x[int_array]`` raises, there is no ``.T``/``.mT``/``.size`` and ``.shape`` is
+a ``TensorShape``. TensorFlow can change that only process-wide (``experimental_enable_numpy_behavior``),
+which unigrad never does. So the adapter hands ``f`` :class:`Array` -- a thin view holding one
+``tf.Tensor`` -- and takes the tensor back out of whatever ``f`` returns:
+
+* operators, indexing and attributes follow the Array API standard (they are the namespace's
+  functions), and every result is again an :class:`Array`;
+* TensorFlow's own functions take it as the tensor it holds (``__tf_tensor__``: ``tf.nn.relu(x)``
+  works and returns a plain ``tf.Tensor``);
+* ``tf.Tensor`` on the left of an arithmetic operator (``W @ x`` with a captured ``W``): TensorFlow
+  tries its own operator first and calls the right operand's reflected operator only when converting
+  that operand raises ``TypeError``. Conversion from inside a ``tf.Tensor`` operator therefore raises
+  ``TypeError``, and the Array API operator runs. (Comparisons of a ``tf.Tensor`` with an ``Array``
+  have no such fallback in TensorFlow: they are TensorFlow's, on the held tensor.)
+* GradientTape, ForwardAccumulator, tf.function and vectorized_map only ever see the tensors: the
+  adapter wraps after it has set them up and unwraps before it hands results back.
+
+The namespace functions take :class:`Array` s anywhere and, while ``f`` runs (``inside()``), return
+:class:`Array` s; outside, they return plain tensors as before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import sys
+import types
+
+import tensorflow as tf
+
+__all__ = ["Array"]
+
+# Set (True) while the adapter evaluates the user's ``f``; reset inside the adapter's own transforms.
+_INSIDE = contextvars.ContextVar("unigrad_tensorflow_inside_f", default=False)
+
+
+def inside():
+    return _INSIDE.get()
+
+
+_OPERAND_TYPES = (tf.Tensor, tf.Variable, bool, int, float, complex)
+
+
+def _operator_codes():
+    """The code objects of TensorFlow's binary-operator wrapper (``tf.Tensor.__add__`` and the rest)."""
+    codes = set()
+    for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor"):
+        method = getattr(tf.Tensor, f"__{name}__", None)
+        try:
+            code = inspect.unwrap(method).__code__
+        except (AttributeError, ValueError, TypeError):
+            continue
+        codes.add(code)
+    return frozenset(codes)
+
+
+_TF_OPERATOR_CODES = _operator_codes()
+_FRAMES = 24  # how far up a conversion looks for TensorFlow's operator wrapper
+
+
+def _from_tf_operator():
+    frame = sys._getframe(2)
+    for _ in range(_FRAMES):
+        if frame is None:
+            return False
+        if frame.f_code in _TF_OPERATOR_CODES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _np_module():
+    from . import namespace
+    return namespace
+
+
+def _ns():
+    from . import _namespace
+    return _namespace
+
+
+def plain(x):
+    """The tensor an :class:`Array` holds (anything else as it is)."""
+    return x._t if type(x) is Array else x
+
+
+def wrap(x):
+    """``x`` as an :class:`Array` when it is a ``tf.Tensor`` (Variables are read)."""
+    if isinstance(x, tf.Tensor):
+        return Array(x)
+    if isinstance(x, tf.Variable):
+        return Array(tf.convert_to_tensor(x))
+    return x
+
+
+def _operand(other):
+    if type(other) is Array:
+        return other._t
+    if isinstance(other, _OPERAND_TYPES):
+        return other
+    mod = type(other).__module__.partition(".")[0]
+    if mod == "numpy":
+        return other
+    return NotImplemented
+
+
+class _Deferred(TypeError):
+    """Raised by a conversion inside a ``tf.Tensor`` operator, so that TensorFlow calls our reflected one.
+
+    TensorFlow re-raises this very exception when the reflected operator fails too: the reflected
+    operator then writes its own error into it."""
+
+
+# The conversion error TensorFlow may re-raise, while its reflected operator runs.
+_DEFERRED = contextvars.ContextVar("unigrad_tensorflow_deferred", default=None)
+
+
+def _binary(fname, reflected=False):
+    def op(self, other):
+        other = _operand(other)
+        if other is NotImplemented:
+            return NotImplemented
+        fn = getattr(_ns(), fname)
+        try:
+            return Array(fn(other, self._t) if reflected else fn(self._t, other))
+        except tf.errors.OpError as exc:  # never a raw TensorFlow error from an operator
+            raise ValueError(f"{'reflected ' if reflected else ''}operator {fname} of unigrad TensorFlow arrays: "
+                             f"{exc.message}") from None
+        except (TypeError, ValueError) as exc:
+            deferred = _DEFERRED.get() if reflected else None
+            if deferred is not None:  # TensorFlow will raise the deferral: make it say what went wrong
+                deferred.args = (f"{fname} of a tf.Tensor and a unigrad TensorFlow array: {exc}",)
+            raise
+    op.__name__ = f"__{'r' if reflected else ''}{fname}__"
+    return op
+
+
+class Array:
+    """A ``tf.Tensor`` with the Array API standard's operators and attributes (see the module docstring).
+
+    ``tf.convert_to_tensor(x)`` (or any TensorFlow function) gives the tensor it holds.
+    """
+
+    __slots__ = ("_t",)
+    __array_ufunc__ = None  # NumPy defers: ndarray + Array runs Array.__radd__
+    __hash__ = None
+
+    def __init__(self, tensor):
+        self._t = tensor
+
+    # ------------------------------------------------------------ TensorFlow and NumPy interop
+    def __tf_tensor__(self, dtype=None, name=None):
+        if _from_tf_operator():
+            # tf.Tensor's operator then calls ours, reflected (TensorFlow's documented fallback)
+            deferred = _Deferred("a tf.Tensor operator met a unigrad TensorFlow array: its reflected operator "
+                                 "implements the operation")
+            _DEFERRED.set(deferred)
+            raise deferred
+        return self._t.__tf_tensor__(dtype, name)
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "NumPy cannot take a unigrad TensorFlow array inside a transform (np.asarray, np.median...): the "
+            "result would be a constant and its derivative silently lost. Use the Array API namespace, "
+            "xp = unigrad.namespace(x) (xp.median is not in the standard: xp.sort and indexing, or tfp)")
+
+    def __array_namespace__(self, /, *, api_version=None):
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"unsupported Array API version {api_version!r}")
+        return _np_module()
+
+    # ------------------------------------------------------------ attributes
+    @property
+    def dtype(self):
+        return self._t.dtype
+
+    @property
+    def shape(self):
+        return tuple(self._t.shape.as_list()) if self._t.shape.rank is not None else None
+
+    @property
+    def ndim(self):
+        return self._t.shape.rank
+
+    @property
+    def size(self):
+        return self._t.shape.num_elements()
+
+    @property
+    def device(self):
+        name = self._t.device
+        if not name:
+            return None
+        kind, _, index = name.rpartition("device:")[2].partition(":")
+        return "cpu" if kind == "CPU" else f"cuda:{index or 0}" if kind == "GPU" else name
+
+    @property
+    def T(self):
+        if self._t.shape.rank != 2:
+            raise ValueError(f"x.T is defined for 2-D arrays (the Array API standard); got shape {self.shape}: "
+                             f"use xp.permute_dims(x, axes) or x.mT")
+        return Array(tf.transpose(self._t))
+
+    @property
+    def mT(self):
+        return Array(_ns().matrix_transpose(self._t))
+
+    def to_device(self, device, /, *, stream=None):
+        if stream is not None:
+            raise ValueError("to_device: TensorFlow has no streams (stream must be None)")
+        return Array(_ns().asarray(self._t, device=device))
+
+    def __getattr__(self, name):
+        # TensorFlow's public tensor attributes (x.numpy(), x.get_shape(), x.graph...) of the held tensor;
+        # never its private ones, which TensorFlow's internals probe to recognise a tensor
+        if name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self._t, name)
+
+    def __repr__(self):
+        return f"unigrad_tensorflow.Array({self._t!r})"
+
+    __str__ = __repr__
+
+    # ------------------------------------------------------------ Python conversions
+    def _scalar_value(self, kind):
+        if self._t.shape.rank != 0:
+            raise TypeError(f"{kind}() of a unigrad TensorFlow array needs a 0-d array; got shape {self.shape}")
+        try:
+            value = self._t.numpy()
+        except (AttributeError, NotImplementedError):
+            raise TypeError(f"{kind}() of a symbolic TensorFlow array (inside tf.function or vmap): it has no "
+                            f"value yet; keep it an array (xp.where for control flow)") from None
+        return value.item()
+
+    def __bool__(self):
+        return bool(self._scalar_value("bool"))
+
+    def __int__(self):
+        return int(self._scalar_value("int"))
+
+    def __float__(self):
+        return float(self._scalar_value("float"))
+
+    def __complex__(self):
+        return complex(self._scalar_value("complex"))
+
+    def __index__(self):
+        if not self._t.dtype.is_integer:
+            raise TypeError(f"only integer arrays can be used as an index; got dtype {self._t.dtype.name}")
+        return int(self._scalar_value("index"))
+
+    def __len__(self):
+        if not self._t.shape.rank:
+            raise TypeError("len() of a 0-d array")
+        n = self._t.shape[0]
+        if n is None:
+            raise TypeError("len() of an array whose first dimension is not known")
+        return n
+
+    def __iter__(self):
+        for k in range(len(self)):
+            yield Array(self._t[k])
+
+    # ------------------------------------------------------------ indexing
+    def __getitem__(self, key):
+        if type(key) is tuple:
+            key = tuple(plain(k) for k in key)
+        else:
+            key = plain(key)
+        try:
+            return Array(_ns().getitem(self._t, key))
+        except tf.errors.OpError as exc:
+            raise IndexError(f"index {key!r} into an array of shape {self.shape}: {exc.message}") from None
+
+    def __setitem__(self, key, value):
+        raise TypeError("unigrad's TensorFlow arrays are immutable, as tf.Tensor is: build the new array instead, "
+                        "e.g. xp.where(mask, value, x)")
+
+    # ------------------------------------------------------------ unary operators
+    def __neg__(self):
+        return Array(_ns().negative(self._t))
+
+    def __pos__(self):
+        return Array(_ns().positive(self._t))
+
+    def __abs__(self):
+        return Array(_ns().abs(self._t))
+
+    def __invert__(self):
+        return Array(_ns().bitwise_invert(self._t))
+
+    # ------------------------------------------------------------ binary operators
+    __add__, __radd__ = _binary("add"), _binary("add", True)
+    __sub__, __rsub__ = _binary("subtract"), _binary("subtract", True)
+    __mul__, __rmul__ = _binary("multiply"), _binary("multiply", True)
+    __truediv__, __rtruediv__ = _binary("divide"), _binary("divide", True)
+    __floordiv__, __rfloordiv__ = _binary("floor_divide"), _binary("floor_divide", True)
+    __mod__, __rmod__ = _binary("remainder"), _binary("remainder", True)
+    __pow__, __rpow__ = _binary("pow"), _binary("pow", True)
+    __matmul__, __rmatmul__ = _binary("matmul"), _binary("matmul", True)
+    __and__, __rand__ = _binary("bitwise_and"), _binary("bitwise_and", True)
+    __or__, __ror__ = _binary("bitwise_or"), _binary("bitwise_or", True)
+    __xor__, __rxor__ = _binary("bitwise_xor"), _binary("bitwise_xor", True)
+    __lshift__, __rlshift__ = _binary("bitwise_left_shift"), _binary("bitwise_left_shift", True)
+    __rshift__, __rrshift__ = _binary("bitwise_right_shift"), _binary("bitwise_right_shift", True)
+    __lt__, __le__ = _binary("less"), _binary("less_equal")
+    __gt__, __ge__ = _binary("greater"), _binary("greater_equal")
+    __eq__, __ne__ = _binary("equal"), _binary("not_equal")
+
+
+# -------------------------------------------------------------------- the public namespace
+
+def _unwrap_arg(a):
+    t = type(a)
+    if t is Array:
+        return a._t
+    if t is list or t is tuple:
+        for v in a:
+            if type(v) is Array:
+                return t(plain(v) for v in a)
+    return a
+
+
+def wrap_result(out):
+    """Tensors in a namespace function's result (one, or a tuple / list / named tuple of them) as Arrays."""
+    if isinstance(out, tf.Tensor):
+        return Array(out)
+    t = type(out)
+    if t is tuple or t is list:
+        return t(wrap_result(v) for v in out)
+    if isinstance(out, tuple) and hasattr(out, "_fields"):
+        return t(*(wrap_result(v) for v in out))
+    return out
+
+
+def _boundary(fn):
+    def public(*args, **kwargs):
+        if kwargs:
+            kwargs = {k: _unwrap_arg(v) for k, v in kwargs.items()}
+        out = fn(*[_unwrap_arg(a) for a in args], **kwargs)
+        return wrap_result(out) if _INSIDE.get() else out
+    public.__name__ = public.__qualname__ = fn.__name__
+    public.__doc__ = fn.__doc__
+    public.__wrapped__ = fn
+    try:
+        public.__signature__ = inspect.signature(fn)
+    except (TypeError, ValueError):
+        pass
+    return public
+
+
+_NOT_WRAPPED = {"tf_device_name"}
+_SUBMODULES = ("linalg", "fft")
+
+
+def public_module(raw, name):
+    """A module with ``raw``'s public names, its functions behind the Array boundary (see the docstring)."""
+    mod = types.ModuleType(name, raw.__doc__)
+    for key, value in vars(raw).items():
+        if key.startswith("_") and not key.startswith("__array"):
+            continue
+        if key.startswith("__") and key not in ("__array_api_version__", "__array_namespace_info__"):
+            continue
+        if key == "annotations":
+            continue
+        if isinstance(value, types.FunctionType) and key not in _NOT_WRAPPED:
+            value = _boundary(value)
+        elif isinstance(value, types.ModuleType):
+            if key not in _SUBMODULES:  # the modules the implementation imports (np, tf, math...)
+                continue
+            value = public_module(value, f"{name}.{key}")
+        mod.__dict__[key] = value
+    return mod

@@ -306,8 +306,6 @@ def test_the_backend_hook_for_non_differentiated_arguments():
     assert b.is_array(wrapped[0]) and b.shape(wrapped[0]) == (3, 3) and b.dtype(wrapped[1]) == "float64"
 
 
-@pytest.mark.xfail(strict=True, reason="the core binds non-differentiated arrays inside its flat function; it has to "
-                                       "pass them through backend.arguments() (unigrad/_api.py, _flat_function)")
 def test_non_differentiated_arguments_are_arrays_too():
     kinds = []
 

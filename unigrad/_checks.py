@@ -170,7 +170,7 @@ def check_chunk(chunk_size, fname):
 _NUMPY_CONVERSION = ("Can't call numpy() on Tensor that requires grad", "TracerArrayConversionError",
                      "The numpy conversion method __array__() was called on traced array",
                      "Cannot convert a symbolic", "numpy() is only available when eager execution",
-                     "a traced array cannot be converted to a NumPy array")
+                     "a traced array cannot be converted to a NumPy array", "does not support ufuncs")
 
 
 def is_numpy_conversion(exc: BaseException) -> bool:

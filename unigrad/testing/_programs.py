@@ -191,17 +191,26 @@ class ProgramCase:
         np_repr = np.array2string
         lines = [self.program.source(), ""]
         for (name, _, dtype), x in zip(self.program.inputs, self.inputs):
-            body = np_repr(np.asarray(x), separator=", ", precision=17, floatmode="unique", threshold=10**6)
+            x = np.asarray(x)
+            if x.size == 0:  # np.array([]) would lose the shape (0, 2)
+                lines.append(f"{name} = np.zeros({tuple(x.shape)!r}, dtype=np.{dtype})")
+                continue
+            body = np_repr(x, separator=", ", precision=17, floatmode="unique", threshold=10**6)
             lines.append(f"{name} = np.array({body}, dtype=np.{dtype})")
         lines.append(f"f({', '.join(self.program.input_names)})")
         return "\n".join(lines)
 
 
-def check_program(case, backend="numpy", *, reference: str | None = "numpy", order: int = 1, seed: int = 0):
+def check_program(case, backend="numpy", *, reference: str | None = "numpy", order: int = 1, seed: int = 0,
+                  redraw_inconclusive: bool = True):
     """Check a program at its inputs on ``backend``: :func:`check_grads` (finite differences, to
     ``order``) and, when ``reference`` differs from ``backend``, :func:`compare` against it.
 
-    Raises AssertionError (GradientCheckError, or the comparison table) on the first problem.
+    Raises AssertionError (GradientCheckError, or the comparison table) on the first problem. Where
+    finite differences are inconclusive at the inputs (a kink or a jump within their reach, see
+    :class:`FiniteDifferencesInconclusive`), the point proves nothing either way: inside a hypothesis
+    test it is rejected (``hypothesis.reject()``: hypothesis draws another), elsewhere, or with
+    ``redraw_inconclusive=False``, the exception propagates.
 
     Example (the program suite, for a plugin backend)::
 
@@ -212,9 +221,27 @@ def check_program(case, backend="numpy", *, reference: str | None = "numpy", ord
     from ._check_grads import check_grads
     from ._compare import assert_backends_agree
 
+    from ._check_grads import FiniteDifferencesInconclusive
+
     program, inputs = case
-    check_grads(program, inputs, order=order, backend=backend, seed=seed)
-    name = backend if isinstance(backend, str) else backend.name
-    if reference is not None and reference != name:
-        assert_backends_agree(program, inputs, backends=[reference, backend], argnums="all", order=order,
-                              seed=seed, reference=reference)
+    try:
+        check_grads(program, inputs, order=order, backend=backend, seed=seed, argnums=tuple(range(len(inputs))))
+        name = backend if isinstance(backend, str) else backend.name
+        if reference is not None and reference != name:
+            assert_backends_agree(program, inputs, backends=[reference, backend], argnums="all", order=order,
+                                  seed=seed, reference=reference, repeats=0)
+    except FiniteDifferencesInconclusive:
+        if redraw_inconclusive and _in_hypothesis():
+            from hypothesis import reject
+
+            reject()
+        raise
+
+
+def _in_hypothesis() -> bool:
+    """Whether a hypothesis test is running (so ``reject()`` re-draws instead of failing)."""
+    try:
+        from hypothesis.control import currently_in_test_context
+    except ImportError:
+        return False
+    return currently_in_test_context()

@@ -52,15 +52,32 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("device", devices, ids=devices, indirect=True)
 
 
+def _explicit(config) -> bool:
+    """Whether the backends were named on the command line (not ``all`` installed)."""
+    return config.getoption("--unigrad-backends") != "all"
+
+
+def _load_failure(name, exc) -> str:
+    return (f"backend {name!r} was asked for with --unigrad-backends but does not load: {type(exc).__name__}: {exc}. "
+            f"Check the name (`unigrad info` lists the installed backends) and that its package imports.")
+
+
 @pytest.fixture
 def backend(request):
-    """A backend name; parametrised over ``--unigrad-backends``. Unavailable ones are skipped with the reason."""
+    """A backend name; parametrised over ``--unigrad-backends``.
+
+    A backend named explicitly (``--unigrad-backends=mine``) that is unknown or fails to import FAILS each
+    test with its error: a misspelt name must not pass as "all skipped". With the default ``all``, only
+    installed backends are listed, and one that fails to load is skipped with the reason.
+    """
     import unigrad
 
     name = request.param
     try:
         unigrad.get_backend(name)
-    except (ImportError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- any import error of a plugin is reported as is
+        if _explicit(request.config):
+            pytest.fail(_load_failure(name, exc), pytrace=False)
         pytest.skip(f"backend {name!r} unavailable: {exc}")
     return name
 
@@ -81,14 +98,17 @@ def device(request):
 
 @pytest.fixture(scope="session")
 def unigrad_backends(request):
-    """The names of the backends selected by ``--unigrad-backends`` that load (others are left out)."""
+    """The names of the backends selected by ``--unigrad-backends`` that load (with ``all``, others are left
+    out; a backend named explicitly that does not load fails the test)."""
     import unigrad
 
     names = []
     for name in _selected_backends(request.config):
         try:
             unigrad.get_backend(name)
-        except (ImportError, ValueError):
+        except Exception as exc:  # noqa: BLE001
+            if _explicit(request.config):
+                pytest.fail(_load_failure(name, exc), pytrace=False)
             continue
         names.append(name)
     if not names:

@@ -161,7 +161,7 @@ def _as_float(x):
 
 def estimate_directional(f: Callable, primals: Sequence[np.ndarray], tangents: Sequence[np.ndarray], *,
                          side: str = "central", rtol: float = 1e-11, first_step: float | None = None,
-                         shrink: float = 2.0, max_rows: int | None = None) -> Estimate:
+                         shrink: float = 2.0, max_rows: int | None = None, local: bool = False) -> Estimate:
     """The directional derivative ``J(primals) @ tangents`` of ``f(*primals) -> list of arrays``, with
     an estimate of its own error.
 
@@ -184,6 +184,10 @@ def estimate_directional(f: Callable, primals: Sequence[np.ndarray], tangents: S
       first_step: the largest step along the unit-max-norm direction (default 0.1 x max(1, |x|)).
       shrink: the ratio of successive steps.
       max_rows: the most steps tried (default: down to the rounding limit).
+      local: start a thousand times closer (but well above the rounding limit). Extrapolation from
+        large steps can converge to a neighbouring branch -- eigenvectors whose sign flips between the
+        point and the first steps, say -- so when an estimate and a derivative disagree, the local
+        estimate is the one that speaks for the point.
 
     Returns:
       An :class:`Estimate`.
@@ -200,7 +204,9 @@ def estimate_directional(f: Callable, primals: Sequence[np.ndarray], tangents: S
     tscale = max([float(np.max(np.abs(t), initial=0.0)) for t in tangents] + [0.0]) or 1.0
     h = (first_step if first_step is not None else 0.1 * scale) / tscale
     # The smallest useful step: below it rounding in f(x +- h v) swamps the difference.
-    floor = (eps ** 0.5 if side == "central" else eps ** 0.5) * scale / tscale
+    floor = eps ** 0.5 * scale / tscale
+    if local:
+        h = max(16 * floor, 1e-3 * h)
     if max_rows is None:
         max_rows = max(3, int(math.ceil(math.log(max(h / floor, 1.0)) / math.log(shrink))) + 1)
     power = 2 if side == "central" else 1

@@ -23,6 +23,13 @@ def pytest_addoption(parser):
     group = parser.getgroup("unigrad")
     group.addoption("--unigrad-backends", default="all",
                     help="comma-separated backend names for the `backend` fixture, or 'all' installed (default)")
+    group.addoption("--unigrad-conformance", default="fast", choices=("fast", "full"),
+                    help="per-op conformance checks: 'fast' (default: finite differences on the NumPy tape, the "
+                         "backend against the tape to rounding, all cases of an op in one call; a case that "
+                         "differs is re-run in full) or 'full' (every case compared with finite differences "
+                         "of the backend's own function too)")
+    group.addoption("--unigrad-programs", default=100, type=int,
+                    help="random programs the conformance suite compares on each backend (default 100)")
     group.addoption("--unigrad-devices", default="cpu",
                     help="comma-separated devices for the `device` fixture: cpu, cuda, cuda:N, gpu, or 'all'")
 

@@ -328,3 +328,14 @@ def test_every_floating_argument_is_checked_by_default(register_backend):
 
     with pytest.raises(GradientCheckError, match="argument 1"):
         check_grads(f, (np.ones(2), np.array([0.2, 0.4]), 3), backend=off)
+
+
+def test_floating_argnums_default():
+    from unigrad.testing._check_grads import floating_argnums
+
+    args = (np.ones(2), 3, {"a": 1.5, "b": np.zeros(1, np.float32)}, np.arange(3), True, [np.ones(1), 2])
+    assert floating_argnums(args) == (0, 2)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert floating_argnums((np.arange(3), np.ones(2, dtype=ml_dtypes.bfloat16))) == (1,)  # dtype kind "V"
+    with pytest.raises(TypeError, match="no argument holds only floating-point arrays"):
+        floating_argnums((np.arange(3), 2))

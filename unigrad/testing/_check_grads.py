@@ -305,10 +305,12 @@ def _inexact_leaf(x) -> bool:
     if isinstance(x, (int,)) or not hasattr(x, "dtype"):
         return False
     try:
-        kind = np.dtype(x.dtype).kind
-    except TypeError:  # a framework dtype NumPy does not know (bfloat16...): ask its name
-        return any(k in str(x.dtype) for k in ("float", "complex"))
-    return kind in "fc"
+        dt = np.dtype(x.dtype)
+        kind, name = dt.kind, dt.name
+    except TypeError:  # a framework dtype NumPy does not know (torch.float32...): ask its name
+        kind, name = "", str(x.dtype)
+    # bfloat16 (ml_dtypes) has kind "V": its name says it is floating
+    return kind in ("f", "c") or any(k in name for k in ("float", "complex"))
 
 
 def floating_argnums(args, who="check_grads") -> tuple:

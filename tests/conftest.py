@@ -32,12 +32,18 @@ settings.load_profile(os.environ.get("UNIGRAD_HYPOTHESIS_PROFILE", "ci"))
 # ---------------------------------------------------------------------------------------------
 
 def _broken_namespace(name, **overrides):
-    """A copy of the tape's namespace with some functions replaced."""
+    """A copy of the tape's namespace with some functions replaced (``linalg_inv`` replaces ``linalg.inv``)."""
     from unigrad.tape import _namespace as tape_namespace
 
     ns = types.ModuleType(f"broken_namespace_{name}")
     ns.__dict__.update({k: v for k, v in vars(tape_namespace).items() if not k.startswith("__")})
-    ns.__dict__.update(overrides)
+    linalg = {k.removeprefix("linalg_"): v for k, v in overrides.items() if k.startswith("linalg_")}
+    ns.__dict__.update({k: v for k, v in overrides.items() if not k.startswith("linalg_")})
+    if linalg:
+        sub = types.ModuleType(f"broken_namespace_{name}.linalg")
+        sub.__dict__.update({k: v for k, v in vars(tape_namespace.linalg).items() if not k.startswith("__")})
+        sub.__dict__.update(linalg)
+        ns.linalg = sub
     return ns
 
 
@@ -65,6 +71,12 @@ def make_broken_backend(bug: str):
         summing over it (the JVP is right).
       ``second_derivative``: sin's first derivative is right, but it is written with a cos whose own
         derivative has the wrong sign, so second derivatives are wrong.
+      ``where_broadcast``: the VJP of ``where`` takes the first entry of a broadcast axis of x1 and x2
+        instead of summing over it (right without broadcasting; the JVP is right).
+      ``inv_no_jvp``: ``linalg.inv`` has no JVP rule, so its JVP is silently zero (the VJP is right) --
+        a backend declaring forward mode that does not deliver it.
+      ``det_vjp_transposed``: the VJP of ``linalg.det`` uses the cofactor matrix without its transpose
+        (right for symmetric matrices only; the JVP is right).
     """
     from unigrad.tape import NumpyBackend
     from unigrad.tape import _namespace as xp
@@ -96,6 +108,20 @@ def make_broken_backend(bug: str):
         prim = Primitive("sin", np.sin, vjps=(lambda g, ans, x: g * wrong_cos(x),),
                          jvps=(lambda t, ans, x: t * wrong_cos(x),))
         overrides = {"sin": lambda x, /: prim(xp._arr(x))}
+    elif bug == "where_broadcast":
+        prim = Primitive("where", np.where,
+                         vjps=(None, lambda g, ans, c, x, y: _first_instead_of_sum(P.where(c, g, 0), x, ans),
+                               lambda g, ans, c, x, y: _first_instead_of_sum(P.where(c, 0, g), y, ans)),
+                         jvps=P.where.jvps, broadcasts=True)
+        overrides = {"where": lambda condition, x1, x2, /: prim(xp._value(condition), xp._arr(x1), xp._arr(x2))}
+    elif bug == "inv_no_jvp":
+        prim = Primitive("inv", np.linalg.inv, vjps=P.inv.vjps, jvps=(None,))
+        overrides = {"linalg_inv": lambda x, /: prim(xp._arr(x))}
+    elif bug == "det_vjp_transposed":
+        prim = Primitive("det", np.linalg.det,
+                         vjps=(lambda g, ans, x: P.reshape(g, tuple(np.shape(g)) + (1, 1))
+                               * P._mT(P._cofactor(x, ans)),), jvps=P.det.jvps)
+        overrides = {"linalg_det": lambda x, /: prim(xp._arr(x))}
     else:
         raise ValueError(f"unknown bug {bug!r}")
     namespace = _broken_namespace(bug, **overrides)
@@ -112,6 +138,8 @@ def make_broken_backend(bug: str):
 
 
 BUGS = ("sin_scale", "matmul_transposed", "broadcast_sum", "second_derivative")
+# Bugs the conformance suite must catch (tests/test_conformance.py), beyond BUGS.
+CONFORMANCE_BUGS = ("where_broadcast", "inv_no_jvp", "det_vjp_transposed")
 
 
 @pytest.fixture

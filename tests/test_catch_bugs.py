@@ -9,12 +9,13 @@ The broken backends (tests/conftest.py) are the NumPy tape with one rule changed
 
 from __future__ import annotations
 
+import functools
 import io
 import inspect
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 
 import unigrad
 from unigrad._cli import main
@@ -168,3 +169,44 @@ def test_cli_check_catches(broken_backend, tmp_path):
                  "broadcast_sum": "VJP:"}[bug]
     assert f"{broken_backend} {transform}" in text, text
     assert "overall: DISAGREE" in text
+
+
+# The bulk random-program run of tests/test_programs.py (check_programs_across: finite differences on
+# the tape, every backend against the tape in batches, a differing program re-run through compare)
+# and its per-case form (check_program_across, to second order): both must catch every bug.
+@pytest.mark.parametrize("broken_backend", BUGS, indirect=True)
+def test_bulk_program_run_catches(broken_backend):
+    from unigrad.testing import check_program_across, check_programs_across
+
+    bug = broken_backend.removeprefix("broken_")
+    if bug == "second_derivative":  # first derivatives are right: the second-order form must catch it
+        @settings(max_examples=200, derandomize=True, database=None, deadline=None, print_blob=False,
+                  phases=[Phase.generate])  # finding it is the point here; shrinking is tested above
+        @given(ust.program_cases(max_ops=3, max_side=2))
+        def search(case):
+            check_program_across(case, ["numpy", broken_backend], order=2)
+
+        with pytest.raises(AssertionError, match="JVP of VJP"):
+            search()
+        return
+    cases = _bulk_cases()
+    with pytest.raises(AssertionError) as info:
+        check_programs_across(cases, ["numpy", broken_backend])
+    assert broken_backend in str(info.value) and "overall: DISAGREE" in str(info.value)
+
+
+@functools.lru_cache(maxsize=1)
+def _bulk_cases():
+    """300 programs drawn once (derandomized) for every bug, checked once on the real tape."""
+    from unigrad.testing import check_programs_across
+
+    cases = []
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @given(ust.program_cases(max_ops=4, max_dims=2, max_side=3))
+    def draw(case):
+        cases.append(case)
+
+    draw()
+    assert check_programs_across(cases, ["numpy"])["compared"] >= 290  # the real tape passes
+    return tuple(cases)

@@ -203,3 +203,139 @@ def test_mixed_second_order_message_follows_jax_naming(register_backend):
     check_grads(sin_of, (x,), backend=mixed, order=2, modes=("fwd",))  # forward over forward is right
     with pytest.raises(GradientCheckError, match=r"JVP of VJP check failed"):
         check_grads(sin_of, (x,), backend=mixed, order=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# No false alarms: finite differences that estimate their own error (issue 9, section 1). Each case was
+# flagged by the fixed-step finite differences check_grads used before (asserted below where cheap), and
+# its derivative is right.
+# ---------------------------------------------------------------------------------------------
+
+from unigrad import finite_differences as fd  # noqa: E402
+from unigrad.testing import FiniteDifferencesInconclusive, compare  # noqa: E402
+
+
+def fast_varying(x):
+    xp = unigrad.namespace(x)
+    return xp.sin(xp.pow(1.0 + 4.0 * x ** 2, x))
+
+
+def fast_varying_exact(x):
+    g = (1 + 4 * x ** 2) ** x
+    return np.cos(g) * g * (np.log(1 + 4 * x ** 2) + 8 * x ** 2 / (1 + 4 * x ** 2))
+
+
+def test_fast_varying_function_is_not_a_false_alarm():
+    x = np.array([1.9554875, 2.198625])  # derivatives about -505 where the fixed step gave -499 and -35
+    old = fd.directional_derivative(lambda a: [np.sin(np.power(1 + 4 * a ** 2, a))], [x], [np.ones(2)])[0]
+    assert np.max(np.abs(old - fast_varying_exact(x))) > 5  # the fixed step misses by far more than the tolerance
+    est = fd.estimate_directional(lambda a: [np.sin(np.power(1 + 4 * a ** 2, a))], [x], [np.ones(2)], rtol=1e-10)
+    np.testing.assert_allclose(est.value[0], fast_varying_exact(x), rtol=1e-9)
+    assert np.all(np.abs(est.value[0] - fast_varying_exact(x)) <= 10 * est.error[0] + 1e-9)
+    check_grads(fast_varying, (x,), order=1)
+
+
+def exp_sin_program(x0):
+    xp = unigrad.namespace(x0)
+    v1 = x0 + x0
+    v2 = xp.exp(v1)
+    v3 = xp.sin(v2)
+    v4 = v3 + v2
+    return xp.sin(v4)
+
+
+def test_exp_sin_program_at_the_reported_point(unigrad_backends):
+    x0 = np.array([0.047286498801026866, 1.8018547853037412])  # was "JVP 3.26536 against FD 3.26528"
+    check_grads(exp_sin_program, (x0,), order=2)
+    for name in unigrad_backends:
+        check_grads(exp_sin_program, (x0,), order=1, backend=name)
+    report = compare(exp_sin_program, (x0,), backends=unigrad_backends, repeats=0)
+    assert report.verdict == "agree", report
+
+
+def minimum(x):
+    return unigrad.namespace(x).min(x)
+
+
+def sort(x):
+    return unigrad.namespace(x).sort(x)
+
+
+def remainder(x):
+    return unigrad.namespace(x).remainder(x, 1.0)
+
+
+@pytest.mark.parametrize("f, x", [
+    (minimum, np.array([0.3, 0.3 + 1.6e-5, 0.9])),     # a near-tie 1.6e-5 apart
+    (sort, np.array([0.3, 0.3 + 1.6e-5, -0.7])),
+    (remainder, np.array([2.00033, 0.5])),            # 3.3e-4 from the jump at 2
+], ids=["min_near_tie", "sort_near_tie", "mod_near_jump"])
+def test_kink_or_jump_inside_the_old_step_is_not_a_false_alarm(f, x, unigrad_backends):
+    check_grads(f, (x,), order=2 if f is not remainder else 1)
+    for name in unigrad_backends:
+        check_grads(f, (x,), order=1, backend=name)
+
+
+def eigenvectors(x):
+    xp = unigrad.namespace(x)
+    return xp.linalg.eigh(x + xp.matrix_transpose(x))[1]
+
+
+def test_batched_eigh_sign_flip_within_the_step_is_not_a_false_alarm():
+    rng = np.random.default_rng(0)
+    draws = [(rng.standard_normal((4, 3, 3)), rng.standard_normal((4, 3, 3))) for _ in range(68)]
+    for x, _ in (draws[26], draws[67]):  # a sign flip of an eigenvector within 1e-3 of the point
+        check_grads(eigenvectors, (x,), order=1)
+
+
+def test_a_jump_at_the_point_is_inconclusive_not_wrong():
+    with pytest.raises(FiniteDifferencesInconclusive, match="inconclusive") as info:
+        check_grads(remainder, (np.array([2.0, 0.5]),), order=1)
+    assert not isinstance(info.value, AssertionError)  # never reads as "derivative wrong"
+    report = compare(remainder, (np.array([2.0, 0.5]),), backends=["numpy"], repeats=0)
+    assert report.verdict == "finite differences inconclusive" and not report.ok
+    assert "this does not say the derivative is wrong" in report.table()
+
+
+def test_a_wrong_derivative_next_to_a_jump_is_still_caught(register_backend):
+    off = register_backend("off", backend_class(
+        "off", sin=sin_with(lambda g, ans, x: g * P.cos(x) * 1.001, lambda t, ans, x: t * P.cos(x) * 1.001)))
+
+    def f(x):
+        xp = unigrad.namespace(x)
+        return xp.sin(xp.remainder(x, 1.0))
+
+    with pytest.raises(GradientCheckError, match="JVP check failed"):
+        check_grads(f, (np.array([2.00033, 0.5]),), order=1, backend=off)
+
+
+def test_estimate_reports_its_error():
+    est = fd.estimate_directional(lambda a: [np.exp(a)], [np.array([0.0, 1.0, 3.0])], [np.ones(3)])
+    np.testing.assert_allclose(est.value[0], np.exp([0.0, 1.0, 3.0]), rtol=1e-10)
+    assert np.all(est.error[0] < 1e-8) and np.all(est.error[0] > 0)
+    jump = fd.estimate_directional(lambda a: [np.floor(a)], [np.array([1.0])], [np.ones(1)])
+    assert not jump.error[0][0] < 1e-3  # no two steps agree at a jump: a large or infinite error, not a number
+
+
+def test_every_floating_argument_is_checked_by_default(register_backend):
+    # argnums defaults to every floating-point argument; the int is passed through
+    off = register_backend("off", backend_class(
+        "off", sin=sin_with(lambda g, ans, x: g * P.cos(x) * 1.01, lambda t, ans, x: t * P.cos(x) * 1.01)))
+
+    def f(a, b, n):
+        xp = unigrad.namespace(a, b)
+        return a * n + xp.sin(b)
+
+    with pytest.raises(GradientCheckError, match="argument 1"):
+        check_grads(f, (np.ones(2), np.array([0.2, 0.4]), 3), backend=off)
+
+
+def test_floating_argnums_default():
+    from unigrad.testing._check_grads import floating_argnums
+
+    args = (np.ones(2), 3, {"a": 1.5, "b": np.zeros(1, np.float32)}, np.arange(3), True, [np.ones(1), 2])
+    assert floating_argnums(args) == (0, 2)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert floating_argnums((np.arange(3), np.ones(2, dtype=ml_dtypes.bfloat16))) == (1,)  # dtype kind "V"
+    with pytest.raises(TypeError, match="no argument holds only floating-point arrays"):
+        floating_argnums((np.arange(3), 2))

@@ -344,3 +344,44 @@ def test_comparison_lookup(report):
     assert isinstance(report, Comparison)
     with pytest.raises(KeyError, match="no backend 'torch'"):
         report["torch"]
+
+
+# ---------------------------------------------------------------------------------------------
+# One default for which arguments are checked; timings of the first call apart from the steady state
+# ---------------------------------------------------------------------------------------------
+
+def sin_off(x, /):
+    prim = Primitive("sin", np.sin, vjps=(lambda g, ans, x: g * P.cos(x) * 1.01,),
+                     jvps=(lambda t, ans, x: t * P.cos(x) * 1.01,))
+    return prim(tape_xp._arr(x))
+
+
+def two_arguments(w, x, n):
+    xp = unigrad.namespace(w, x)
+    return xp.sum(w * n) + xp.sum(xp.sin(x))  # the bug (in sin) only shows in x's derivative
+
+
+def test_every_floating_argument_is_checked_by_default(register_backend):
+    register_backend("off", backend_with("off", sin=sin_off))
+    args = (np.ones(3), np.array([0.2, 0.5, 0.9]), 3)  # the int is passed through, not differentiated
+    report = compare(two_arguments, args, backends=["numpy", "off"], repeats=0)
+    assert report.argnums == (0, 1)  # before: (0,), and the wrong derivative of x passed unseen
+    assert report.verdict == DISAGREE and report["off"].verdict == DISAGREE
+    with pytest.raises(AssertionError, match="argument 1"):
+        assert_backends_agree(two_arguments, args, backends=["numpy", "off"], repeats=0)
+    # an explicit argnums still narrows it
+    assert compare(two_arguments, args, backends=["numpy", "off"], argnums=0, repeats=0).ok
+
+
+def test_timings_show_the_first_call_apart_from_the_steady_state(register_backend):
+    register_backend("clone", backend_with("clone"))
+    report = compare(sin_sum, (np.linspace(0, 1, 4),), backends=["numpy", "clone"], repeats=2)
+    header = report.table().splitlines()[3]
+    assert "ms first value/JVP/VJP/Jac" in header and "ms steady value/JVP/VJP/Jac" in header
+    for r in report.results:
+        assert set(r.first_times) == set(r.times) == {"value", "jvp", "vjp", "jacobian"}
+    d = report.to_dict()["backends"][0]
+    assert set(d["first_call_times_s"]) == set(d["times_s"])
+    once = compare(sin_sum, (np.linspace(0, 1, 4),), backends=["numpy"], repeats=0)
+    assert once["numpy"].times == {} and set(once["numpy"].first_times) == {"value", "jvp", "vjp", "jacobian"}
+    assert "ms steady" not in once.table()

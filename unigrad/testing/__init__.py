@@ -6,10 +6,11 @@
   portable programs (imported on demand: it needs hypothesis).
 """
 
-from ._check_grads import TOLERANCES, GradientCheckError, check_grads
-from ._programs import Program, ProgramCase, check_program
-from ._compare import (AGREE, CONVENTION, DISAGREE, PAIRWISE_TOLERANCES, BackendResult, Comparison,
+from ._check_grads import FD_SAFETY, TOLERANCES, FiniteDifferencesInconclusive, GradientCheckError, check_grads
+from ._programs import Program, ProgramCase, check_program, check_program_across, check_programs_across
+from ._compare import (AGREE, CONVENTION, DISAGREE, INCONCLUSIVE, PAIRWISE_TOLERANCES, BackendResult, Comparison,
                        assert_backends_agree, compare)
 
-__all__ = ["check_grads", "GradientCheckError", "TOLERANCES", "compare", "assert_backends_agree", "Comparison",
-           "BackendResult", "PAIRWISE_TOLERANCES", "AGREE", "DISAGREE", "CONVENTION", "Program", "ProgramCase", "check_program"]
+__all__ = ["check_grads", "GradientCheckError", "FiniteDifferencesInconclusive", "FD_SAFETY", "INCONCLUSIVE", "TOLERANCES", "compare", "assert_backends_agree", "Comparison",
+           "BackendResult", "PAIRWISE_TOLERANCES", "AGREE", "DISAGREE", "CONVENTION", "Program", "ProgramCase", "check_program",
+           "check_program_across", "check_programs_across"]

@@ -11,11 +11,25 @@ from .. import _api, _registry
 from .. import finite_differences as fd
 from .._dtypes import COMPLEX
 
-__all__ = ["check_grads", "GradientCheckError", "TOLERANCES"]
+__all__ = ["check_grads", "GradientCheckError", "FiniteDifferencesInconclusive", "TOLERANCES", "FD_SAFETY"]
 
 
 class GradientCheckError(AssertionError):
     """A derivative disagreed with finite differences or with its own transpose."""
+
+
+class FiniteDifferencesInconclusive(Exception):
+    """Finite differences could not decide at this point: their own error estimate is larger than the
+    tolerance (a jump or a kink at or next to the point, values too large or not finite nearby), or the
+    point is a non-differentiable point where the derivative is a convention. This says nothing against
+    the derivative: it is not an ``AssertionError``. Check at another point.
+    """
+
+
+# The finite-difference error estimate is an estimate: a derivative is judged against finite
+# differences with the tolerance widened by FD_SAFETY times it; where that widening is larger than the
+# tolerance itself, finite differences cannot decide and the check is inconclusive instead of passing.
+FD_SAFETY = 10.0
 
 
 # Per computation dtype: (rtol, atol) against finite differences, and rtol of the exact transpose test.
@@ -29,24 +43,41 @@ TOLERANCES = {
 }
 
 
-def _worst(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float):
-    """Index, values and excess of the worst element, or None when all are within tolerance."""
+def _worst(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float, fd_error=None):
+    """Judge ``actual`` against ``expected`` (finite differences with elementwise estimated error
+    ``fd_error``, or None for an exact reference).
+
+    Returns None when every element is within tolerance; else ``(kind, index, actual, expected, excess,
+    fd_error_there)`` of the worst element, ``kind`` ``"fail"`` (beyond the tolerance widened by
+    ``FD_SAFETY`` x the finite-difference error) or ``"inconclusive"`` (within it only because finite
+    differences are too uncertain to tell).
+    """
     actual = np.asarray(actual, dtype=np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected)
                         else np.float64)
     expected = np.asarray(expected, dtype=actual.dtype)
     if actual.shape != expected.shape:
-        return (), actual, expected, np.inf
+        return "fail", (), actual, expected, np.inf, 0.0
     if actual.size == 0:
         return None
-    scale = max(1.0, float(np.max(np.abs(expected))))
+    fd_error = np.zeros(expected.shape) if fd_error is None else np.broadcast_to(
+        np.asarray(fd_error, dtype=np.float64), expected.shape)
+    finite = np.isfinite(expected) & np.isfinite(fd_error)
+    scale = max(1.0, float(np.max(np.abs(np.where(finite, expected, 0)), initial=0.0)))
     err = np.abs(actual - expected)
     bound = atol * scale + rtol * np.abs(expected)
-    bad = ~(err <= bound)  # NaN counts as bad
-    if not bad.any():
+    slack = FD_SAFETY * fd_error
+    ok = err <= bound  # NaN counts as bad
+    unsure = ~ok & (~finite | ((err <= bound + slack) & (slack > bound)))
+    within = ~ok & finite & (err <= bound + slack) & (slack <= bound)
+    bad = ~ok & ~unsure & ~within
+    if not bad.any() and not unsure.any():
         return None
-    excess = np.where(bad, np.nan_to_num(err / np.maximum(bound, 1e-300), nan=np.inf), 0)
+    kind = "fail" if bad.any() else "inconclusive"
+    chosen = bad if bad.any() else unsure
+    with np.errstate(all="ignore"):
+        excess = np.where(chosen, np.nan_to_num(err / np.maximum(bound, 1e-300), nan=np.inf), -1)
     idx = np.unravel_index(int(np.argmax(excess)), err.shape)
-    return idx, actual[idx], expected[idx], excess[idx]
+    return kind, idx, actual[idx], expected[idx], excess[idx], float(fd_error[idx])
 
 
 def _inner(xs, ys) -> complex:
@@ -68,7 +99,7 @@ class _Checker:
     def __init__(self, f, args, backend, rng, tolerances, fd_method, argnums):
         self.f, self.rng, self.fd_method = f, rng, fd_method
         self.args = tuple(args)
-        self.argnums = tuple(range(len(args))) if argnums is None else (
+        self.argnums = floating_argnums(self.args) if argnums is None else (
             (argnums,) if isinstance(argnums, int) else tuple(argnums))
         diff = tuple(self.args[i] for i in self.argnums)
         leaves, self.treedef = optree.tree_flatten(diff)
@@ -112,36 +143,63 @@ class _Checker:
         numpy_g = self.numpy_eval(g)
         rtol, atol = self.tol["fd"]
         jvp_out = vjp_out = None
+        estimates = {}
+
+        def fd_along(k, only_k, local=False):
+            """Finite differences along the tangent of argument k alone (computed once per argument);
+            ``local``: from steps a thousand times smaller, asked for when the default ones disagree."""
+            if (k, local) not in estimates:
+                estimates[k, local] = self.fd_estimate(numpy_g, points, only_k, local=local)
+            return estimates[k, local]
+
+        def one_hot(k):
+            return [t if j == k else np.zeros_like(t) for j, t in enumerate(tangents)]
+
         if "fwd" in modes:
             _, jvp_out = _api.jvp(g, primals, tangents_b, backend=b)
             jvp_np = [np.asarray(b.to_numpy(t)) for t in jvp_out]
             for k in range(len(primals)):  # one argument at a time, so a failure names its argument
-                only_k = [t if j == k else np.zeros_like(t) for j, t in enumerate(tangents)]
+                only_k = one_hot(k)
                 only_k_b = tuple(b.asarray(t, dtype=d) for t, d in zip(only_k, self.dtypes))
                 _, ad = _api.jvp(g, primals, only_k_b, backend=b) if len(primals) > 1 else (None, jvp_out)
-                expected = fd.directional_derivative(numpy_g, points, only_k, method=self.fd_method)
-                for i, (a, e) in enumerate(zip(ad, expected)):
-                    bad = _worst(b.to_numpy(a), _real_if_real(e, out_dtypes[i]), rtol, atol)
+                value, error = fd_along(k, only_k)
+                ad_np = [np.asarray(b.to_numpy(a)) for a in ad]
+                for i, (a, e, ee) in enumerate(zip(ad_np, value, error)):
+                    bad = _worst(a, _real_if_real(e, out_dtypes[i]), rtol, atol, ee)
                     if bad is not None:
-                        self.fail(label("JVP"), self.names[k], i, bad, "finite differences")
+                        value_l, error_l = fd_along(k, only_k, local=True)
+                        bad = _worst(a, _real_if_real(value_l[i], out_dtypes[i]), rtol, atol, error_l[i])
+                    if bad is not None:
+                        self.settle(label("JVP"), self.names[k], i, bad, "finite differences", numpy_g, points,
+                                    only_k, lambda side_values, i=i: _real_if_real(side_values[i], out_dtypes[i]),
+                                    ad_np[i])
         if "rev" in modes:
             _, vjp_fn = _api.vjp(g, *primals, backend=b)
             vjp_out = vjp_fn(cotangents_b)
             vjp_np = [np.asarray(b.to_numpy(c)) for c in vjp_out]
             for k in range(len(primals)):
-                only_k = [t if j == k else np.zeros_like(t) for j, t in enumerate(tangents)]
-                expected_dir = fd.directional_derivative(numpy_g, points, only_k, method=self.fd_method)
+                only_k = one_hot(k)
                 lhs = _inner([vjp_np[k]], [tangents[k]])
-                rhs = _inner(cotangents, [_real_if_real(e, d) for e, d in zip(expected_dir, out_dtypes)])
-                bad = _worst(np.asarray(lhs), np.asarray(rhs), rtol, atol)
+                for local in (False, True):
+                    value, error = fd_along(k, only_k, local)
+                    rhs = _inner(cotangents, [_real_if_real(e, d) for e, d in zip(value, out_dtypes)])
+                    rhs_error = sum(float(np.sum(np.abs(np.asarray(c)) * np.asarray(ee))) if np.size(ee) else 0.0
+                                    for c, ee in zip(cotangents, error))
+                    bad = _worst(np.asarray(lhs), np.asarray(rhs), rtol, atol, np.asarray(rhs_error))
+                    if bad is None:
+                        break
                 if bad is not None:
-                    self.fail(label("VJP"), self.names[k], None, bad,
-                              "finite differences (dot-product test <vjp(u), v> vs <u, fd_jvp(v)>)")
+                    self.settle(label("VJP"), self.names[k], None, bad,
+                                "finite differences (dot-product test <vjp(u), v> vs <u, fd_jvp(v)>)", numpy_g,
+                                points, only_k,
+                                lambda side_values: np.asarray(_inner(cotangents, [_real_if_real(e, d) for e, d in
+                                                                                   zip(side_values, out_dtypes)])),
+                                np.asarray(lhs))
         if jvp_out is not None and vjp_out is not None:
             lhs = _inner(cotangents, jvp_np)
             rhs = _inner(vjp_np, tangents)
             bad = _worst(np.asarray(lhs), np.asarray(rhs), self.tol["transpose"], self.tol["transpose"])
-            if bad is not None:
+            if bad is not None and not self.at_kink(numpy_g, points, tangents):
                 self.fail(label("transpose test <u, J v> vs <J^T u, v>"), "all arguments", None, bad,
                           "the VJP (they must agree exactly up to rounding)")
         if order > 1:
@@ -169,14 +227,103 @@ class _Checker:
         sub.treedef = optree.tree_structure(tuple(self.leaves))
         sub.run(fn, order, modes, derived)
 
+    def fd_estimate(self, numpy_g, points, tangents, side="central", local=False):
+        """(values, errors): finite differences of numpy_g along tangents, with their error estimates."""
+        rtol, atol = self.tol["fd"]
+        if self.fd_method == "complex_step" and side == "central":  # exact to rounding: no error to estimate
+            value = fd.directional_derivative(numpy_g, points, tangents, method="complex_step")
+            return value, [np.zeros(np.shape(v)) for v in value]
+        est = fd.estimate_directional(numpy_g, points, tangents, side=side, rtol=min(rtol, atol) / 100,
+                                      local=local or side != "central")
+        return est.value, est.error
+
+    def at_kink(self, numpy_g, points, tangents) -> bool:
+        """Whether f is not differentiable at the point along ``tangents``: its one-sided derivatives
+        both converge and differ by more than the tolerance."""
+        rtol, atol = self.tol["fd"]
+        (fw, fw_err), (bw, bw_err) = (self.fd_estimate(numpy_g, points, tangents, side) for side in
+                                      ("forward", "backward"))
+        for a, b_, ea, eb in zip(fw, bw, fw_err, bw_err):
+            if not np.size(a):
+                continue
+            gap = np.abs(a - b_)
+            scale = max(1.0, float(np.max(np.abs(a))), float(np.max(np.abs(b_))))
+            if np.any(gap > (atol + rtol) * scale + FD_SAFETY * (ea + eb)):
+                return True
+        return False
+
+    def settle(self, check, arg_name, output_index, bad, against, numpy_g, points, tangents, project, actual):
+        """A derivative missed finite differences: decide between "wrong" and "cannot tell here".
+
+        At a kink on the point itself (the one-sided derivatives differ), a derivative between the two
+        one-sided ones is a valid convention and finite differences are inconclusive; one outside them is
+        wrong. Otherwise a "fail" is a failure and an "inconclusive" is inconclusive.
+        """
+        rtol, atol = self.tol["fd"]
+        (fw, fw_err), (bw, bw_err) = (self.fd_estimate(numpy_g, points, tangents, side) for side in
+                                      ("forward", "backward"))
+        plus, minus = np.asarray(project(fw)), np.asarray(project(bw))
+        plus_err = np.asarray(project(fw_err)) if output_index is not None else None
+        gap = np.abs(plus - minus)
+        scale = max(1.0, float(np.max(np.abs(plus), initial=0.0)), float(np.max(np.abs(minus), initial=0.0)))
+        sides_err = 0.0 if plus_err is None else float(np.max(np.abs(plus_err), initial=0.0))
+        if np.size(gap) and np.all(np.isfinite(gap)) and float(np.max(gap)) > (atol + rtol) * scale + FD_SAFETY * sides_err:
+            lo, hi = np.minimum(np.real(plus), np.real(minus)), np.maximum(np.real(plus), np.real(minus))
+            slack = (atol + rtol) * scale
+            if np.all((np.real(actual) >= lo - slack) & (np.real(actual) <= hi + slack)):
+                raise FiniteDifferencesInconclusive(
+                    f"check_grads [{self.backend.name}]: finite differences inconclusive here: {check.strip()} for "
+                    f"{arg_name} is at a non-differentiable point (the one-sided derivatives differ), where the "
+                    f"derivative is a convention; it lies between them. Check at another point.")
+            self.fail(check, arg_name, output_index, ("fail",) + tuple(bad[1:]), against + " (at a kink: "
+                      "not between the one-sided derivatives)")
+        self.fail(check, arg_name, output_index, bad, against)
+
     def fail(self, check, arg_name, output_index, bad, against):
-        idx, actual, expected, excess = bad
+        kind, idx, actual, expected, excess, fd_err = bad
         where = f", output {output_index}" if output_index is not None else ""
         at = f" at index {tuple(int(i) for i in idx)}" if idx != () else ""
+        if kind == "inconclusive":
+            raise FiniteDifferencesInconclusive(
+                f"check_grads [{self.backend.name}]: finite differences inconclusive here: {check.strip()} for "
+                f"{arg_name}{where}{at}: got {actual!r}, finite differences give {expected!r} with an estimated "
+                f"error of {fd_err:.3g}, too large to decide at rtol={self.tol['fd'][0]:g}, "
+                f"atol={self.tol['fd'][1]:g}. This does not say the derivative is wrong; check at another point.")
+        fd_note = f"; finite-difference error estimate {fd_err:.2g}" if fd_err else ""
         raise GradientCheckError(
             f"check_grads [{self.backend.name}]: {check.strip()} check failed for {arg_name}{where}{at}: "
             f"got {actual!r}, expected {expected!r} from {against} "
-            f"(error {excess:.3g}x the tolerance rtol={self.tol['fd'][0]:g}, atol={self.tol['fd'][1]:g})")
+            f"(error {excess:.3g}x the tolerance rtol={self.tol['fd'][0]:g}, atol={self.tol['fd'][1]:g}"
+            f"{fd_note})")
+
+
+def _inexact_leaf(x) -> bool:
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, (float, complex)):
+        return True
+    if isinstance(x, (int,)) or not hasattr(x, "dtype"):
+        return False
+    try:
+        dt = np.dtype(x.dtype)
+        kind, name = dt.kind, dt.name
+    except TypeError:  # a framework dtype NumPy does not know (torch.float32...): ask its name
+        kind, name = "", str(x.dtype)
+    # bfloat16 (ml_dtypes) has kind "V": its name says it is floating
+    return kind in ("f", "c") or any(k in name for k in ("float", "complex"))
+
+
+def floating_argnums(args, who="check_grads") -> tuple:
+    """The default of ``check_grads``, ``compare``, ``assert_backends_agree`` and ``unigrad check``: every
+    argument whose leaves are all floating-point or complex arrays (or Python floats)."""
+    chosen = []
+    for i, arg in enumerate(args):
+        leaves = optree.tree_leaves(arg)
+        if leaves and all(_inexact_leaf(x) for x in leaves):
+            chosen.append(i)
+    if not chosen:
+        raise TypeError(f"{who}: no argument holds only floating-point arrays to differentiate; pass argnums")
+    return tuple(chosen)
 
 
 def flat_function(fn, args, argnums, treedef):
@@ -212,15 +359,23 @@ def check_grads(f: Callable, args: Sequence, *, order: int = 2, modes=("fwd", "r
       args: tuple of arguments (pytrees allowed); NumPy arrays are converted to the backend.
       order: derivative order to check (2 by default, as autograd does).
       modes: subset of ``("fwd", "rev")``.
-      argnums: which arguments to differentiate (default all).
+      argnums: which arguments to differentiate (default: every floating-point argument, as ``compare``).
       backend: backend name or object (default: selection order).
       seed, rng: the directions come from ``rng`` or ``np.random.default_rng(seed)`` -- never the global RNG.
       tolerances: overrides for the dtype's entry of :data:`TOLERANCES` (``{"fd": (rtol, atol), "transpose": r}``).
-      fd_method: ``"central"`` (with Richardson) or ``"complex_step"``.
+      fd_method: ``"central"`` (Ridders' extrapolation with an error estimate) or ``"complex_step"``.
+
+    Finite differences estimate their own error (:func:`unigrad.finite_differences.estimate_directional`:
+    the step is shrunk and extrapolated until successive estimates agree); the tolerance is widened by
+    :data:`FD_SAFETY` times that estimate. Where the widening would exceed the tolerance itself, or the
+    point is a kink (the one-sided derivatives differ and the derivative lies between them), finite
+    differences cannot decide: :class:`FiniteDifferencesInconclusive` is raised, which is not an
+    ``AssertionError`` and never means the derivative is wrong.
 
     Raises:
       GradientCheckError: naming the check ("VJP of JVP"...), the argument, the worst element's index and
         both values.
+      FiniteDifferencesInconclusive: finite differences cannot decide at this point.
 
     Example:
       >>> check_grads(lambda x: unigrad.namespace(x).sin(x) ** 2, (np.linspace(0, 1, 5),))

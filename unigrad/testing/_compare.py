@@ -38,14 +38,15 @@ import optree
 from .. import _api, _registry
 from .. import finite_differences as fd
 from .._dtypes import COMPLEX, INEXACT
-from ._check_grads import TOLERANCES, flat_function
+from ._check_grads import FD_SAFETY, TOLERANCES, FiniteDifferencesInconclusive, flat_function, floating_argnums
 
 __all__ = ["compare", "assert_backends_agree", "Comparison", "BackendResult", "PAIRWISE_TOLERANCES",
-           "AGREE", "DISAGREE", "CONVENTION"]
+           "AGREE", "DISAGREE", "CONVENTION", "INCONCLUSIVE"]
 
 AGREE = "agree"
 DISAGREE = "DISAGREE"
 CONVENTION = "convention difference"
+INCONCLUSIVE = "finite differences inconclusive"
 
 # Two backends computing the same thing in the same dtype differ by rounding only.
 PAIRWISE_TOLERANCES = {
@@ -72,7 +73,8 @@ class Check:
     against: str            # "fd", "self" (transpose) or the reference backend's label
     error: float
     tolerance: float
-    status: str             # "ok", "kink" (a valid one-sided answer at a kink) or "fail"
+    status: str             # "ok", "kink" (a valid one-sided answer at a kink), "inconclusive" (finite
+    #                         differences too uncertain here to decide either way) or "fail"
     message: str = ""
 
 
@@ -95,7 +97,8 @@ class BackendResult:
     vjp: list | None = None
     jacobian: list | None = None
     second: list | None = None
-    times: dict = field(default_factory=dict)   # seconds per quantity
+    times: dict = field(default_factory=dict)   # seconds per quantity, steady state (best call after the first)
+    first_times: dict = field(default_factory=dict)  # seconds per quantity, first call (includes warm-up)
     dtypes: dict = field(default_factory=dict)  # quantity -> dtype names of its arrays
     checks: list = field(default_factory=list)  # Check objects
     verdict: str = AGREE
@@ -139,6 +142,8 @@ class Comparison:
             return DISAGREE
         if any(v.startswith("error") for v in verdicts) or not any(r.status == "ok" for r in self.results):
             return "error"
+        if INCONCLUSIVE in verdicts:
+            return INCONCLUSIVE
         if CONVENTION in verdicts:
             return CONVENTION
         return AGREE
@@ -174,8 +179,10 @@ class Comparison:
         header = ["backend", "device"]
         for q, against in cols:
             header.append(short[q] if q in ("value", "transpose") else f"{short[q]} {against}")
-        timed = [q for q in _TIMED if any(q in r.times for r in self.results)]
-        header += ["ms " + "/".join(short[q] for q in timed), "verdict"]
+        timed = [q for q in _TIMED if any(q in r.first_times for r in self.results)]
+        steady = any(r.times for r in self.results)
+        names = "/".join(short[q] for q in timed)
+        header += [f"ms first {names}"] + ([f"ms steady {names}"] if steady else []) + ["verdict"]
         rows = []
         for r in self.results:
             row = [r.backend + (" (ref)" if r.label == self.reference else ""), r.device]
@@ -186,7 +193,9 @@ class Comparison:
                     row.append("ref")
                 else:
                     row.append(_cell(r.check(q, against)))
-            row.append("/".join(_ms(r.times.get(q)) for q in timed) if r.status == "ok" else "")
+            row.append("/".join(_ms(r.first_times.get(q)) for q in timed) if r.status == "ok" else "")
+            if steady:
+                row.append("/".join(_ms(r.times.get(q)) for q in timed) if r.status == "ok" else "")
             verdict = r.verdict
             row.append(verdict if len(verdict) <= 60 else verdict[:57] + "...")
             rows.append(row)
@@ -201,7 +210,8 @@ class Comparison:
         t = self.tolerances
         return (f"errors are max|a-b| / max(1,|a|,|b|); fd = vs finite differences (tol {t['fd']:.0e}), "
                 f"ref = vs {self.reference} (tol {t['pairwise']:.0e}), transpose = <u,Jv> vs <J^T u,v> "
-                f"(tol {t['transpose']:.0e}); ! = over tolerance, ~ = valid one-sided value at a kink")
+                f"(tol {t['transpose']:.0e}); ! = over tolerance, ~ = valid one-sided value at a kink, "
+                f"? = finite differences inconclusive here")
 
     def table(self) -> str:
         """The report as a plain-text table for a terminal."""
@@ -240,6 +250,7 @@ class Comparison:
                 "backend": r.backend, "device": r.device, "label": r.label, "version": r.version,
                 "status": r.status, "message": r.message or None, "verdict": r.verdict,
                 "times_s": {k: _num(v) for k, v in r.times.items()},
+                "first_call_times_s": {k: _num(v) for k, v in r.first_times.items()},
                 "checks": [{"quantity": c.quantity, "against": c.against, "error": _num(c.error),
                             "tolerance": c.tolerance, "status": c.status, "message": c.message or None}
                            for c in r.checks],
@@ -276,7 +287,7 @@ def _cell(check: Check | None) -> str:
         return "-"
     e = check.error
     text = "0" if e == 0 else ("inf" if not math.isfinite(e) else f"{e:.1e}")
-    return text + {"ok": "", "kink": "~", "fail": "!"}[check.status]
+    return text + {"ok": "", "kink": "~", "inconclusive": "?", "fail": "!"}[check.status]
 
 
 def _ms(seconds):
@@ -377,65 +388,118 @@ def _fmt(x):
 # ---------------------------------------------------------------------------------------------
 
 class _Directional:
-    """Finite differences of ``fn`` (NumPy in, list of NumPy out) at ``points`` along ``tangents``:
-    central (Richardson) computed on demand, one-sided (Richardson) only when something misses it."""
+    """Finite differences of ``fn`` (NumPy in, list of NumPy out) at ``points`` along ``tangents``, each
+    with its own error estimate (Ridders' extrapolation): central computed on demand, one-sided only when
+    something misses it."""
 
-    def __init__(self, fn, points, tangents):
-        self.fn, self.points, self.tangents = fn, points, tangents
-        self._central = self._sides = None
+    def __init__(self, fn, points, tangents, rtol=1e-9):
+        self.fn, self.points, self.tangents, self.rtol = fn, points, tangents, rtol
+        self._central = self._sides = self._local = None
+
+    def _estimate(self, side, local=False):
+        est = fd.estimate_directional(self.fn, self.points, self.tangents, side=side, rtol=self.rtol, local=local)
+        return [_as_np(v) for v in est.value], [np.asarray(e, dtype=np.float64) for e in est.error]
+
+    def local_with_error(self):
+        """(values, errors) from steps a thousand times smaller: what speaks for the point when the
+        default estimate and a derivative disagree (the large steps may reach another branch)."""
+        if self._local is None:
+            self._local = self._estimate("central", local=True)
+        return self._local
 
     def central(self):
+        return self.central_with_error()[0]
+
+    def central_with_error(self):
+        """(values, errors): the central estimate and its elementwise estimated error."""
         if self._central is None:
-            self._central = [_as_np(d) for d in fd.directional_derivative(self.fn, self.points, self.tangents)]
+            self._central = self._estimate("central")
         return self._central
 
     def sides(self):
-        """(forward, backward) one-sided derivatives, each with error O(h^2) (one Richardson step)."""
-        if self._sides is None:
-            dtype = np.result_type(*self.points) if self.points else np.float64
-            scale = max([float(np.max(np.abs(p), initial=0.0)) for p in self.points] + [0.0])
-            tscale = max([float(np.max(np.abs(t), initial=0.0)) for t in self.tangents] + [0.0]) or 1.0
-            h = fd.step_size(dtype, scale, richardson=False) / tscale
-            base = [_as_np(o) for o in self.fn(*self.points)]
+        """(forward, backward) one-sided derivatives."""
+        return tuple(v for v, _ in self.sides_with_error())
 
-            def one_sided(sign, step):
-                moved = [_as_np(o) for o in self.fn(*[p + sign * step * t for p, t in zip(self.points,
-                                                                                          self.tangents)])]
-                return [sign * (o - b) / step for o, b in zip(moved, base)]
-            sides = []
-            for sign in (1.0, -1.0):
-                coarse, fine = one_sided(sign, h), one_sided(sign, h / 2)
-                sides.append([2 * b - a for a, b in zip(coarse, fine)])
-            self._sides = tuple(sides)
+    def sides_with_error(self):
+        if self._sides is None:
+            self._sides = (self._estimate("forward", local=True), self._estimate("backward", local=True))
         return self._sides
 
     def has_kink(self, tol) -> bool:
-        plus, minus = self.sides()
-        return _error(plus, minus)[0] > tol
+        """The one-sided derivatives differ by more than ``tol`` plus their own uncertainty."""
+        (plus, plus_err), (minus, minus_err) = self.sides_with_error()
+        return _widened_error(plus, minus, [a + b for a, b in zip(plus_err, minus_err)])[0] > tol
+
+
+def _widened_error(ad, fd_values, fd_errors):
+    """``(error, slack, where)``: the error of ``ad`` against finite differences after taking off
+    ``FD_SAFETY`` x their estimated error, elementwise, normalised like :func:`_error`; ``slack`` is the
+    largest normalised amount taken off (how uncertain the finite differences are)."""
+    if len(ad) != len(fd_values):
+        return math.inf, 0.0, (None, "count", len(ad), len(fd_values))
+    scale, worst, slack, where = 1.0, 0.0, 0.0, None
+    pairs = []
+    for k, (a, b, e) in enumerate(zip(ad, fd_values, fd_errors)):
+        a, b = _as_np(a), _as_np(b)
+        if a.shape != b.shape:
+            return math.inf, 0.0, (k, "shape", a.shape, b.shape)
+        pairs.append((k, a, b, np.broadcast_to(np.asarray(e, dtype=np.float64), b.shape)))
+        if a.size:
+            finite = np.isfinite(b)
+            scale = max(scale, float(np.max(np.abs(np.where(np.isfinite(a), a, 0)))),
+                        float(np.max(np.abs(np.where(finite, b, 0)))))
+    for k, a, b, e in pairs:
+        if not a.size:
+            continue
+        with np.errstate(invalid="ignore"):
+            taken = FD_SAFETY * np.where(np.isnan(e), np.inf, e)
+            d = np.abs(a - b)
+            d = np.where(np.isnan(a) & np.isnan(b), 0.0, d)
+            d = np.where(np.isnan(d), np.inf, d)
+            d = np.where(np.isinf(taken), 0.0, np.maximum(d - taken, 0.0))
+        slack = max(slack, float(np.max(taken)))
+        i = int(np.argmax(d))
+        if where is None or d.flat[i] > worst:
+            worst = float(d.flat[i])
+            where = (k, np.unravel_index(i, a.shape), a.flat[i], b.flat[i])
+    return worst / scale, slack / scale, where
+
+
+def _inconclusive(quantity, slack, tol, what=""):
+    return Check(quantity, "fd", slack, tol, "inconclusive",
+                 f"finite differences inconclusive here{what}: their estimated error ({slack / FD_SAFETY:.2e}) "
+                 f"is too large to decide at tolerance {tol:.0e}; this does not say the derivative is wrong")
 
 
 def _check_directional(quantity, dd: _Directional, ad, tol, what) -> Check:
     """``ad`` (a list of arrays, the AD directional derivative) against finite differences."""
-    central = dd.central()
+    central, central_err = dd.central_with_error()
     err, where = _error(ad, central)
     if err <= tol:
         return Check(quantity, "fd", err, tol, "ok")
     if where is not None and where[1] == "shape":
         return Check(quantity, "fd", err, tol, "fail",
                      f"{what(where[0])} has shape {where[2]}; finite differences give {where[3]}")
-    plus, minus = dd.sides()
-    gap = _error(plus, minus)[0]
-    if gap <= tol:  # smooth along v: the one-sided estimates are local and agree; trust them
-        local = [(p + m) / 2 for p, m in zip(plus, minus)]
-        err_local, where_local = _error(ad, local)
-        if err_local <= tol:
-            return Check(quantity, "fd", err_local, tol, "ok")
-        if err_local < err:
-            err, where = err_local, where_local
-        k, idx, a, b = where
+    central, central_err = dd.local_with_error()
+    err, where = _error(ad, central)
+    if err <= tol:
+        return Check(quantity, "fd", err, tol, "ok")
+    err_w, slack, where_w = _widened_error(ad, central, central_err)
+    if err_w <= tol:
+        if slack <= tol:  # within the tolerance once the (small) uncertainty of finite differences is allowed
+            return Check(quantity, "fd", err, tol, "ok")
+        conclusive = False
+    else:
+        conclusive = True
+    (plus, plus_err), (minus, minus_err) = dd.sides_with_error()
+    gap, gap_slack, _ = _widened_error(plus, minus, [a + b for a, b in zip(plus_err, minus_err)])
+    if gap <= tol:  # smooth along v: the one-sided estimates agree; trust them with the central one
+        if not conclusive:
+            return _inconclusive(quantity, slack, tol)
+        k, idx, a, b = where_w if where_w is not None else where
         return Check(quantity, "fd", err, tol, "fail",
                      f"differs from finite differences: {what(k)} at index {_idx(idx)}: {_fmt(a)} vs "
-                     f"{_fmt(b)} (error {err:.2e} > tolerance {tol:.0e})")
+                     f"{_fmt(b)} (error {err_w:.2e} > tolerance {tol:.0e})")
     seg_err, seg_where = _segment_error(ad, plus, minus)
     if seg_err <= tol:
         return Check(quantity, "fd", err, tol, "kink",
@@ -468,7 +532,9 @@ class _Problem:
             raise TypeError(f"compare: args must be a tuple of arguments; got {type(args).__name__}")
         self.f, self.seed = f, seed
         args = tuple(args)
-        if argnums == "all":
+        if argnums is None:
+            argnums = floating_argnums(args, "compare")
+        elif argnums == "all":
             argnums = tuple(range(len(args)))
         _, self.argnums, _ = _api._normalize_argnums(argnums, len(args), "compare")
         if dtype is not None and dtype not in INEXACT:
@@ -578,13 +644,18 @@ class _Run:
         return np.asarray(_api.to_numpy(x))
 
     def timed(self, quantity, fn):
-        """Run ``fn`` ``repeats`` times; keep the last result and the best time."""
+        """Run ``fn`` once (the first call: tracing, compilation, caches warming up) and then ``repeats``
+        more times (the steady state); keep the last result, the first call's time and the best later time."""
+        start = time.perf_counter()
+        out = fn()
+        self.result.first_times[quantity] = time.perf_counter() - start
         best = math.inf
         for _ in range(self.repeats):
             start = time.perf_counter()
             out = fn()
             best = min(best, time.perf_counter() - start)
-        self.result.times[quantity] = best
+        if self.repeats:
+            self.result.times[quantity] = best
         return out
 
     def dtypes(self, arrays):
@@ -755,7 +826,7 @@ def _analyse(problem: _Problem, runs, reference, tol):
             r.checks.append(c)
         if r.second is not None:
             c = _check_directional("second", run.directional_second(), r.second, tol["fd"], input_name)
-            if c.status == "fail" and dd.has_kink(tol["fd"]):
+            if c.status in ("fail", "inconclusive") and dd.has_kink(tol["fd"]):
                 # f itself has a kink here: its second derivative is a convention, not a number to check
                 c = Check("second", "fd", c.error, c.tolerance, "kink",
                           "not checked: f has a non-differentiable point here, so second derivatives are "
@@ -775,7 +846,8 @@ def _analyse(problem: _Problem, runs, reference, tol):
             r.verdict = f"skipped: {r.message}"
             continue
         statuses = {c.status for c in r.checks}
-        r.verdict = DISAGREE if "fail" in statuses else CONVENTION if "kink" in statuses else AGREE
+        r.verdict = (DISAGREE if "fail" in statuses else INCONCLUSIVE if "inconclusive" in statuses
+                     else CONVENTION if "kink" in statuses else AGREE)
     return _pairwise_errors(ok_runs)
 
 
@@ -896,23 +968,33 @@ def _vjp_dot_check(dd, r, problem, tol) -> Check:
             f"returned {len(r.vjp)} cotangents for {len(problem.tangents)} inputs")
         return Check("vjp", "fd", math.inf, tol, "fail", detail)
     lhs = _inner(r.vjp, problem.tangents)
-    rhs = _inner(cts, dd.central())
+    central, central_err = dd.central_with_error()
+    rhs = _inner(cts, central)
     err = _scalar_error(lhs, rhs)
     if err <= tol:
         return Check("vjp", "fd", err, tol, "ok")
-    plus, minus = dd.sides()
-    if _error(plus, minus)[0] <= tol:
-        rhs_local = _inner(cts, [(p + m) / 2 for p, m in zip(plus, minus)])
-        err_local = _scalar_error(lhs, rhs_local)
-        if err_local <= tol:
-            return Check("vjp", "fd", err_local, tol, "ok")
-        return Check("vjp", "fd", min(err, err_local), tol, "fail",
+    central, central_err = dd.local_with_error()
+    rhs = _inner(cts, central)
+    err = _scalar_error(lhs, rhs)
+    if err <= tol:
+        return Check("vjp", "fd", err, tol, "ok")
+    rhs_err = sum(float(np.sum(np.abs(_as_np(c)) * e)) for c, e in zip(cts, central_err) if np.size(e))
+    norm = max(1.0, abs(lhs), abs(rhs)) if math.isfinite(rhs) else max(1.0, abs(lhs))
+    slack = FD_SAFETY * rhs_err / norm if math.isfinite(rhs_err) else math.inf
+    err_w = max(err - slack, 0.0) if math.isfinite(slack) else 0.0
+    (plus, plus_err), (minus, minus_err) = dd.sides_with_error()
+    gap = _widened_error(plus, minus, [a + b for a, b in zip(plus_err, minus_err)])[0]
+    if err_w <= tol and slack <= tol:
+        return Check("vjp", "fd", err, tol, "ok")
+    if gap <= tol:
+        if err_w <= tol:
+            return _inconclusive("vjp", slack, tol, " (dot-product test)")
+        return Check("vjp", "fd", err_w, tol, "fail",
                      f"fails the dot-product test against finite differences: <J^T u, v> = {lhs:.10g} (VJP) vs "
-                     f"<u, J v> = {rhs:.10g} (finite differences) (error {min(err, err_local):.2e} > tolerance "
-                     f"{tol:.0e})")
+                     f"<u, J v> = {rhs:.10g} (finite differences) (error {err_w:.2e} > tolerance {tol:.0e})")
     lo, hi = _inner_interval(cts, minus, plus)
-    slack = tol * max(1.0, abs(lo), abs(hi))
-    if lo - slack <= lhs <= hi + slack:
+    slack_k = tol * max(1.0, abs(lo), abs(hi))
+    if lo - slack_k <= lhs <= hi + slack_k:
         return Check("vjp", "fd", err, tol, "kink",
                      "convention difference at a non-differentiable point: <J^T u, v> lies between the "
                      "one-sided values of <u, J v>")
@@ -953,7 +1035,7 @@ def _select_backends(backends):
     return list(backends)
 
 
-def compare(f: Callable, args: Sequence, backends="all", devices=("cpu",), argnums=0, dtype: str | None = None,
+def compare(f: Callable, args: Sequence, backends="all", devices=("cpu",), argnums=None, dtype: str | None = None,
             seed: int = 0, *, order: int = 1, reference: str | None = None, jacobian="auto",
             tolerances: dict | None = None, repeats: int = 1) -> Comparison:
     """Run ``f`` and its derivatives on several backends and compare them with each other and with
@@ -967,7 +1049,10 @@ def compare(f: Callable, args: Sequence, backends="all", devices=("cpu",), argnu
         list of names / Backend objects.
       devices: devices to run on (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"gpu"``); a backend without the
         device is reported as skipped.
-      argnums: int, tuple of ints or ``"all"``: which arguments are differentiated.
+      argnums: int, tuple of ints or ``"all"``: which arguments are differentiated. Default (None):
+        every floating-point argument -- each argument whose leaves are all floating or complex arrays or
+        Python floats (integer, boolean and other arguments are passed through) -- as ``check_grads``
+        and ``unigrad check`` do.
       dtype: cast every floating argument to this dtype (complex ones to the matching complex dtype);
         None keeps the arguments' dtypes.
       seed: seeds the random tangent ``v`` and cotangent ``u`` (the same for every backend).
@@ -975,8 +1060,9 @@ def compare(f: Callable, args: Sequence, backends="all", devices=("cpu",), argnu
       reference: the backend the others are compared with; default ``"numpy"`` when compared, else the
         first one.
       jacobian: ``"auto"`` (when inputs x outputs <= 4096 elements), True or False.
-      repeats: time each quantity this many times and report the fastest (the first call of a
-        framework includes its warm-up).
+      repeats: after the first call of each quantity (timed on its own: it includes tracing,
+        compilation and warm-up), time it this many more times and report the fastest as the steady
+        state; 0 times the first call only.
       tolerances: overrides, e.g. ``{"fd": 1e-4, "pairwise": 1e-6, "transpose": 1e-8}``; defaults come
         from :data:`TOLERANCES` and :data:`PAIRWISE_TOLERANCES` for the dtype.
 
@@ -992,8 +1078,8 @@ def compare(f: Callable, args: Sequence, backends="all", devices=("cpu",), argnu
     """
     if not isinstance(order, int) or order not in (1, 2):
         raise ValueError(f"compare: order must be 1 or 2; got {order!r}")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"compare: repeats must be a positive int; got {repeats!r}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
+        raise ValueError(f"compare: repeats must be an int >= 0; got {repeats!r}")
     if jacobian not in ("auto", True, False):
         raise ValueError(f"compare: jacobian must be 'auto', True or False; got {jacobian!r}")
     problem = _Problem(f, args, argnums, dtype, seed)
@@ -1055,11 +1141,16 @@ class _Failed:
 def assert_backends_agree(f: Callable, args: Sequence, **kwargs) -> Comparison:
     """:func:`compare`, raising AssertionError (whose message is the table) unless every backend agrees
     or differs only by a convention at a non-differentiable point. Returns the report otherwise.
+    Where finite differences cannot decide (and nothing disagrees), raises
+    :class:`FiniteDifferencesInconclusive` instead, which is not an AssertionError.
 
     Example:
       >>> assert_backends_agree(f, (x,), backends=["numpy", "torch"])     # doctest: +SKIP
     """
     report = compare(f, args, **kwargs)
+    if report.verdict == INCONCLUSIVE:
+        raise FiniteDifferencesInconclusive("finite differences inconclusive here (this does not say any "
+                                            "derivative is wrong; check at another point)\n" + report.table())
     if not report.ok:
         raise AssertionError("backends do not agree\n" + report.table())
     return report

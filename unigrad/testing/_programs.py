@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Program", "Line", "ProgramCase", "check_program"]
+__all__ = ["Program", "Line", "ProgramCase", "check_program", "check_program_across", "check_programs_across"]
 
 
 @dataclass(frozen=True)
@@ -191,17 +191,26 @@ class ProgramCase:
         np_repr = np.array2string
         lines = [self.program.source(), ""]
         for (name, _, dtype), x in zip(self.program.inputs, self.inputs):
-            body = np_repr(np.asarray(x), separator=", ", precision=17, floatmode="unique", threshold=10**6)
+            x = np.asarray(x)
+            if x.size == 0:  # np.array([]) would lose the shape (0, 2)
+                lines.append(f"{name} = np.zeros({tuple(x.shape)!r}, dtype=np.{dtype})")
+                continue
+            body = np_repr(x, separator=", ", precision=17, floatmode="unique", threshold=10**6)
             lines.append(f"{name} = np.array({body}, dtype=np.{dtype})")
         lines.append(f"f({', '.join(self.program.input_names)})")
         return "\n".join(lines)
 
 
-def check_program(case, backend="numpy", *, reference: str | None = "numpy", order: int = 1, seed: int = 0):
+def check_program(case, backend="numpy", *, reference: str | None = "numpy", order: int = 1, seed: int = 0,
+                  redraw_inconclusive: bool = True):
     """Check a program at its inputs on ``backend``: :func:`check_grads` (finite differences, to
     ``order``) and, when ``reference`` differs from ``backend``, :func:`compare` against it.
 
-    Raises AssertionError (GradientCheckError, or the comparison table) on the first problem.
+    Raises AssertionError (GradientCheckError, or the comparison table) on the first problem. Where
+    finite differences are inconclusive at the inputs (a kink or a jump within their reach, see
+    :class:`FiniteDifferencesInconclusive`), the point proves nothing either way: inside a hypothesis
+    test it is rejected (``hypothesis.reject()``: hypothesis draws another), elsewhere, or with
+    ``redraw_inconclusive=False``, the exception propagates.
 
     Example (the program suite, for a plugin backend)::
 
@@ -212,9 +221,240 @@ def check_program(case, backend="numpy", *, reference: str | None = "numpy", ord
     from ._check_grads import check_grads
     from ._compare import assert_backends_agree
 
+    from ._check_grads import FiniteDifferencesInconclusive
+
     program, inputs = case
-    check_grads(program, inputs, order=order, backend=backend, seed=seed)
-    name = backend if isinstance(backend, str) else backend.name
-    if reference is not None and reference != name:
-        assert_backends_agree(program, inputs, backends=[reference, backend], argnums="all", order=order,
-                              seed=seed, reference=reference)
+    try:
+        check_grads(program, inputs, order=order, backend=backend, seed=seed, argnums=tuple(range(len(inputs))))
+        name = backend if isinstance(backend, str) else backend.name
+        if reference is not None and reference != name:
+            assert_backends_agree(program, inputs, backends=[reference, backend], argnums="all", order=order,
+                                  seed=seed, reference=reference, repeats=0)
+    except FiniteDifferencesInconclusive:
+        if redraw_inconclusive and _in_hypothesis():
+            from hypothesis import reject
+
+            reject()
+        raise
+
+
+def _in_hypothesis() -> bool:
+    """Whether a hypothesis test is running (so ``reject()`` re-draws instead of failing)."""
+    try:
+        from hypothesis.control import currently_in_test_context
+    except ImportError:
+        return False
+    return currently_in_test_context()
+
+
+def _pairwise_error(a_list, b_list) -> float:
+    worst, scale = 0.0, 1.0
+    for a, b in zip(a_list, b_list):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return math.inf
+        if a.size:
+            scale = max(scale, float(np.max(np.abs(a))), float(np.max(np.abs(b))))
+            with np.errstate(invalid="ignore"):
+                d = np.abs(a.astype(np.complex128) - b.astype(np.complex128))
+            worst = max(worst, float(np.max(np.where(np.isnan(d), np.inf, d))))
+    return worst / scale
+
+
+def check_program_across(case, backends: Sequence[str], *, order: int = 1, seed: int = 0,
+                         redraw_inconclusive: bool = True) -> None:
+    """A program on many backends, cheaply: :func:`check_grads` on the NumPy tape (finite differences,
+    to ``order``), then on each other backend the value, a JVP and a VJP (and, with ``order=2``, the JVP
+    of the VJP) against the tape's, at the pairwise tolerance of the dtype. Finite differences run once,
+    on the tape: a backend that matches the tape to rounding matches what the tape was checked against.
+    A backend that does not is then run through the full :func:`compare` with the tape, whose table is
+    the AssertionError's message (so a disagreement is diagnosed exactly as ``compare`` would).
+
+    Inside a hypothesis test, a point where finite differences are inconclusive is re-drawn.
+    """
+    from .. import _api, _registry
+    from ._check_grads import FiniteDifferencesInconclusive, check_grads
+    from ._compare import PAIRWISE_TOLERANCES, _random_directions, assert_backends_agree
+
+    program, inputs = case
+    argnums = tuple(range(len(inputs)))
+    try:
+        check_grads(program, inputs, order=order, backend="numpy", seed=seed, argnums=argnums)
+    except FiniteDifferencesInconclusive:
+        if redraw_inconclusive and _in_hypothesis():
+            from hypothesis import reject
+
+            reject()
+        raise
+    dtypes = [np.asarray(x).dtype.name for x in inputs]
+    tol = max(PAIRWISE_TOLERANCES.get(d, 1e-8) for d in dtypes)
+    tangents = _random_directions([(np.shape(x), np.iscomplexobj(x)) for x in inputs], seed, 0)
+
+    def measure(name):
+        b = _registry.get_backend(name)
+        xs = [b.asarray(np.asarray(x)) for x in inputs]
+        ts = [b.asarray(t, dtype=d) for t, d in zip(tangents, dtypes)]
+
+        def flat(*a):
+            out = program(*a)
+            return out if isinstance(out, tuple) else (out,)
+        outs, vjp_fn = _api.vjp(flat, *xs, backend=b)
+        outs_np = [np.asarray(b.to_numpy(o)) for o in outs]
+        cts = _random_directions([(o.shape, np.iscomplexobj(o)) for o in outs_np], seed, 1)
+        cts_b = tuple(b.asarray(c, dtype=b.dtype(o)) for c, o in zip(cts, outs))
+        got = {"value": outs_np, "vjp": [np.asarray(b.to_numpy(g)) for g in vjp_fn(cts_b)],
+               "jvp": [np.asarray(b.to_numpy(t)) for t in _api.jvp(flat, tuple(xs), tuple(ts), backend=b)[1]]}
+        if order >= 2 and b.capabilities.higher_order:
+            def vjp_of(*a):
+                return _api.vjp(flat, *a, backend=b)[1](cts_b)
+            got["second"] = [np.asarray(b.to_numpy(s)) for s in _api.jvp(vjp_of, tuple(xs), tuple(ts), backend=b)[1]]
+        return got
+
+    reference = measure("numpy")
+    is_complex = any(np.iscomplexobj(x) for x in inputs)
+    for name in backends:
+        if name == "numpy" or (is_complex and not _registry.get_backend(name).capabilities.complex):
+            continue
+        try:
+            got = measure(name)
+            agree = all(_pairwise_error(got[q], reference[q]) <= tol for q in got)
+        except Exception:  # noqa: BLE001 -- the full comparison reports what raised
+            agree = False
+        if not agree:
+            assert_backends_agree(program, inputs, backends=["numpy", name], argnums=argnums, order=order,
+                                  seed=seed, reference="numpy", repeats=0)
+
+
+def check_programs_across(cases, backends: Sequence[str], *, seed: int = 0, batch: int = 100,
+                          compiled_backends: Sequence[str] = ("jax",)) -> dict:
+    """Many programs on many backends at once: the bulk form of :func:`check_program_across`.
+
+    Each case is checked on the NumPy tape against finite differences (:func:`check_grads`, first
+    order); a case where finite differences are inconclusive is left out (counted, not failed). Then
+    for each other backend the cases are run ``batch`` at a time as ONE function of all their inputs
+    -- value, JVP and VJP of every program in one call; for the backends in ``compiled_backends``
+    (JAX, whose eager operations each compile once per shape), one ``backend.compile`` per batch
+    instead -- and each program's slice is compared with the tape's at the pairwise tolerance. A
+    program that differs (or a batch that raises) is re-run alone through :func:`compare` with the
+    tape, whose table is the AssertionError's message.
+
+    Returns:
+      ``{"compared": programs checked against finite differences and on every backend,
+      "inconclusive": programs left out, "backends": the backends compared}``.
+    """
+    from .. import _registry
+    from ._check_grads import FiniteDifferencesInconclusive, check_grads
+    from ._compare import assert_backends_agree
+
+    kept, inconclusive = [], 0
+    for case in cases:
+        program, inputs = case
+        try:
+            check_grads(program, inputs, order=1, backend="numpy", seed=seed, argnums=tuple(range(len(inputs))))
+        except FiniteDifferencesInconclusive:
+            inconclusive += 1
+            continue
+        kept.append(case)
+    reference = [_measure_batch(_registry.get_backend("numpy"), [case], seed, compiled=False)[0] for case in kept]
+    used = ["numpy"]
+    for name in backends:
+        if name == "numpy":
+            continue
+        b = _registry.get_backend(name)
+        used.append(name)
+        index = [k for k, case in enumerate(kept) if b.capabilities.complex
+                 or not any(np.iscomplexobj(x) for x in case.inputs)]
+        for start in range(0, len(index), batch):
+            chunk = index[start:start + batch]
+            try:
+                got = _measure_batch(b, [kept[k] for k in chunk], seed,
+                                     compiled=b.capabilities.compile and b.name in compiled_backends)
+            except Exception:  # noqa: BLE001 -- each program alone finds the one that raises
+                got = [None] * len(chunk)
+            for k, measured in zip(chunk, got):
+                program, inputs = kept[k]
+                dtypes = [np.asarray(x).dtype.name for x in inputs]
+                tol = max(_pairwise_tolerance(d) for d in dtypes)
+                if measured is not None and all(_pairwise_error(measured[q], reference[k][q]) <= tol
+                                                for q in measured):
+                    continue
+                assert_backends_agree(program, inputs, backends=["numpy", name], argnums=tuple(range(len(inputs))),
+                                      seed=seed, reference="numpy", repeats=0)
+    return {"compared": len(kept), "inconclusive": inconclusive, "backends": used}
+
+
+def _pairwise_tolerance(dtype):
+    from ._compare import PAIRWISE_TOLERANCES
+
+    return PAIRWISE_TOLERANCES.get(dtype, 1e-8)
+
+
+def _measure_batch(b, cases, seed, compiled):
+    """Value, JVP and VJP of every case's program on backend ``b``, as one function of all inputs."""
+    from .. import _api, _registry
+    from ._compare import _random_directions
+
+    spans, flat_inputs, tangents = [], [], []
+    for program, inputs in cases:
+        spans.append((len(flat_inputs), len(flat_inputs) + len(inputs), program))
+        flat_inputs += [np.asarray(x) for x in inputs]
+        tangents += _random_directions([(np.shape(x), np.iscomplexobj(x)) for x in inputs], seed, 0)
+    n = len(flat_inputs)
+
+    def combined(*xs):
+        outs = []
+        for start, stop, program in spans:
+            out = program(*xs[start:stop])
+            outs.extend(out if isinstance(out, tuple) else (out,))
+        return tuple(outs)
+
+    # the outputs' shapes and dtypes (for the cotangents): from a NumPy evaluation of the programs
+    token = _registry.active_backend.set(_registry.get_backend("numpy"))
+    try:
+        shapes = [(np.shape(o), np.iscomplexobj(o)) for o in combined(*flat_inputs)]
+    finally:
+        _registry.active_backend.reset(token)
+    counts = []
+    for start, stop, program in spans:
+        counts.append(len(program.outputs))
+    cotangents = []
+    k = 0
+    for c in counts:
+        cotangents += _random_directions(shapes[k:k + c], seed, 1)
+        k += c
+
+    def kernel(*args):
+        xs, ts, cts = args[:n], args[n:2 * n], args[2 * n:]
+        outs, t_out = _api.jvp(combined, tuple(xs), tuple(ts), backend=b)
+        _, vjp_fn = _api.vjp(combined, *xs, backend=b)
+        return tuple(outs) + tuple(t_out) + tuple(vjp_fn(tuple(cts)))
+
+    dtypes = [x.dtype.name for x in flat_inputs]
+    out_dtypes = []
+    args = ([b.asarray(x) for x in flat_inputs] + [b.asarray(t, dtype=d) for t, d in zip(tangents, dtypes)])
+    token = _registry.active_backend.set(b)
+    try:
+        out_dtypes = [o.dtype.name for o in (np.asarray(z) for z in _numpy_outputs(combined, flat_inputs))]
+        args += [b.asarray(c if np.iscomplexobj(c) or not d.startswith("complex") else c.astype(d), dtype=d)
+                 for c, d in zip(cotangents, out_dtypes)]
+        run = b.compile(kernel) if compiled else kernel
+        result = [np.asarray(b.to_numpy(r)) for r in run(*args)]
+    finally:
+        _registry.active_backend.reset(token)
+    m = len(shapes)
+    values, jvps, vjps = result[:m], result[m:2 * m], result[2 * m:]
+    measured, k = [], 0
+    for (start, stop, program), c in zip(spans, counts):
+        measured.append({"value": values[k:k + c], "jvp": jvps[k:k + c], "vjp": vjps[start:stop]})
+        k += c
+    return measured
+
+
+def _numpy_outputs(combined, flat_inputs):
+    from .. import _registry
+
+    token = _registry.active_backend.set(_registry.get_backend("numpy"))
+    try:
+        return combined(*flat_inputs)
+    finally:
+        _registry.active_backend.reset(token)

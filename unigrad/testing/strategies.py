@@ -103,9 +103,9 @@ def _draw_array(draw, shape, dtype, lo, hi, avoid, margin, unique):
     return np.asarray(a).reshape(shape).astype(dtype)
 
 
-def _draw_spread(draw, n, lo, hi, avoid, margin):
-    """n values in [lo, hi], pairwise at least ``gap`` apart and ``margin`` from each kink: the domain
-    is cut into cells of width 2 * gap and each value sits in the middle half of its own cell."""
+def spread_gap(n, lo, hi, avoid, margin):
+    """``(gap, cells)`` of :func:`arrays` with ``unique=True``: n values are placed more than ``gap``
+    apart (``margin``, halved while n of them do not fit in [lo, hi]), one per cell of width 2 * gap."""
     gap = margin
     while True:
         width = 2 * gap
@@ -117,8 +117,17 @@ def _draw_spread(draw, n, lo, hi, avoid, margin):
         gap /= 2  # a small domain for many elements: closer together, still distinct
     if len(cells) < n:
         raise ValueError(f"arrays: cannot place {n} distinct values in [{lo}, {hi}] away from {avoid}")
+    return gap, cells
+
+
+def _draw_spread(draw, n, lo, hi, avoid, margin):
+    """n values in [lo, hi], pairwise more than ``gap`` apart (see :func:`spread_gap`) and ``margin``
+    from each kink: each value sits in [gap / 2, gap] of its own cell of width 2 * gap."""
+    gap, cells = spread_gap(n, lo, hi, avoid, margin)
     chosen = draw(st.lists(st.sampled_from(cells), min_size=n, max_size=n, unique=True))
-    offsets = draw(st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=n, max_size=n))
+    # in [gap / 2, gap] of each cell: neighbours are then at least 1.5 * gap apart, so the promise
+    # "more than gap apart" survives rounding to float32 (a hair over one gap did not: 0.04999999999999996)
+    offsets = draw(st.lists(st.floats(0.0, 0.5), min_size=n, max_size=n))
     return np.asarray([c + gap / 2 + u * gap for c, u in zip(chosen, offsets)], dtype=np.float64)
 
 

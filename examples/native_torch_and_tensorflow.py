@@ -38,8 +38,8 @@ def model(w1, b1, w2, x):
     framework = type(x).__module__.split(".")[0]
     if framework == "torch":
         return torch_model(w1, b1, w2, x)
-    if framework == "tensorflow":
-        return tensorflow_model(w1, b1, w2, x)
+    if framework in ("tensorflow", "unigrad_tensorflow"):  # inside a transform, TensorFlow's values are
+        return tensorflow_model(w1, b1, w2, x)               # unigrad's Array API arrays (tf.* takes them)
     raise TypeError(f"model is written for torch and tensorflow arrays, got {type(x).__name__}")
 
 

@@ -14,7 +14,7 @@ DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "conventions.md"
 # The tape's rule at each point (docs/tape.md); a change here is a change of documented behaviour.
 TAPE_RULES = {
     "abs at 0": "0", "relu at 0": "0.5", "maximum(0, x) at 0": "0.5", "minimum(x, 0) at 0": "0.5",
-    "minimum(0, x) at 0": "0.5", "native relu at 0": "0.5", "maximum tie": "0.5, 0.5",
+    "minimum(0, x) at 0": "0.5", "native relu at 0": "0", "maximum tie": "0.5, 0.5",
     "maximum tie, swapped": "0.5, 0.5", "minimum tie": "0.5, 0.5", "minimum tie, swapped": "0.5, 0.5",
     "max reduction tie": "[0.5, 0.5, 0]", "max of empty": "error: ValueError",
     "median, even count": "error: AttributeError", "clip lower bound": "1", "clip upper bound": "1",

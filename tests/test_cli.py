@@ -336,3 +336,14 @@ def test_examples_check_on_every_installed_backend(unigrad_backends, target):
     extra = ["--jacobian", "no"] if target.endswith("jacobian_penalty") else []
     code, text = run(["check", str(EXAMPLES / target), "--backends", ",".join(unigrad_backends), *extra])
     assert code == 0, text
+
+
+def test_check_exit_status_for_an_inconclusive_verdict(monkeypatch, tmp_path, capsys):
+    """Finite differences that cannot decide are not a disagreement: their own exit status, 3."""
+    from unigrad import _cli
+    from unigrad.testing import _compare
+
+    module = tmp_path / "smooth_fn.py"
+    module.write_text("import unigrad\n\ndef f(x):\n    return unigrad.namespace(x).sum(x * x)\n")
+    monkeypatch.setattr(_compare.Comparison, "verdict", property(lambda self: _compare.INCONCLUSIVE))
+    assert _cli.main(["check", f"{module}:f", "--shapes", "3", "--backends", "numpy"]) == _cli.EXIT_INCONCLUSIVE == 3

@@ -35,7 +35,7 @@ import numpy as np
 
 __all__ = ["main"]
 
-EXIT_OK, EXIT_DISAGREE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_DISAGREE, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -151,30 +151,14 @@ def _call_builder(builder, seed):
 
 
 def _auto_argnums(inputs):
-    """Every argument whose leaves are all floating or complex arrays (or Python floats)."""
-    import optree
+    """Every argument whose leaves are all floating or complex arrays (or Python floats): the one default
+    of check_grads, compare and assert_backends_agree."""
+    from .testing._check_grads import floating_argnums
 
-    chosen = []
-    for i, arg in enumerate(inputs):
-        leaves = optree.tree_leaves(arg)
-        if leaves and all(_inexact(x) for x in leaves):
-            chosen.append(i)
-    if not chosen:
-        raise UsageError("no argument holds only floating-point arrays to differentiate; pass --argnums")
-    return tuple(chosen)
-
-
-def _inexact(x):
-    if isinstance(x, bool):
-        return False
-    if isinstance(x, (float, complex)):
-        return True
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return False
-    from ._dtypes import INEXACT, dtype_name
-
-    return dtype_name(dtype) in INEXACT
+    try:
+        return floating_argnums(inputs, "unigrad check")
+    except TypeError:
+        raise UsageError("no argument holds only floating-point arrays to differentiate; pass --argnums") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,7 +332,11 @@ def cmd_check(args, out) -> int:
         print(report.to_markdown(), file=out)
     else:
         print(report.table(), file=out)
-    return EXIT_OK if report.ok else EXIT_DISAGREE
+    if report.ok:
+        return EXIT_OK
+    from .testing._compare import INCONCLUSIVE
+
+    return EXIT_INCONCLUSIVE if report.verdict == INCONCLUSIVE else EXIT_DISAGREE
 
 
 def cmd_conformance(name: str, out) -> int:
@@ -400,7 +388,8 @@ def _parser():
         "check", help="compare a function's derivatives across backends and with finite differences",
         description="Evaluate FUNC's value, VJP, JVP and Jacobian on every backend, compare them with each "
                     "other and with finite differences, print the table and exit 0 if they agree (or "
-                    "differ only by a convention at a non-differentiable point), 1 if not.")
+                    "differ only by a convention at a non-differentiable point), 1 if not, 3 if finite "
+                    "differences cannot decide at this point (no backend is wrong there: try other inputs).")
     check.add_argument("target", nargs="?", help="MODULE:FUNC or path/to/file.py:FUNC")
     check.add_argument("--conformance", metavar="NAME",
                        help="instead of a function: run the conformance suite against backend NAME and print "
@@ -420,7 +409,9 @@ def _parser():
     check.add_argument("--reference", help="backend the others are compared with (default numpy)")
     check.add_argument("--jacobian", choices=("auto", "yes", "no"), default="auto",
                        help="compute full Jacobians (auto: when small)")
-    check.add_argument("--repeat", type=int, default=1, help="time each quantity this many times, keep the best")
+    check.add_argument("--repeat", type=int, default=1,
+                       help="after the timed first call, time each quantity this many more times (the steady "
+                            "state; the best is kept); 0 times the first call only")
     fmt = check.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="machine-readable output")
     fmt.add_argument("--markdown", action="store_true", help="a Markdown table")

@@ -1,7 +1,9 @@
 """unigrad's JAX backend: ``jax.vjp`` / ``jax.jvp`` / ``jax.vmap`` / ``jax.jit`` behind the unigrad contract.
 
 JAX's own conventions are the house conventions (complex gradients, zeros for
-unused inputs), so the adapter mostly passes through. The one thing it adds
+unused inputs), so the adapter mostly passes through. Its namespace (``_namespace``) is
+``jax.numpy`` but for ``pow``, ``abs``, ``clip`` and ``linalg.vector_norm``, whose derivatives at
+their kinks follow the other backends (docs/conventions.md). The one thing it adds
 is float64 without a global switch: JAX truncates 64-bit values to 32 bits
 unless ``jax_enable_x64`` is on. Flipping that flag would change every other
 JAX user in the process, so transforms, conversions and compiled calls run

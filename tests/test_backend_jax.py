@@ -514,7 +514,7 @@ def test_concurrent_calls_from_8_threads_are_exact():
 
 def test_backend_is_inferred_from_jax_arrays():
     x = jnp.asarray(np.arange(3.0, dtype=np.float32))
-    assert unigrad.namespace(x) is jnp
+    assert unigrad.namespace(x) is JAX.namespace()
     g = unigrad.grad(lambda x: unigrad.namespace(x).sum(x ** 2))(x)  # no backend=
     assert isinstance(g, jax.Array) and g.dtype == jnp.float32
     np.testing.assert_array_equal(_np(g), [0.0, 2.0, 4.0])
@@ -593,7 +593,7 @@ def test_grad_of_a_committed_float64_array():
 
 
 def test_helpers():
-    assert JAX.name == "jax" and JAX.version() == jax.__version__ and JAX.namespace() is jnp
+    assert JAX.name == "jax" and JAX.version() == jax.__version__
     caps = JAX.capabilities
     assert caps.forward_mode and caps.vmap and caps.compile and caps.higher_order and caps.complex and caps.float64
     x = JAX.asarray(np.ones((2, 3), np.float32))
@@ -695,3 +695,71 @@ def test_median_is_the_true_median():
 def test_reduction_of_an_empty_array_raises_value_error(fname):
     with pytest.raises(ValueError):
         unigrad.grad(lambda x: getattr(unigrad.namespace(x), fname)(x), backend="jax")(np.zeros(0))
+
+
+# ------------------------------------------------------------------ the namespace's rules at kinks
+
+XP = JAX.namespace()
+
+
+def test_namespace_is_jax_numpy_but_for_the_documented_functions():
+    assert XP.sin is jnp.sin and XP.float32 is jnp.float32 and XP.linalg.det is jnp.linalg.det
+    assert XP.__array_api_version__ == jnp.__array_api_version__
+    assert {"pow", "power", "abs", "clip"} <= set(XP.__all__) and XP.linalg.vector_norm is not jnp.linalg.vector_norm
+
+
+def test_pow_derivative_at_zero_base_zero_exponent_is_zero_and_elsewhere_jax_own():
+    # jnp.pow's derivative at x = 0, y = 0.0 is NaN; x ** 0 is the constant 1
+    assert np.isnan(float(jax.grad(lambda x: jnp.pow(x, 0.0))(0.0)))
+    assert float(jax.grad(lambda x: XP.pow(x, 0.0))(0.0)) == 0.0
+    assert float(jax.grad(jax.grad(lambda x: XP.pow(x, 0.0)))(0.0)) == 0.0  # no NaN in higher orders
+    assert float(jax.jvp(lambda x: XP.power(x, 0.0), (0.0,), (1.0,))[1]) == 0.0
+    # away from the kink, values and both derivatives (first, second, mixed) are jnp.pow's
+    points = [(2.0, 0.0), (0.5, 1.5), (3.0, -2.0), (0.0, 2.0), (-2.0, 2.0), (0.0, 0.5)]
+    for x, y in points:
+        ours, jaxs = (lambda a, b: XP.pow(a, b)), (lambda a, b: jnp.pow(a, b))
+        np.testing.assert_array_equal(ours(x, y), jaxs(x, y))
+        for derivative in (jax.grad, jax.hessian):
+            np.testing.assert_allclose(np.asarray(derivative(ours, (0, 1))(x, y), dtype=float),
+                                       np.asarray(derivative(jaxs, (0, 1))(x, y), dtype=float),
+                                       rtol=1e-6, equal_nan=True)
+    # the mixed derivative at y = 0, x != 0 is 1 / x (the fix is only at x = y = 0)
+    np.testing.assert_allclose(float(jax.grad(jax.grad(lambda a, b: XP.pow(a, b), 0), 1)(2.0, 0.0)), 0.5)
+
+
+def test_pow_dtypes_broadcasting_and_transforms():
+    x = jnp.asarray([0.0, 1.0, 2.0], jnp.float32)
+    assert XP.pow(x, 0.0).dtype == jnp.float32 and XP.pow(x, 2).dtype == jnp.float32
+    assert XP.pow(jnp.arange(3), 2).dtype == jnp.pow(jnp.arange(3), 2).dtype
+    y = jnp.asarray([[0.0], [1.0]], jnp.float32)
+    np.testing.assert_array_equal(XP.pow(x, y), jnp.pow(x, y))
+    g = jax.jit(jax.grad(lambda x: jnp.sum(XP.pow(x, 0.0))))(x)
+    np.testing.assert_array_equal(g, [0.0, 0.0, 0.0])
+    rows = jax.vmap(jax.grad(lambda x, y: XP.pow(x, y)))(jnp.zeros(2), jnp.asarray([0.0, 2.0]))
+    np.testing.assert_array_equal(rows, [0.0, 0.0])
+    g = unigrad.grad(lambda x: unigrad.namespace(x).sum(unigrad.namespace(x).pow(x, 0.0)), backend="jax")(
+        np.zeros(2))
+    assert _np(g).tolist() == [0.0, 0.0] and g.dtype == jnp.float64
+
+
+def test_abs_clip_vector_norm_follow_the_cross_backend_rules_with_jax_values():
+    assert float(jax.grad(jnp.abs)(0.0)) == 1.0 and float(jax.grad(XP.abs)(0.0)) == 0.0
+    assert float(jax.grad(lambda x: jnp.clip(x, 0.0, 1.0))(0.0)) == 0.5
+    assert float(jax.grad(lambda x: XP.clip(x, 0.0, 1.0))(0.0)) == 1.0
+    assert float(jax.grad(lambda x: XP.clip(x, 0.0, 1.0))(1.0)) == 1.0
+    assert np.isnan(np.asarray(jax.grad(jnp.linalg.vector_norm)(jnp.zeros(2)))).all()
+    np.testing.assert_array_equal(jax.grad(XP.linalg.vector_norm)(jnp.zeros(2)), [0.0, 0.0])
+    x = jnp.asarray([[-2.0, 0.0, 0.5, 3.0, jnp.nan, -0.0], [1.0, -1.0, 0.25, 2.0, 0.0, -jnp.inf]])
+    np.testing.assert_array_equal(XP.abs(x), jnp.abs(x))
+    assert not jnp.signbit(XP.abs(jnp.asarray(-0.0)))
+    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(XP.abs(x)))(x[1, :4]), [1.0, -1.0, 1.0, 1.0])
+    for lo, hi in [(0.0, 1.0), (None, 0.5), (-1.0, None), (2.0, 1.0), (None, None)]:
+        np.testing.assert_array_equal(XP.clip(x, lo, hi), jnp.clip(x, lo, hi))
+    g = jax.grad(lambda x: jnp.sum(XP.clip(x, 0.0, 1.0)))(jnp.asarray([-1.0, 0.0, 0.5, 1.0, 2.0]))
+    np.testing.assert_array_equal(g, [0.0, 1.0, 1.0, 1.0, 0.0])
+    v = jnp.asarray([[3.0, 4.0], [0.0, 0.0]])
+    for kw in ({}, {"axis": 1}, {"axis": 1, "keepdims": True}, {"axis": (0, 1)}, {"ord": 1, "axis": 0}):
+        np.testing.assert_array_equal(XP.linalg.vector_norm(v, **kw), jnp.linalg.vector_norm(v, **kw))
+    g = jax.grad(lambda v: jnp.sum(XP.linalg.vector_norm(v, axis=1)))(v)
+    np.testing.assert_allclose(g, [[0.6, 0.8], [0.0, 0.0]])
+    assert XP.abs(jnp.asarray([-3 + 4j])).tolist() == [5.0] and XP.abs(jnp.asarray([-2])).dtype == jnp.int32

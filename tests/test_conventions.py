@@ -19,7 +19,7 @@ TAPE_RULES = {
     "max reduction tie": "[0.5, 0.5, 0]", "max of empty": "error: ValueError",
     "median, even count": "error: AttributeError", "clip lower bound": "1", "clip upper bound": "1",
     "sqrt at 0": "inf", "norm at 0": "[0, 0]", "safe_norm at 0": "[0, 0]", "where, NaN in untaken branch": "nan",
-    "where, log trap": "nan", "safe_where": "0", "x ** 0 at 0": "0", "x ** int 0 at 0": "0", "pow, base 0": "0",
+    "where, log trap": "nan", "safe_where": "0", "x ** 0 at 0": "0", "pow(x, 0.0) at 0": "0", "x ** int 0 at 0": "0", "pow, base 0": "0",
     "pow, negative base": "nan", "floor": "0", "round": "0", "sign at 0": "0",
 }
 
@@ -27,7 +27,12 @@ TAPE_RULES = {
 # that already follow them must keep doing so.
 PROMISED = {
     "x ** int 0 at 0": ("0", ["numpy", "torch", "jax"]),
-    "x ** 0 at 0": ("0", ["numpy", "torch"]),
+    "x ** 0 at 0": ("0", ["numpy", "torch"]),  # JAX's operator: NaN, not ours to change
+    "pow(x, 0.0) at 0": ("0", ["numpy", "torch", "jax"]),
+    "abs at 0": ("0", ["numpy", "torch", "jax", "tensorflow"]),
+    "clip lower bound": ("1", ["numpy", "torch", "jax", "tensorflow"]),
+    "clip upper bound": ("1", ["numpy", "torch", "jax", "tensorflow"]),
+    "norm at 0": ("[0, 0]", ["numpy", "torch", "jax", "tensorflow"]),
     "pow, negative base": ("nan", ["numpy", "torch", "jax"]),
     "max of empty": ("error: ValueError", ["numpy", "torch", "jax"]),
     "median, even count": ("[0, 0.5, 0.5, 0]", ["torch", "jax"]),

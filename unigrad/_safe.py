@@ -5,7 +5,7 @@ backend. Reverse mode multiplies the branch that is not taken by a zero cotangen
 derivative of ``log`` at 0 is infinite: ``0 * inf = NaN``. The cure is the "double where": give
 each branch only inputs where it is finite (``log(where(x > 0, x, 1.0))``), then select.
 ``safe_where`` is that pattern; ``safe_norm`` is the Euclidean norm with it (its derivative at the
-zero vector is 0, where ``vector_norm``'s is NaN on some backends).
+zero vector is 0, where ``jax.numpy.linalg.vector_norm``'s is NaN; the backends' namespaces give 0 too).
 
 Both are written with ``unigrad.namespace``, so they run on every backend, in every transform, to
 any order of differentiation.
@@ -66,8 +66,9 @@ def safe_where(condition, x, fn_true: Callable | object, fn_false: Callable | ob
 def safe_norm(x, axis=None, keepdims: bool = False, ord=2):  # noqa: A002 (the Array API name)
     """``vector_norm(x, axis=axis, keepdims=keepdims, ord=ord)`` whose derivative at the zero vector is 0.
 
-    The norm is not differentiable at 0; ``vector_norm``'s derivative there is NaN on some backends
-    (0 / 0) and 0 on others. ``safe_norm`` gives 0 on every backend, and the exact derivative
+    The norm is not differentiable at 0; an array library's own ``vector_norm`` may give NaN there
+    (``jax.numpy.linalg``'s: 0 / 0; the JAX backend's namespace gives 0). ``safe_norm`` gives 0 on
+    every backend, and the exact derivative
     elsewhere: the zero vectors are replaced by ones before the norm and their result by 0.
 
     Args:

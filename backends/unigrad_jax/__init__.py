@@ -1,7 +1,9 @@
 """unigrad's JAX backend: ``jax.vjp`` / ``jax.jvp`` / ``jax.vmap`` / ``jax.jit`` behind the unigrad contract.
 
 JAX's own conventions are the house conventions (complex gradients, zeros for
-unused inputs), so the adapter mostly passes through. The one thing it adds
+unused inputs), so the adapter mostly passes through. Its namespace (``_namespace``) is
+``jax.numpy`` but for ``pow``, ``abs``, ``clip`` and ``linalg.vector_norm``, whose derivatives at
+their kinks follow the other backends (docs/conventions.md). The one thing it adds
 is float64 without a global switch: JAX truncates 64-bit values to 32 bits
 unless ``jax_enable_x64`` is on. Flipping that flag would change every other
 JAX user in the process, so transforms, conversions and compiled calls run
@@ -42,6 +44,9 @@ from jax import lax
 
 import unigrad
 from unigrad import Backend, Capabilities
+from unigrad.backend import chunks
+
+from . import _namespace as _jax_namespace
 
 __all__ = ["JaxBackend"]
 
@@ -119,26 +124,27 @@ def _offsets(sizes):
 class _Basis:
     """The unit vectors of a concatenation of flattened blocks, handed out split back into the blocks.
 
-    ``shapes``/``dtypes`` describe the blocks (the outputs for reverse mode, the inputs for forward
-    mode; one example's part of them for the sum trick, where ``batch`` repeats every unit vector
-    over a leading batch axis: one cotangent/tangent per example at once).
+    ``templates`` describe the blocks (``_templates``: the outputs for reverse
+    mode, the inputs for forward mode; one example's part of them for the sum trick, where ``batch``
+    repeats every unit vector over a leading batch axis: one cotangent/tangent per example at once).
+    ``rows`` are ``Backend.unit_basis``'s; what JAX adds is ``one_hot`` and the traced chunk loop of
+    ``map``.
     """
 
-    def __init__(self, shapes, dtypes, batch=None):
-        self.shapes, self.dtypes, self.batch = [tuple(s) for s in shapes], list(dtypes), batch
+    def __init__(self, backend, templates, batch=None):
+        self.backend, self.templates, self.batch = backend, tuple(templates), batch
+        self.shapes = [tuple(t.shape) for t in self.templates]
+        self.dtypes = [t.dtype for t in self.templates]
         self.sizes = [math.prod(s) for s in self.shapes]
         self.offsets, self.n = _offsets(self.sizes)
 
-    def _place(self, block, shape):
-        if self.batch is None:
-            return block
-        return jnp.broadcast_to(block[:, None], (block.shape[0], self.batch, *shape))
-
     def rows(self, start, stop):
         """Unit vectors ``start..stop-1``: per block ``(stop - start, [batch,] *shape)`` (as ``jax.jacrev``)."""
-        return tuple(self._place(jnp.reshape(jnp.eye(stop - start, size, k=start - offset, dtype=dtype),
-                                             (stop - start, *shape)), shape)
-                     for shape, size, dtype, offset in zip(self.shapes, self.sizes, self.dtypes, self.offsets))
+        rows = self.backend.unit_basis(self.templates, start, stop)
+        if self.batch is None:
+            return rows
+        return tuple(jnp.broadcast_to(r[:, None], (stop - start, self.batch, *shape))
+                     for r, shape in zip(rows, self.shapes))
 
     def one_hot(self, k):
         """Unit vector ``k`` (a traced index), per block ``([batch,] *shape)``: O(size) memory per vector."""
@@ -160,7 +166,7 @@ class _Basis:
             return tuple(jax.vmap(fn)(*self.rows(0, n)))
         if traced:
             return tuple(lax.map(lambda k: fn(*self.one_hot(k)), jnp.arange(n), batch_size=chunk_size))
-        pieces = [jax.vmap(fn)(*self.rows(start, min(start + chunk_size, n))) for start in range(0, n, chunk_size)]
+        pieces = [jax.vmap(fn)(*self.rows(start, stop)) for start, stop in chunks(n, chunk_size)]
         return tuple(jnp.concatenate([p[i] for p in pieces], axis=0) for i in range(len(pieces[0])))
 
 
@@ -194,7 +200,8 @@ class JaxBackend(Backend):
 
     # ------------------------------------------------------------------ arrays
     def namespace(self):
-        return jnp
+        """``jax.numpy`` with unigrad's derivatives at a few non-differentiable points (``_namespace``)."""
+        return _jax_namespace
 
     def version(self):
         return jax.__version__
@@ -238,8 +245,9 @@ class JaxBackend(Backend):
         return found[i]
 
     def device(self, x):
-        """The jax.Device holding ``x``; None for a traced value (the trace decides placement)."""
-        if isinstance(x, jax.core.Tracer):
+        """The jax.Device holding ``x``; None for a traced value (the trace decides placement) and for a
+        ``jax.ShapeDtypeStruct`` (a template of the unit basis of one example)."""
+        if isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)):
             return None
         devices = x.devices()
         return next(iter(devices)) if len(devices) == 1 else x.sharding
@@ -350,7 +358,7 @@ class JaxBackend(Backend):
         primals = tuple(primals)
         with _x64(f, primals):
             outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
-            basis = _Basis([o.shape for o in outputs], [o.dtype for o in outputs])
+            basis = _Basis(self, _templates(outputs))
             rows = basis.map(lambda *g: tuple(pullback(g)), chunk_size, _traced(primals))  # (n_out, *primal.shape)
             jac = tuple(tuple(jnp.reshape(rows[j][offset:offset + o.size], (*o.shape, *p.shape))
                               for j, p in enumerate(primals))
@@ -362,7 +370,7 @@ class JaxBackend(Backend):
         """JVPs vmapped over the unit tangents (``chunk_size`` at a time)."""
         primals = tuple(primals)
         with _x64(f, primals):
-            basis = _Basis([p.shape for p in primals], [p.dtype for p in primals])
+            basis = _Basis(self, _templates(primals))
             outputs, columns, aux = _push_basis(f, primals, basis, chunk_size, has_aux)
             jac = []
             for o, column in zip(outputs, columns):  # column: (n_in, *o.shape)
@@ -385,7 +393,7 @@ class JaxBackend(Backend):
         """
         primals = tuple(primals)
         with _x64(f, primals):
-            return _sum_trick(f, primals, primals[0].shape[0], mode, chunk_size, has_aux, _traced(primals))
+            return _sum_trick(self, f, primals, primals[0].shape[0], mode, chunk_size, has_aux, _traced(primals))
 
     @_numpy_calls_rejected
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
@@ -411,7 +419,7 @@ class JaxBackend(Backend):
                 jac = jax.jacfwd(one, argnums=tuple(range(n)))(*example)
                 return outputs, jac
             outputs, pullback = jax.vjp(one, *example)
-            basis = _Basis([o.shape for o in outputs], [o.dtype for o in outputs])
+            basis = _Basis(self, _templates(outputs))
             rows = jax.vmap(lambda *g: tuple(pullback(g)))(*basis.rows(0, basis.n))  # per primal (n_out, *p)
             jac = tuple(tuple(jnp.reshape(rows[j][offset:offset + size], (*shape, *example[j].shape))
                               for j in range(n))
@@ -512,7 +520,7 @@ def _push_basis(f, primals, basis, chunk_size, has_aux):
     return tuple(outputs), basis.map(lambda *t: tuple(push(*t)), chunk_size, _traced(primals)), aux
 
 
-def _sum_trick(f, primals, batch, mode, chunk_size, has_aux, traced):
+def _sum_trick(backend, f, primals, batch, mode, chunk_size, has_aux, traced):
     """Per-example Jacobians of a batch function with independent rows, exact for any such ``f``.
 
     Reverse: the k-th unit cotangent of every example at once, pulled back in one VJP, gives row k
@@ -520,7 +528,7 @@ def _sum_trick(f, primals, batch, mode, chunk_size, has_aux, traced):
     Forward: the k-th unit tangent of every example, pushed forward, gives column k.
     """
     if mode == "fwd":
-        basis = _Basis([p.shape[1:] for p in primals], [p.dtype for p in primals], batch)
+        basis = _Basis(backend, _templates(primals, example=True), batch)
         outputs, columns, aux = _push_basis(f, primals, basis, chunk_size, has_aux)
         _check_batch(outputs, batch)
         jac = []
@@ -532,12 +540,19 @@ def _sum_trick(f, primals, batch, mode, chunk_size, has_aux, traced):
         return outputs, tuple(jac), aux
     outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
     _check_batch(outputs, batch)
-    basis = _Basis([o.shape[1:] for o in outputs], [o.dtype for o in outputs], batch)
+    basis = _Basis(backend, _templates(outputs, example=True), batch)
     rows = basis.map(lambda *g: tuple(pullback(g)), chunk_size, traced)  # (n_out, B, *primal.shape[1:])
     jac = tuple(tuple(jnp.reshape(jnp.moveaxis(rows[j][offset:offset + size], 0, 1), (batch, *shape, *p.shape[1:]))
                       for j, p in enumerate(primals))
                 for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets))
     return outputs, jac, aux
+
+
+def _templates(arrays, example=False):
+    """The shape and dtype of each array, or of one example of it (axis 0 dropped): the blocks of a
+    unit basis, built on the default device as ``jax.jacrev`` builds it (a sharded array's sharding
+    does not fit the basis)."""
+    return [jax.ShapeDtypeStruct(a.shape[1:] if example else a.shape, a.dtype) for a in arrays]
 
 
 def _check_batch(outputs, batch):
@@ -560,6 +575,6 @@ def _chunked_vmap(f, args, in_axes, out_axes, chunk_size):
     else:
         step = jax.vmap(lambda *rows: one(rows))
         size = moved[0].shape[0]
-        pieces = [step(*(m[start:start + chunk_size] for m in moved)) for start in range(0, size, chunk_size)]
+        pieces = [step(*(m[start:stop] for m in moved)) for start, stop in chunks(size, chunk_size)]
         outs = tuple(jnp.concatenate([p[i] for p in pieces], axis=0) for i in range(len(pieces[0])))
     return tuple(jnp.moveaxis(o, 0, out_axes) for o in outs)

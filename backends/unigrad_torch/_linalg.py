@@ -13,17 +13,12 @@ from __future__ import annotations
 
 import array_api_compat.torch.linalg as _compat
 
+from ._delegate import delegate
+
 __all__ = ["cholesky", "eigh", "eigvalsh"]
 
 
-def __getattr__(name):
-    value = getattr(_compat, name)
-    globals()[name] = value  # found once: later lookups are plain module attributes
-    return value
-
-
-def __dir__():
-    return sorted(set(dir(_compat)) | set(__all__))
+__getattr__, __dir__ = delegate(__name__, _compat, __all__)
 
 
 def _hermitian_part(x, fname):

@@ -19,18 +19,12 @@ import array_api_compat.torch as _compat
 import torch
 
 from . import _linalg as linalg
+from ._delegate import delegate
 
 __all__ = ["max", "min", "argmax", "argmin", "median", "linalg"]
 
 
-def __getattr__(name):
-    value = getattr(_compat, name)
-    globals()[name] = value  # found once: later lookups are plain module attributes
-    return value
-
-
-def __dir__():
-    return sorted(set(dir(_compat)) | set(__all__))
+__getattr__, __dir__ = delegate(__name__, _compat, __all__)
 
 
 def _axes(x, axis):

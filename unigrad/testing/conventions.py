@@ -43,7 +43,7 @@ def _relu(x):
     if hasattr(xp, "relu"):
         return xp.relu(x)
     name = getattr(xp, "__name__", "")
-    if name == "jax.numpy":
+    if name in ("jax.numpy", "unigrad_jax._namespace"):
         import jax
 
         return jax.nn.relu(x)
@@ -86,6 +86,8 @@ KINKS = (
     Kink("safe_where", "d/dx unigrad.safe_where(x > 0, x, log, 0), x = 0",
          lambda x: unigrad.safe_where(x > 0, x, _xp(x).log, 0.0), (0.0,)),
     Kink("x ** 0 at 0", "d/dx x ** 0.0, x = 0", lambda x: x ** 0.0, (0.0,)),
+    Kink("pow(x, 0.0) at 0", "d/dx pow(x, 0.0) (the namespace function), x = 0", lambda x: _xp(x).pow(x, 0.0),
+         (0.0,)),
     Kink("x ** int 0 at 0", "d/dx x ** 0 (integer exponent), x = 0", lambda x: x ** 0, (0.0,)),
     Kink("pow, base 0", "d/dy x ** y, x = 0, y = 2", lambda x, y: x ** y, (0.0, 2.0), (1,)),
     Kink("pow, negative base", "d/dy x ** y, x = -2, y = 2", lambda x, y: x ** y, (-2.0, 2.0), (1,)),
@@ -160,8 +162,14 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "  the reals), as NumPy's tape, torch and JAX compute it.",
         "- `d/dx x ** 0` at `x = 0`: 0, as NumPy and torch. JAX's own rule for a *floating* exponent",
         "  (`x ** 0.0`) computes `0 * 0 ** -1 = NaN`; its integer-exponent rule (`x ** 0`) gives 0.",
-        "  unigrad cannot change what JAX's `**` does without changing JAX's rule table for every JAX",
-        "  user in the process, so on JAX write the exponent as an integer (or use `ones_like`).",
+        "  On JAX the namespace functions `xp.pow(x, 0.0)` / `xp.power` give 0 (their own rule at",
+        "  that point); the *operator* `x ** 0.0` on a JAX array is JAX's own and gives NaN: unigrad",
+        "  cannot change it without changing JAX's rule table for every JAX user in the process. In",
+        "  portable code write `xp.pow(x, y)`, or an integer exponent.",
+        "- `d/dx abs(x)` at 0: 0; `d/dx clip(x, lo, hi)` at a bound: 1 (the closed interval passes `x`",
+        "  through); `d/dx vector_norm(x)` at the zero vector: 0. The JAX namespace's `abs`, `clip` and",
+        "  `linalg.vector_norm` follow these rules (`jax.numpy`'s own give 1, 0.5 and NaN); JAX code",
+        "  outside the namespace (`jnp.abs`, `jax.nn.relu`...) keeps JAX's.",
         "- `max` / `min` (and `argmax` / `argmin`) of an empty set: ValueError, as NumPy and JAX (the",
         "  torch namespace converts torch's RuntimeError).",
         "- `median`: the true median (the mean of the two middle values of an even count), with the",
@@ -183,7 +191,8 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "  wherever `condition` is False (and `fn_false` sees `fill_false` where it is True); either",
         "  branch may be a constant. `safe_where(x > 0, x, xp.log, 0.0)` has derivative 0 at 0.",
         "- `unigrad.safe_norm(x, axis=None, keepdims=False, ord=2)`: `vector_norm` with derivative 0",
-        "  at the zero vector (JAX's `vector_norm` gives NaN there) and the exact one elsewhere.",
+        "  at the zero vector and the exact one elsewhere, on every backend and for any array library's",
+        "  own `vector_norm` (`jax.numpy.linalg.vector_norm` gives NaN there; the JAX namespace's gives 0).",
         "",
         "## Other rules, the same on every backend (enforced by the adapters)",
         "",

@@ -235,6 +235,8 @@ CASES = [  # (name, call(xp, *arrays), inputs as (values, dtype))
      (([[3.0, 1.0], [3.0, 2.0]], "float64"),)),
     ("unique_all indices", lambda xp, x: xp.take(x, xp.unique_all(x).indices) == xp.unique_all(x).values,
      (([5, 1, 5, 2, 1], "int32"),)),
+    ("unique_counts complex", lambda xp, x: xp.sum(xp.unique_counts(x).counts) + xp.unique_counts(x).counts.shape[0],
+     (([1 + 1j, 2, 1 + 1j, 2, 3j], "complex64"),)),
     ("nextafter", lambda xp, a, b: xp.nextafter(a, b),
      (([1.0, 1.0, 0.0, -2.0, 3.0], "float64"), ([2.0, 0.0, -1.0, -3.0, 3.0], "float64"))),
     ("nextafter f32", lambda xp, a, b: xp.nextafter(a, b), (([1.0, 0.0], "float32"), ([0.0, 1.0], "float32"))),

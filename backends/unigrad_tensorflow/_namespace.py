@@ -933,7 +933,11 @@ def _unique(x):
     index of each one's first occurrence, each element's group, and the counts."""
     x = _tensor(x)
     flat = tf.reshape(x, [-1])
-    order = tf.argsort(flat, stable=True) if not flat.dtype.is_bool else tf.argsort(tf.cast(flat, tf.int8),
+    if x.dtype.is_complex:  # TensorFlow sorts no complex values: by real part, then imaginary part
+        by_imag = tf.argsort(tf.math.imag(flat), stable=True)
+        order = tf.gather(by_imag, tf.argsort(tf.gather(tf.math.real(flat), by_imag), stable=True))
+    else:
+        order = tf.argsort(flat, stable=True) if not flat.dtype.is_bool else tf.argsort(tf.cast(flat, tf.int8),
                                                                                      stable=True)
     ordered = tf.gather(flat, order)
     new = tf.concat([tf.ones([1], tf.bool)[:tf.size(flat)], ordered[1:] != ordered[:-1]], 0)

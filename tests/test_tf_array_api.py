@@ -235,6 +235,8 @@ CASES = [  # (name, call(xp, *arrays), inputs as (values, dtype))
      (([[3.0, 1.0], [3.0, 2.0]], "float64"),)),
     ("unique_all indices", lambda xp, x: xp.take(x, xp.unique_all(x).indices) == xp.unique_all(x).values,
      (([5, 1, 5, 2, 1], "int32"),)),
+    ("unique_counts complex", lambda xp, x: xp.sum(xp.unique_counts(x).counts) + xp.unique_counts(x).counts.shape[0],
+     (([1 + 1j, 2, 1 + 1j, 2, 3j], "complex64"),)),
     ("nextafter", lambda xp, a, b: xp.nextafter(a, b),
      (([1.0, 1.0, 0.0, -2.0, 3.0], "float64"), ([2.0, 0.0, -1.0, -3.0, 3.0], "float64"))),
     ("nextafter f32", lambda xp, a, b: xp.nextafter(a, b), (([1.0, 0.0], "float32"), ([0.0, 1.0], "float32"))),
@@ -296,6 +298,7 @@ def test_namespace_errors_and_info_match_the_standard():
     ii = tfx.iinfo(tf.ones(2, tf.uint8))
     assert (ii.min, ii.max, ii.bits) == (0, 255, 8) and type(ii.max) is int
     assert math.isclose(tfx.finfo(tfx.complex128).eps, np.finfo(np.float64).eps)
+    assert tfx.finfo(tfx.complex64).dtype == tfx.float32  # the real dtype, as the standard says
 
 
 def test_the_backend_hook_for_non_differentiated_arguments():
@@ -326,3 +329,20 @@ def test_python_conversions_of_symbolic_arrays_say_why():
     _same(unigrad.jacobian(f, backend=TF)(V.clip(0.1)), 2.0 * np.eye(3))
     with pytest.raises(TypeError, match="symbolic TensorFlow array"):
         unigrad.jacobian(f, backend=TF, compile=True)(V.clip(0.1))
+
+
+def test_dlpack_both_ways():
+    got = {}
+
+    def f(x):
+        got["device"] = x.__dlpack_device__()
+        with pytest.raises(BufferError, match="derivative would be lost"):  # as torch with requires_grad
+            np.from_dlpack(x)
+        return x * 2.0
+
+    unigrad.jacobian(f, backend=TF)(V)
+    assert got["device"] == (1, 0)
+    tfx = _tfx()
+    np.testing.assert_array_equal(unigrad.to_numpy(tfx.from_dlpack(np.arange(3.0), device="cpu")), np.arange(3.0))
+    with pytest.raises(ValueError, match="copy=False"):
+        tfx.from_dlpack(np.arange(3.0), copy=False)

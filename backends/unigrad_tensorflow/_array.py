@@ -167,6 +167,16 @@ class Array:
             "result would be a constant and its derivative silently lost. Use the Array API namespace, "
             "xp = unigrad.namespace(x) (xp.median is not in the standard: xp.sort and indexing, or tfp)")
 
+    def __dlpack__(self, /, *, stream=None, max_version=None, dl_device=None, copy=None):
+        # as torch refuses to export a tensor that requires grad: the importer would hold a constant and the
+        # derivative would be silently lost (the arrays exist only while a transform runs f)
+        raise BufferError("__dlpack__: a unigrad TensorFlow array cannot be exported inside a transform (the "
+                          "derivative would be lost); use the Array API namespace on it")
+
+    def __dlpack_device__(self, /):
+        device = self.device or "cpu"
+        return (1, 0) if device == "cpu" else (2, int(device.rpartition(":")[2] or 0))  # kDLCPU, kDLCUDA
+
     def __array_namespace__(self, /, *, api_version=None):
         if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
             raise ValueError(f"unsupported Array API version {api_version!r}")

@@ -188,13 +188,21 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None):
         return tf.identity(out) if device is not None else out  # identity places it on the device
 
 
-def from_dlpack(x, /):
+def from_dlpack(x, /, *, device=None, copy=None):
     """A tensor with the values of another framework's array, copied on its device (no trip through the host).
 
     DLPack shares the other framework's memory, which may be written later, and TensorFlow assumes
-    tensors never change: the shared buffer is copied at once. Buffers TensorFlow cannot take as they
-    are (not 64-byte aligned, strided) go through NumPy's DLPack import instead.
+    tensors never change: the shared buffer is copied at once (so ``copy=False`` cannot be honoured
+    and raises). Buffers TensorFlow cannot take as they are (not 64-byte aligned, strided) go through
+    NumPy's DLPack import instead. ``device=`` places the copy.
     """
+    if copy is False:
+        raise ValueError("from_dlpack(copy=False): a TensorFlow tensor never shares another framework's memory "
+                         "(that memory may change; tensors may not)")
+    if device is not None:
+        return asarray(from_dlpack(x), device=device)
+    if type(x) is Array:
+        return x._t
     capsule = x.__dlpack__()
     if _dlpack_address(capsule) % _ALIGNMENT == 0:
         try:
@@ -933,7 +941,11 @@ def _unique(x):
     index of each one's first occurrence, each element's group, and the counts."""
     x = _tensor(x)
     flat = tf.reshape(x, [-1])
-    order = tf.argsort(flat, stable=True) if not flat.dtype.is_bool else tf.argsort(tf.cast(flat, tf.int8),
+    if x.dtype.is_complex:  # TensorFlow sorts no complex values: by real part, then imaginary part
+        by_imag = tf.argsort(tf.math.imag(flat), stable=True)
+        order = tf.gather(by_imag, tf.argsort(tf.gather(tf.math.real(flat), by_imag), stable=True))
+    else:
+        order = tf.argsort(flat, stable=True) if not flat.dtype.is_bool else tf.argsort(tf.cast(flat, tf.int8),
                                                                                      stable=True)
     ordered = tf.gather(flat, order)
     new = tf.concat([tf.ones([1], tf.bool)[:tf.size(flat)], ordered[1:] != ordered[:-1]], 0)
@@ -1024,7 +1036,7 @@ def finfo(type, /):  # noqa: A002
         import ml_dtypes
         info = ml_dtypes.finfo(real.as_numpy_dtype)
     return finfo_object(int(info.bits), float(info.eps), float(info.max), float(info.min),
-                        float(info.smallest_normal), dtype)
+                        float(info.smallest_normal), real)  # the standard: a complex dtype's real dtype
 
 
 def iinfo(type, /):  # noqa: A002

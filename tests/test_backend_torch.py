@@ -754,3 +754,46 @@ def test_numpy_function_on_a_transformed_tensor_is_a_clear_type_error(transform)
             "vmap": lambda: unigrad.vmap(med, backend="torch")(x[:, None])}[transform]
     with pytest.raises(TypeError, match=r"NumPy function.*unigrad\.namespace\(x\)"):
         call()
+
+
+def test_tangent_of_a_0d_float32_output_is_float32():
+    """torch.func.jvp returns the tangent of ``y * 2.0`` for a 0-d float32 ``y`` as float64
+    (pytorch/pytorch#90065); the tangent of astype(x, float32) is float32 (conformance, astype)."""
+    x64 = torch.tensor(1.5, dtype=torch.float64)
+    one = torch.tensor(1.0, dtype=torch.float64)
+    out, tangent = unigrad.jvp(lambda x: ns(x).astype(x * x, ns(x).float32) * 2.0, (x64,), (one,), backend="torch")
+    assert out.dtype == torch.float32 and tangent.dtype == torch.float32
+    assert float(tangent) == 6.0  # d/dx 2 x^2 at 1.5
+    x32 = torch.tensor(1.5)
+    outs, tangents, _ = TORCH.jvp(lambda x: (x * 2.0, x + 1.0), (x32,), (torch.tensor(1.0),))
+    assert [t.dtype for t in tangents] == [torch.float32, torch.float32]
+    # the vmapped JVPs of the backend's jacfwd
+    _, jac, _ = TORCH.jacfwd(lambda x: (x * 2.0,), (x32,))
+    assert jac[0][0].dtype == torch.float32 and float(jac[0][0]) == 2.0
+
+
+def test_take_accepts_numpy_index_arrays():
+    """Issue 13 §1: NumPy indices closed over by f went to torch.where inside array-api-compat."""
+    idx = np.array([0, 2])
+
+    def f(v):
+        xp = ns(v)
+        return xp.sum(xp.take(v, idx))
+
+    g = unigrad.grad(f, backend="torch")(np.arange(5.0))
+    np.testing.assert_array_equal(unigrad.to_numpy(g), [1.0, 0.0, 1.0, 0.0, 0.0])
+    # negative, read-only, negative-stride, narrow unsigned indices, Python lists
+    readonly = np.array([0, -3])
+    readonly.flags.writeable = False
+    for ix in (readonly, np.array([2, 0])[::-1], np.array([0, 2], dtype=np.uint8), [0, 2]):
+        got = unigrad.grad(lambda v, ix=ix: ns(v).sum(ns(v).take(v, ix)), backend="torch")(np.arange(5.0))
+        np.testing.assert_array_equal(unigrad.to_numpy(got), [1.0, 0.0, 1.0, 0.0, 0.0])
+    m = np.arange(6.0).reshape(2, 3)
+    rows = np.array([[2], [0]])
+    ref, got = both(lambda b: unigrad.grad(lambda v: ns(v).sum(ns(v).take_along_axis(v, rows, axis=1) ** 2),
+                                           backend=b), m)
+    assert_tree_close(got, ref)
+    mapped = unigrad.vmap(lambda v: ns(v).take(v, idx, axis=0), backend="torch")(np.arange(10.0).reshape(2, 5))
+    np.testing.assert_array_equal(unigrad.to_numpy(mapped), [[0.0, 2.0], [5.0, 7.0]])
+    with pytest.raises(TypeError, match=r"take: indices must be an array of integers.*float64"):
+        TORCH.namespace().take(torch.ones(3), np.array([0.0]))

@@ -197,7 +197,7 @@ class TorchBackend(Backend):
             else:
                 outputs, tangents_out = torch.func.jvp(f, primals, tangents)
                 aux = None
-        return tuple(outputs), tuple(tangents_out), aux
+        return tuple(outputs), _tangents_as_outputs(tangents_out, outputs), aux
 
     # ------------------------------------------------------------------ maps and Jacobians
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
@@ -423,7 +423,20 @@ def _push_rows(f, primals, make_rows, n, chunk_size, has_aux):
                 aux = split.merge(result[2], index=0)
     pushed = tuple(torch.cat([p[i] for p in pieces]) if len(pieces) > 1 else pieces[0][i]
                    for i in range(len(outputs)))
-    return outputs, pushed, aux
+    return outputs, _tangents_as_outputs(pushed, outputs), aux
+
+
+def _tangents_as_outputs(tangents, outputs):
+    """Each tangent in its output's dtype.
+
+    torch's forward mode can return a 0-d float32 output's tangent as float64 when ``f`` combines it
+    with a Python float (``x * 2.0``, ``x + 1.0``): the scalar becomes a float64 tensor whose zero
+    tangent loses the "wrapped number" mark that keeps it out of type promotion
+    (pytorch/pytorch#90065, still so in torch 2.13 under ``torch.func.jvp``). The tangent of a
+    float32 output is float32 (the contract, as JAX); the values are those of the float64
+    computation rounded once.
+    """
+    return tuple(t if t.dtype == o.dtype else t.to(o.dtype) for t, o in zip(tangents, outputs))
 
 
 def _vmap_empty(f, args, in_dims, out_axis):

@@ -7,6 +7,9 @@ torch behaviour differs from the one unigrad promises on every backend (docs/con
   JAX (``torch.median`` returns the lower of the two).
 * ``linalg.cholesky``, ``linalg.eigh`` and ``linalg.eigvalsh`` read the Hermitian part
   ``(x + x^H) / 2``, as the tape, JAX and TensorFlow (see ``_linalg``).
+* ``take`` and ``take_along_axis`` accept an index array that is not a tensor (a NumPy array, a
+  list), converted to a tensor on ``x``'s device: NumPy indices closed over by ``f`` work as on the
+  other backends (array-api-compat passes them to ``torch.where``, a TypeError).
 
 Every other name is ``array_api_compat.torch``'s own (module ``__getattr__``).
 """
@@ -16,12 +19,13 @@ from __future__ import annotations
 import math
 
 import array_api_compat.torch as _compat
+import numpy as np
 import torch
 
 from . import _linalg as linalg
 from ._delegate import delegate
 
-__all__ = ["max", "min", "argmax", "argmin", "median", "linalg"]
+__all__ = ["max", "min", "argmax", "argmin", "median", "take", "take_along_axis", "linalg"]
 
 
 __getattr__, __dir__ = delegate(__name__, _compat, __all__)
@@ -83,3 +87,28 @@ def median(x, /, axis=None, *, keepdims=False):
         shape = [1 if d in axes else x.shape[d] for d in range(x.ndim)]
         out = out.reshape(shape)
     return out
+
+
+def _index_tensor(indices, x, fname):
+    """``indices`` as an integer tensor on ``x``'s device (a tensor is passed through unchanged).
+
+    NumPy integer arrays of any width become int64 unless int32 (the index dtypes torch takes);
+    negative strides and read-only arrays are copied.
+    """
+    if isinstance(indices, torch.Tensor):
+        return indices
+    a = np.asarray(indices)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{fname}: indices must be an array of integers; got a {type(indices).__name__} "
+                        f"of dtype {a.dtype}")
+    # a copy: torch takes neither negative strides nor (without a warning) read-only memory
+    a = np.array(a, dtype=np.int32 if a.dtype == np.int32 else np.int64, order="C", copy=True)
+    return torch.from_numpy(a).to(x.device)
+
+
+def take(x, indices, /, *, axis=None):
+    return _compat.take(x, _index_tensor(indices, x, "take"), axis=axis)
+
+
+def take_along_axis(x, indices, /, *, axis=-1):
+    return _compat.take_along_axis(x, _index_tensor(indices, x, "take_along_axis"), axis=axis)

@@ -862,10 +862,10 @@ def test_op(backend, op_name, request):
 
 # (backend, op) -> why it fails today: expected failures that must flip (strict) once fixed.
 KNOWN_FAILURES: dict = {
-    ("torch", "astype"): "torch: the JVP of astype(x, float32) of a 0-d float64 input comes back float64 "
-                         "(the tangent must have the output's dtype, float32)",
     ("torch", "getitem"): "torch: x[::-1] raises 'step must be greater than zero' (the standard allows "
-                          "negative slice steps)",
+                          "negative slice steps). A documented limitation, not a unigrad bug: the operator "
+                          "is torch.Tensor.__getitem__ on the raw tensor f receives, which unigrad does not "
+                          "wrap; use xp.flip (docs/guide.md, Backends)",
 }
 
 

@@ -312,12 +312,13 @@ class Backend(abc.ABC):
     def hessian(self, f, primals, *, chunk_size=None):
         """Hessian of a scalar-output flat ``f``: ``jac[j][k]`` of shape ``primal_j.shape + primal_k.shape``.
 
-        Generic default: forward-over-reverse, ``jacfwd(jacrev(f))``.
+        Generic default: forward over reverse, ``jacfwd`` of one plain VJP (a ``jacrev`` of a scalar
+        output would vmap over one unit cotangent: measured 1.2-2.2x slower on torch).
         """
 
         def gradient(*p):
-            _, jac, _ = self.jacrev(f, p, has_aux=False)
-            return tuple(jac[0])
+            outputs, vjp_fn, _ = self.vjp(f, p, has_aux=False)
+            return tuple(vjp_fn((self.namespace().ones_like(outputs[0]),)))
 
         _, jac, _ = self.jacfwd(gradient, primals, chunk_size=chunk_size, has_aux=False)
         return jac

@@ -113,7 +113,7 @@ def make_broken_backend(bug: str):
                          vjps=(None, lambda g, ans, c, x, y: _first_instead_of_sum(P.where(c, g, 0), x, ans),
                                lambda g, ans, c, x, y: _first_instead_of_sum(P.where(c, 0, g), y, ans)),
                          jvps=P.where.jvps, broadcasts=True)
-        overrides = {"where": lambda condition, x1, x2, /: prim(xp._value(condition), xp._arr(x1), xp._arr(x2))}
+        overrides = {"where": lambda condition, x1, x2, /: prim(xp.concrete(condition), xp._arr(x1), xp._arr(x2))}
     elif bug == "inv_no_jvp":
         prim = Primitive("inv", np.linalg.inv, vjps=P.inv.vjps, jvps=(None,))
         overrides = {"linalg_inv": lambda x, /: prim(xp._arr(x))}

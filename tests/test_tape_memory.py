@@ -124,3 +124,22 @@ def test_in_place_sums_touch_no_array_but_the_sweeps_own():
     np.testing.assert_allclose(g1, want, rtol=1e-15)
     np.testing.assert_array_equal(g1, g2)
     assert not np.shares_memory(g1, ct) and not np.shares_memory(g1, g2)
+
+
+@pytest.mark.parametrize("mode", ["rev", "fwd"])
+def test_a_chunked_jacobian_is_held_once(mode):
+    """Each chunk is written into one array for the whole Jacobian: its working memory (peak less the
+    result) is a fraction of the result, where pieces-then-concatenation held it twice."""
+    rng = np.random.default_rng(2)
+    w1, w2 = rng.standard_normal((32, 64)) / 6, rng.standard_normal((64, 32)) / 8
+    xs = rng.standard_normal((16, 32))
+
+    def f(w1, w2, x):
+        xp = unigrad.namespace(w1, x)
+        return xp.tanh(xp.tanh(x @ w1) @ w2)
+
+    whole = unigrad.jacobian(f, argnums=2, mode=mode)(w1, w2, xs)
+    jac = unigrad.jacobian(f, argnums=2, mode=mode, chunk_size=7)  # uneven chunks
+    np.testing.assert_allclose(jac(w1, w2, xs), whole, rtol=1e-13, atol=1e-15)
+    working = _peak(lambda: jac(w1, w2, xs)) - whole.nbytes
+    assert working < 0.25 * whole.nbytes, (working, whole.nbytes)

@@ -7,8 +7,12 @@ absolute times the best round):
     autograd.grad / hand-written forward+backprop  (for reference)
     unigrad.grad / forward alone
   * a tiny vjp (x of shape (3,), sum(sin(x)**2)): unigrad / autograd   (target <= 0.5)
+  * per-example Jacobian d y_b / d x_b of y = tanh(tanh(x @ w1 + b1) @ w2), MLP 32-64-16, B = 256,
+    float32: unigrad.batched_jacobian on the tape / a hand-written vectorised NumPy Jacobian
+    (target <= 2), measured after the other work (warm) and, with --fresh N, as the first work of N
+    fresh processes (``--batched-only``: only this comparison, run first)
 
-Run: python benchmarks/bench_tape.py [--quick] [--json]
+Run: python benchmarks/bench_tape.py [--quick] [--json] [--fresh N] [--batched-only]
 """
 
 from __future__ import annotations
@@ -109,6 +113,52 @@ def tiny(x):
     return xp.sum(xp.sin(x) ** 2)
 
 
+def batched_problem(seed=0, batch=256, sizes=(32, 64, 16)):
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal(sizes[:2]) / np.sqrt(sizes[0])).astype(np.float32)
+    b1 = (rng.standard_normal(sizes[1]) / 4).astype(np.float32)
+    w2 = (rng.standard_normal(sizes[1:]) / np.sqrt(sizes[1])).astype(np.float32)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    return w1, b1, w2, x
+
+
+def batched_mlp(w1, b1, w2, x):
+    xp = unigrad.namespace(x, w1)
+    return xp.tanh(xp.tanh(x @ w1 + b1) @ w2)
+
+
+def batched_jacobian_numpy(w1, b1, w2, x):
+    """d y_b / d x_b for every example b, by hand: diag(1 - y_b^2) w2^T diag(1 - h_b^2) w1^T, vectorised
+    over the batch: (B, 16, 32)."""
+    h = np.tanh(x @ w1 + b1)  # (B, 64)
+    y = np.tanh(h @ w2)  # (B, 16)
+    m = w2.T[None, :, :] * (1 - h * h)[:, None, :]  # (B, 16, 64)
+    return (1 - y * y)[:, :, None] * (m @ w1.T)  # (B, 16, 32)
+
+
+def run_batched(number=20, repeat=15):
+    """Tape batched_jacobian (w.r.t. x) against the hand-written one: (seconds, ratio rounds)."""
+    w1, b1, w2, x = batched_problem()
+    jac = unigrad.batched_jacobian(batched_mlp, argnums=3, check_independence="never")
+    np.testing.assert_allclose(jac(w1, b1, w2, x), batched_jacobian_numpy(w1, b1, w2, x), rtol=2e-5, atol=1e-6)
+    rounds = timed_rounds([lambda: batched_jacobian_numpy(w1, b1, w2, x), lambda: jac(w1, b1, w2, x)],
+                          number, repeat)
+    t_hand, t_ug = (min(col) for col in zip(*rounds))
+    return {"hand": t_hand, "unigrad": t_ug, "ratio": ratio(rounds, 1, 0),
+            "first_round": {"hand": rounds[0][0], "unigrad": rounds[0][1]}}
+
+
+def run_fresh(n):
+    """``--batched-only`` in ``n`` fresh processes: the comparison as each process's first work."""
+    import subprocess
+    out = []
+    for _ in range(n):
+        done = subprocess.run([sys.executable, __file__, "--batched-only", "--json"], capture_output=True,
+                              text=True, check=True)
+        out.append(json.loads(done.stdout))
+    return out
+
+
 def run(quick=False):
     import autograd
     import autograd.numpy as anp
@@ -146,7 +196,9 @@ def run(quick=False):
     tn, tr = (200, 3) if quick else (1000, 30)
     tiny_rounds = timed_rounds([ug_vjp, ag_vjp], tn, tr)
     t_tiny_ug, t_tiny_ag = (min(col) for col in zip(*tiny_rounds))
+    batched = run_batched(*((10, 5) if quick else (20, 15)))
     return {
+        "batched_jacobian": batched,
         "mlp_grad_seconds": {"hand_backprop": t_hand, "forward_only": t_fwd, "unigrad": t_ug, "autograd": t_ag},
         "mlp_ratio_unigrad_vs_hand": ratio(mlp_rounds, 2, 0),
         "mlp_ratio_autograd_vs_hand": ratio(mlp_rounds, 3, 0),
@@ -154,7 +206,8 @@ def run(quick=False):
         "mlp_ratio_unigrad_vs_autograd": ratio(mlp_rounds, 2, 3),
         "tiny_vjp_seconds": {"unigrad": t_tiny_ug, "autograd": t_tiny_ag},
         "tiny_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 0, 1),
-        "targets": {"mlp_ratio_unigrad_vs_hand": 1.25, "tiny_ratio_unigrad_vs_autograd": 0.5},
+        "targets": {"mlp_ratio_unigrad_vs_hand": 1.25, "tiny_ratio_unigrad_vs_autograd": 0.5,
+                    "batched_jacobian_ratio": 2.0},
     }
 
 
@@ -162,8 +215,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--fresh", type=int, default=0, metavar="N",
+                        help="also run the batched_jacobian comparison as the first work of N fresh processes")
+    parser.add_argument("--batched-only", action="store_true",
+                        help="only the batched_jacobian comparison, as this process's first work")
     args = parser.parse_args(argv)
-    show(run(args.quick), args.json, report)
+    if args.batched_only:
+        show(run_batched(*((10, 5) if args.quick else (20, 15))), args.json, report_batched)
+        return 0
+    results = run(args.quick)
+    if args.fresh:
+        results["batched_jacobian_fresh"] = run_fresh(args.fresh)
+    show(results, args.json, report)
     return 0
 
 
@@ -185,6 +248,22 @@ def report(r):
     print("tiny vjp: x of shape (3,), sum(sin(x)**2)")
     print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
           f"ratio {r['tiny_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
+    print("per-example Jacobian, MLP 32-64-16, B = 256, float32 (tape batched_jacobian / hand-written NumPy)")
+    report_batched(r["batched_jacobian"], "after other work")
+    fresh = r.get("batched_jacobian_fresh")
+    if fresh:
+        ratios = [f["ratio"] for f in fresh]
+        times = [f["unigrad"] * 1e3 for f in fresh]
+        firsts = [f["first_round"]["unigrad"] / f["first_round"]["hand"] for f in fresh]
+        print(f"  first work of {len(fresh)} fresh processes: unigrad {min(times):.3f}-{max(times):.3f} ms, "
+              f"ratio {min(ratios):.2f}-{max(ratios):.2f} (target <= 2); first round alone "
+              f"{min(firsts):.2f}-{max(firsts):.2f}")
+
+
+def report_batched(b, when="first work of this process"):
+    first = b["first_round"]
+    print(f"  {when}: hand {b['hand'] * 1e3:.3f} ms   unigrad {b['unigrad'] * 1e3:.3f} ms   "
+          f"ratio {b['ratio']:.2f} (target <= 2); first round alone {first['unigrad'] / first['hand']:.2f}")
 
 
 if __name__ == "__main__":

@@ -113,13 +113,11 @@ class NumpyBackend(Backend):
         trace, outs, out_idx, aux = record(f, primals, has_aux)
         n_out = sum(math.prod(np.shape(o)) for o in outs)
         chunk = self._chunk(chunk_size, n_out, _tape_elements(trace) + sum(math.prod(np.shape(p)) for p in primals))
-        pieces = []
+        rows = _Stacked(n_out, primals)
         for start, stop in _chunks(n_out, chunk):
             basis = self._basis(outs, start, stop)
-            pieces.append(backward(trace, out_idx, basis, len(primals), primals, batch_shape=(stop - start,)))
-        rows = [namespace_module.concat([pc[j] for pc in pieces], axis=0) if len(pieces) > 1 else
-                (pieces[0][j] if pieces else np.zeros((0, *np.shape(p)), p.dtype)) for j, p in enumerate(primals)]
-        jac = self._split_rows(rows, outs, primals, rows_are_outputs=True)
+            rows.put(start, stop, backward(trace, out_idx, basis, len(primals), primals, batch_shape=(stop - start,)))
+        jac = self._split_rows(rows.result(), outs, primals, rows_are_outputs=True)
         return outs, jac, (aux if has_aux else None)
 
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
@@ -131,15 +129,13 @@ class NumpyBackend(Backend):
             basis = self._basis(primals, start, stop)
             outs, tans, aux = push(f, primals, basis, has_aux, batch_shape=(stop - start,))
             if columns is None:
-                columns = [[] for _ in outs]
-            for i, t in enumerate(tans):
-                columns[i].append(t)
+                columns = _Stacked(n_in, outs)
+            columns.put(start, stop, tans)
         if outs is None:
             outs, _, aux = push(f, primals, tuple(np.zeros((0, *np.shape(p)), p.dtype) for p in primals), has_aux,
                                 batch_shape=(0,))
-            columns = [[np.zeros((0, *np.shape(o)), dtype=o.dtype)] for o in outs]
-        cols = [namespace_module.concat(c, axis=0) if len(c) > 1 else c[0] for c in columns]
-        jac = self._split_rows(cols, primals, outs, rows_are_outputs=False)
+            columns = _Stacked(0, outs)
+        jac = self._split_rows(columns.result(), primals, outs, rows_are_outputs=False)
         return outs, jac, (aux if has_aux else None)
 
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
@@ -190,6 +186,40 @@ class NumpyBackend(Backend):
                 row.append(xp.reshape(g, (o.shape[0], *o.shape[1:], *in_tail)))
             jac.append(tuple(row))
         return outs, tuple(jac), (aux if has_aux else None)
+
+
+class _Stacked:
+    """Chunks of a batched sweep's results stacked on a leading axis of ``n`` rows, one array per
+    ``owner`` (a primal or an output): each chunk is written into its place in one array allocated
+    for the whole (the Jacobian is held once, not as pieces and then their concatenation). A
+    traced chunk (the Jacobian is itself being differentiated) is concatenated instead."""
+
+    __slots__ = ("n", "owners", "arrays", "pieces")
+
+    def __init__(self, n, owners):
+        self.n, self.owners, self.arrays, self.pieces = n, owners, None, []
+
+    def put(self, start, stop, parts):
+        if not self.pieces and all(type(p) is np.ndarray for p in parts) and (start, stop) != (0, self.n):
+            if self.arrays is None:
+                self.arrays = [np.empty((self.n, *p.shape[1:]), dtype=p.dtype) for p in parts]
+            if all(a.dtype == p.dtype and a.shape[1:] == p.shape[1:] for a, p in zip(self.arrays, parts)):
+                for a, p in zip(self.arrays, parts):
+                    a[start:stop] = p
+                return
+        if self.arrays is not None:  # (not expected: a traced or differently typed chunk after plain ones)
+            self.pieces.append([a[:start] for a in self.arrays])
+            self.arrays = None
+        self.pieces.append(parts)  # a single chunk is the result as it is
+
+    def result(self):
+        if self.arrays is not None:
+            return self.arrays
+        if not self.pieces:
+            return [np.zeros((0, *np.shape(o)), dtype=o.dtype) for o in self.owners]
+        if len(self.pieces) == 1:
+            return list(self.pieces[0])
+        return [namespace_module.concat([pc[j] for pc in self.pieces], axis=0) for j in range(len(self.owners))]
 
 
 def _tape_elements(trace):

@@ -31,10 +31,16 @@ the registry the rule table fills, so this module imports no rule.
 
 from __future__ import annotations
 
+from sys import getrefcount as _refs
+
 import numpy as np
 
-from ._tracer import (PRIMITIVES, FTracer, LeakedTracerError, Primitive, RTracer, Trace, Tracer,  # noqa: F401
+from ._tracer import (PRIMITIVES, FTracer, LeakedTracerError, Primitive, RTracer, Shell, Trace, Tracer,  # noqa: F401
                       _depth, _ndim, _shape, bind, concrete)
+
+# Values smaller than this (elements) stay on the reverse tape even when no rule reads them: a Shell
+# would cost more time than the memory it frees. (Tests set it to 0 to check every rule's Primitive.keeps.)
+_SHELL_MIN = 2048
 
 
 class ReverseTrace(Trace):
@@ -79,7 +85,19 @@ class ReverseTrace(Trace):
             if not parents:
                 return ans
         tape = self.tape
-        tape.append((prim, parents, vals, ans, params))
+        drops = prim.drops
+        if drops is None or nested:
+            tape.append((prim, parents, vals, ans, params))
+        else:  # keep only what the rules read: a Shell of a large unread value, so it is freed with its tracer
+            drop_ans, drop_args = drops
+            n_vals = len(vals)
+            for i in drop_args:  # (a rule's named keyword parameters count too: skipped here)
+                if i < n_vals:
+                    v = vals[i]
+                    if type(v) is np.ndarray and v.size >= _SHELL_MIN:
+                        vals[i] = Shell(v)
+            tape.append((prim, parents, vals, Shell(ans) if drop_ans and type(ans) is np.ndarray
+                         and ans.size >= _SHELL_MIN else ans, params))
         return RTracer(self, ans, len(tape) - 1)
 
 
@@ -188,7 +206,15 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
                 if c.dtype != x.dtype:  # mixed dtypes: each value's cotangent in its own dtype
                     c = _like_dtype(c, x)
             old = get(pidx)
-            cts[pidx] = c if old is None else old + c
+            if old is None:
+                cts[pidx] = c
+            elif (type(old) is np.ndarray and type(c) is np.ndarray and old.base is None and _refs(old) == 3
+                  and old.shape == c.shape and old.dtype == c.dtype and old.flags.writeable):
+                np.add(old, c, out=old)  # only cts holds old (+ the local, + getrefcount's argument): sum in place
+            else:
+                cts[pidx] = old + c
+            old = c = None  # not held past their use: the sweep's peak memory counts every live array
+        g = None
         if release:
             tape[idx] = None
     grads = []

@@ -42,13 +42,17 @@ import math
 import numpy as np
 
 from ._core import backward, record, unbroadcast
-from ._tracer import PRIMITIVES, Primitive, Tracer, _ndim, _shape, concrete
+from ._tracer import PRIMITIVES, Primitive, Tracer, _ndim, _shape, concrete, reads
 
 LINEAR = "linear"
 
 
-def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, elementwise=None, ufunc=None):
+def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, elementwise=None, ufunc=None,
+            keeps=None):
     """Create and register a primitive; ``jvp=LINEAR`` (or a LINEAR entry) reuses the primitive itself.
+
+    ``keeps``: which of (ans, arg0, ...) the VJP rules read the values of, where the rules' bytecode
+    cannot tell (they pass them to a helper); default: read from the rules (``_tracer.vjp_reads``).
 
     A primitive whose ``impl`` is a NumPy ufunc is elementwise: the namespace exports it under ``name``
     and NumPy's ufunc dispatches to it on traced values (``ufunc=`` names the ufunc when ``impl`` is
@@ -60,7 +64,7 @@ def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, ele
     if elementwise is None:
         elementwise = ufunc is not None
     prim = Primitive(name, impl, vjps, (), jvp_joint=jvp_joint, broadcasts=broadcasts, elementwise=elementwise,
-                     ufunc=ufunc)
+                     ufunc=ufunc, keeps=keeps)
     if vjps is not None:
         n = len(vjps)
         jvps = (LINEAR,) * n if jvp == LINEAR else tuple(jvp)
@@ -103,7 +107,7 @@ def _unary(name, impl, dfdx, **flags):
     """An elementwise primitive with derivative ``dfdx(ans, x)`` (holomorphic for complex input)."""
     return defprim(name, impl,
                    vjp=(lambda g, ans, x: g * dfdx(ans, x),),
-                   jvp=(lambda t, ans, x: t * dfdx(ans, x),), elementwise=True, **flags)
+                   jvp=(lambda t, ans, x: t * dfdx(ans, x),), elementwise=True, keeps=reads(dfdx), **flags)
 
 
 negative = defprim("negative", np.negative, vjp=(lambda g, ans, x: -g,), jvp=LINEAR)
@@ -398,7 +402,7 @@ def _sum_impl(x, axis, keepdims):
 
 reduce_sum = defprim("sum", _sum_impl,
                      vjp=(lambda g, ans, x, axis, keepdims: _expand_reduced(g, ans, x, axis, keepdims),),
-                     jvp=LINEAR)
+                     jvp=LINEAR, keeps=(False, False))  # _expand_reduced reads shapes only
 
 
 def _max_impl(x, axis, keepdims):

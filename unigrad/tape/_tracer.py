@@ -37,14 +37,27 @@ class Primitive:
     """
 
     __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "partial", "elementwise", "ufunc",
-                 "__weakref__")
+                 "keeps", "drops", "_given", "__weakref__")
 
     def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False, elementwise=False,
-                 ufunc=None):
+                 ufunc=None, keeps=None):
         self.name, self.impl = name, impl
         self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
         self.partial = vjps is not None and None in vjps  # some arguments have a zero derivative
         self.elementwise, self.ufunc = elementwise, ufunc
+        # which of (ans, arg0, arg1, ...) the VJP rules read the values of (None: all); the reverse tape
+        # keeps only those and a Shell (shape and dtype) of the others, so unneeded intermediates are freed
+        self._given = (vjps, keeps)  # the rules and what they were said to read
+        self.keeps = vjp_reads(vjps) if keeps is None else tuple(keeps)
+
+    def __setattr__(self, name, value):
+        if name == "vjps" and hasattr(self, "keeps"):  # new rules (a test's monkeypatch): read them again
+            rules, given = self._given
+            self.keeps = tuple(given) if value is rules and given is not None else vjp_reads(value)
+        object.__setattr__(self, name, value)
+        if name == "keeps":  # the engine's form: None, or (drop ans?, indices of the args not read)
+            object.__setattr__(self, "drops", None if value is None or all(value) else
+                               (not value[0], tuple(i - 1 for i in range(1, len(value)) if not value[i])))
 
     def __call__(self, *args, **params):
         top = None  # the highest-level trace among the arguments processes the call
@@ -59,6 +72,63 @@ class Primitive:
 
     def __repr__(self):
         return f"<primitive {self.name}>"
+
+
+_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_FAST_LOAD_FAST", "LOAD_CLOSURE",
+                    "LOAD_DEREF", "DELETE_FAST"})
+
+
+def reads(fn, first=0):
+    """Which positional parameters of ``fn``, from the ``first``-th on, its body reads: a tuple of bools
+    (positions past the tuple count as read), or None when that cannot be told (not a plain function,
+    ``*args`` read, ``locals()``/``vars()`` called). Read means named at all, passed on to a helper
+    included: a conservative answer, from the bytecode."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    import dis
+    names = code.co_varnames[:code.co_argcount]
+    used = set(code.co_cellvars)  # captured by an inner function
+    for ins in dis.get_instructions(code):
+        if ins.opname in _LOADS:
+            arg = ins.argval
+            used.update(arg if isinstance(arg, tuple) else (arg,))
+        elif ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval in ("locals", "vars", "eval", "exec"):
+            return None
+    if code.co_flags & 0x04 and code.co_varnames[code.co_argcount + code.co_kwonlyargcount] in used:
+        return None  # reads *args: every position past the named ones
+    return tuple(n in used for n in names[first:])
+
+
+def vjp_reads(vjps):
+    """The union of ``reads`` over a primitive's VJP rules ``rule(g, ans, *args, **params)``, for
+    (ans, arg0, arg1, ...); None (keep every value) when any rule cannot be read."""
+    rules = [r for r in vjps or () if r is not None]
+    if not rules:
+        return None
+    got = [reads(rule, first=1) for rule in rules]
+    if any(r is None for r in got):
+        return None
+    n = max(len(r) for r in got)  # past a rule's named positions: read
+    out = tuple(any(r[i] if i < len(r) else True for r in got) for i in range(n))
+    return None if all(out) else out
+
+
+class Shell:
+    """What the reverse tape keeps of a value no VJP rule reads: its shape and dtype (the sweep
+    unbroadcasts and casts with them). Anything else fails loudly rather than computing with it."""
+
+    __slots__ = ("shape", "dtype", "ndim", "size")
+    __array_ufunc__ = None
+
+    def __init__(self, a):
+        self.shape, self.dtype, self.ndim, self.size = a.shape, a.dtype, a.ndim, a.size
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("internal error: a VJP rule read a value the tape did not keep (Primitive.keeps)")
+
+    def __repr__(self):
+        return f"Shell(shape={self.shape}, dtype={self.dtype})"
 
 
 def bind(prim: Primitive, args, params):

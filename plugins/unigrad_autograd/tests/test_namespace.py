@@ -97,3 +97,25 @@ def test_linalg_matrix_power():
     np.testing.assert_array_equal(linalg.matrix_power(x, 0), np.broadcast_to(np.eye(2), x.shape))
     with pytest.raises(ValueError, match="n must be >= 0"):
         linalg.matrix_power(x, -1)
+
+
+@pytest.mark.parametrize("name, f", [
+    # autograd's rule for tile aligns repetitions with the leading axes; NumPy's tile the trailing ones
+    ("tile_short_reps", lambda xp, a: xp.tile(a, (2,)) * 1.0),
+    ("tile_long_reps", lambda xp, a: xp.tile(a, (2, 1, 2)) * 1.0),
+    ("roll_tuple", lambda xp, a: xp.roll(a, (1, -2), axis=(0, 1)) * 1.0),
+    ("roll_flat", lambda xp, a: xp.roll(a, 4) * 1.0),
+    ("repeat_array", lambda xp, a: xp.repeat(a, xp.asarray([2, 0, 1]), axis=1) * 1.0),
+    ("repeat_flat", lambda xp, a: xp.repeat(a, 2) * 1.0),
+    ("cumulative_prod_zero", lambda xp, a: xp.cumulative_prod(a * xp.asarray([1.0, 0.0, 1.0]), axis=1,
+                                                             include_initial=True)),
+    ("cumulative_sum_initial", lambda xp, a: xp.cumulative_sum(a, axis=0, include_initial=True)),
+    ("diff_prepend", lambda xp, a: xp.diff(a, axis=1, n=2, prepend=a[:, :1] * 3.0)),
+    ("copysign", lambda xp, a: xp.copysign(a, xp.asarray([-1.0, 2.0, -0.0]))),
+    ("hypot_broadcast", lambda xp, a: xp.hypot(a, a[:1] * 0.5)),
+    ("unstack", lambda xp, a: xp.unstack(a, axis=1)[2] * 1.0),
+    ("moveaxis_tril", lambda xp, a: xp.tril(xp.moveaxis(a[None], 0, -1)[..., 0], k=1) * 1.0),
+])
+def test_manipulation_and_statistics_match_the_tape(name, f):
+    x = np.array([[0.3, -1.2, 0.7], [2.0, 0.1, -0.4]])
+    _both_modes_agree_with_the_tape(lambda a: f(unigrad.namespace(a), a), x)

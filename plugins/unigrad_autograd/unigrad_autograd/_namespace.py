@@ -11,6 +11,7 @@ defaults (Jacobians, batched Jacobians, hessian, vmap) call ``eye``, ``zeros``, 
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import autograd.numpy as anp
@@ -22,12 +23,14 @@ from autograd.tracer import getval
 # Same name, same meaning in NumPy and the Array API standard (autograd differentiates each).
 _SHARED = [
     "abs", "sin", "cos", "tan", "sinh", "cosh", "tanh", "exp", "expm1", "log", "log1p", "log2", "log10",
-    "sqrt", "square", "sign", "negative", "floor", "ceil", "round", "real", "imag", "conj",
+    "sqrt", "square", "sign", "negative", "floor", "ceil", "round", "trunc", "real", "imag", "conj",
     "isnan", "isinf", "isfinite", "all", "any", "add", "subtract", "multiply", "divide", "maximum", "minimum", "logaddexp", "remainder",
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
-    "sum", "prod", "mean", "max", "min", "reshape", "stack", "expand_dims", "squeeze", "matmul", "tensordot", "zeros_like", "ones_like", "full_like",
+    "sum", "prod", "mean", "max", "min", "reshape", "stack", "expand_dims", "squeeze", "matmul", "tensordot", "moveaxis", "tril", "triu", "zeros_like", "ones_like", "full_like",
 ]
 globals().update({name: getattr(anp, name) for name in _SHARED})
+# (so in this module ``sum``, ``max``, ``min``, ``abs``, ``round``, ``all``, ``any`` and ``bool`` are the
+# standard's, not Python's builtins: the code below says ``builtins.max`` where it means Python's)
 
 # Spelt differently in NumPy.
 acos, asin, atan, acosh, asinh, atanh = anp.arccos, anp.arcsin, anp.arctan, anp.arccosh, anp.arcsinh, anp.arctanh
@@ -158,6 +161,119 @@ def sort(x, /, *, axis=-1, descending=False, stable=True):
 
 def result_type(*arrays_and_dtypes):
     return np.result_type(*(getval(a) for a in arrays_and_dtypes))
+
+
+def broadcast_arrays(*arrays):
+    shape = np.broadcast_shapes(*(anp.shape(a) for a in arrays))
+    return [broadcast_to(a, shape) for a in arrays]
+
+
+def positive(x, /):
+    return x * 1
+
+
+@primitive
+def _hypot(x1, x2):
+    return np.hypot(x1, x2)
+
+
+defvjp(_hypot, lambda ans, x1, x2: lambda g: g * x1 / ans, lambda ans, x1, x2: lambda g: g * x2 / ans)
+defjvp(_hypot, lambda g, ans, x1, x2: g * x1 / ans, lambda g, ans, x1, x2: g * x2 / ans)
+
+
+def hypot(x1, x2, /):
+    x1, x2 = broadcast_arrays(x1, x2)  # the rules above assume equal shapes; broadcast_to's undoes it
+    return _hypot(x1, x2)
+
+
+def copysign(x1, x2, /):
+    # |x1| with x2's sign: x1 times +-1, a constant (no derivative with respect to x2)
+    a, b = np.asarray(getval(x1)), np.asarray(getval(x2))
+    flip_sign = np.where(np.signbit(a) == np.signbit(b), 1, -1).astype(np.result_type(a, b))
+    return x1 * flip_sign
+
+
+def _moved_last(x, axis):
+    """``x`` with ``axis`` last, and the function that puts it back."""
+    axis = axis % anp.ndim(x)
+    return anp.moveaxis(x, axis, -1), lambda y: anp.moveaxis(y, -1, axis)
+
+
+def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
+    if axis is None:
+        if anp.ndim(x) != 1:
+            raise ValueError(f"cumulative_sum: axis is required for an x of {anp.ndim(x)} dimensions")
+        axis = 0
+    if dtype is not None:
+        x = astype(x, dtype)
+    out = anp.cumsum(x, axis=axis)
+    if include_initial:
+        shape = list(anp.shape(x))
+        shape[axis] = 1
+        out = anp.concatenate([np.zeros(shape, dtype=result_type(out)), out], axis=axis)
+    return out
+
+
+def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
+    # a running product, step by step: exact derivatives where x has zeros (unlike a division by x)
+    if axis is None:
+        if anp.ndim(x) != 1:
+            raise ValueError(f"cumulative_prod: axis is required for an x of {anp.ndim(x)} dimensions")
+        axis = 0
+    if dtype is not None:
+        x = astype(x, dtype)
+    moved, back = _moved_last(x, axis)
+    steps = [anp.ones(anp.shape(moved)[:-1], dtype=result_type(x))] if include_initial else []
+    for i in range(anp.shape(moved)[-1]):
+        steps.append(moved[..., i] if not steps else steps[-1] * moved[..., i])
+    if not steps:
+        return x * 1  # an empty axis
+    return back(anp.stack(steps, axis=-1))
+
+
+def repeat(x, repeats, /, *, axis=None):
+    if axis is None:
+        x, axis = anp.reshape(x, (-1,)), 0
+    n = anp.shape(x)[axis]
+    return take(x, np.repeat(np.arange(n), np.asarray(getval(repeats))), axis=axis)
+
+
+def roll(x, /, shift, *, axis=None):
+    if axis is None:
+        total = builtins.sum(shift) if isinstance(shift, (tuple, list)) else shift
+        return anp.reshape(anp.roll(anp.reshape(x, (-1,)), total), anp.shape(x))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    shifts = tuple(shift) if isinstance(shift, (tuple, list)) else (shift,) * len(axes)
+    for s, a in zip(shifts, axes):
+        x = anp.roll(x, s, axis=a)
+    return x
+
+
+def tile(x, repetitions, /):
+    # by broadcasting: autograd's rule for tile aligns repetitions with x's leading axes, NumPy's
+    # with its trailing ones
+    reps = tuple(repetitions)
+    d = builtins.max(anp.ndim(x), len(reps))
+    shape = (1,) * (d - anp.ndim(x)) + anp.shape(x)
+    reps = (1,) * (d - len(reps)) + reps
+    spread = anp.reshape(x, tuple(v for n in shape for v in (1, n)))
+    spread = broadcast_to(spread, tuple(v for r, n in zip(reps, shape) for v in (r, n)))
+    return anp.reshape(spread, tuple(r * n for r, n in zip(reps, shape)))
+
+
+def unstack(x, /, *, axis=0):
+    axis = axis % anp.ndim(x)
+    return tuple(x[(slice(None),) * axis + (i,)] for i in range(anp.shape(x)[axis]))
+
+
+def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
+    if prepend is not None or append is not None:
+        x = concat([a for a in (prepend, x, append) if a is not None], axis=axis)
+    axis = axis % anp.ndim(x)
+    head = (slice(None),) * axis
+    for _ in range(n):
+        x = x[head + (slice(1, None),)] - x[head + (slice(None, -1),)]
+    return x
 
 
 def matrix_transpose(x, /):

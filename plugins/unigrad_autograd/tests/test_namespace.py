@@ -119,3 +119,32 @@ def test_linalg_matrix_power():
 def test_manipulation_and_statistics_match_the_tape(name, f):
     x = np.array([[0.3, -1.2, 0.7], [2.0, 0.1, -0.4]])
     _both_modes_agree_with_the_tape(lambda a: f(unigrad.namespace(a), a), x)
+
+
+_A = np.array([[2.0, 0.3, -0.4], [0.1, 1.5, 0.2], [-0.3, 0.4, 1.8]])
+
+
+@pytest.mark.parametrize("name, f", [
+    ("inv", lambda xp, a: xp.linalg.inv(a)),
+    ("det", lambda xp, a: xp.linalg.det(a)),
+    ("slogdet", lambda xp, a: xp.linalg.slogdet(-a)[1]),
+    ("solve_vector", lambda xp, a: xp.linalg.solve(a, a[0] * 2.0)),
+    ("solve_broadcast", lambda xp, a: xp.linalg.solve(a, xp.stack([a, a * 2.0]))),
+    ("cholesky_upper", lambda xp, a: xp.linalg.cholesky(xp.matmul(a, xp.matrix_transpose(a)), upper=True)),
+    ("eigh", lambda xp, a: xp.linalg.eigh(a + xp.matrix_transpose(a))[1] ** 2),
+    ("eigvalsh", lambda xp, a: xp.linalg.eigvalsh(a + xp.matrix_transpose(a))),
+])
+def test_linalg_matches_the_tape_in_both_modes(name, f):
+    _both_modes_agree_with_the_tape(lambda a: f(unigrad.namespace(a), a), _A)
+
+
+def test_linalg_second_order_matches_the_tape():
+    def f(a):
+        xp = unigrad.namespace(a)
+        return xp.sum(xp.linalg.eigvalsh(a + xp.matrix_transpose(a)) ** 3) + xp.linalg.det(a) * xp.sum(
+            xp.linalg.inv(a)) + xp.sum(xp.linalg.cholesky(xp.matmul(a, xp.matrix_transpose(a))) ** 2)
+    want = np.asarray(unigrad.hessian(f, backend="numpy")(_A))
+    forward_over_reverse = unigrad.hessian(f, backend="autograd")(_A)
+    reverse_over_reverse = unigrad.jacrev(unigrad.grad(f, backend="autograd"), backend="autograd")(_A)
+    for got in (forward_over_reverse, reverse_over_reverse):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)

@@ -2,16 +2,20 @@
 autograd differentiates it both ways.
 
 autograd defines only VJPs (no JVPs) for its decompositions and solvers (``det``, ``inv``,
-``solve``, ``eigh``, ``svd``, ``qr``, ``cholesky``...), and this backend declares forward mode, so
-those are left out: a portable function that needs them fails with an ``AttributeError`` naming
-them, and the conformance suite skips them with that reason. What is here is built from
-functions autograd differentiates in both modes.
+``solve``, ``eigh``, ``cholesky``...), and this backend declares forward mode, so each of those
+is a primitive of this module with both rules, written from the standard perturbation results;
+every rule calls differentiable functions (these primitives included), so every order is
+defined. What is not here (``svd``, ``qr``...) fails with an ``AttributeError`` naming it, and
+the conformance suite skips it with that reason.
 """
 
 from __future__ import annotations
 
 import autograd.numpy as anp
 import numpy as np
+
+from autograd.builtins import tuple as _boxed_tuple
+from autograd.extend import defjvp, defvjp, primitive
 
 from . import _namespace as _xp
 
@@ -71,3 +75,135 @@ def matrix_power(x, n, /):
     for _ in range(n - 1):
         out = anp.matmul(out, x)
     return out
+
+
+# ------------------------------------------------------------------ solvers and decompositions
+
+
+def _T(x):
+    return anp.swapaxes(x, -1, -2)
+
+
+def _sym(x):
+    return (x + _T(x)) / 2.0
+
+
+def _scalar_to_matrix(v):
+    return anp.expand_dims(anp.expand_dims(v, -1), -1)
+
+
+@primitive
+def inv(x, /):
+    return np.linalg.inv(x)
+
+
+defvjp(inv, lambda ans, x: lambda g: -anp.matmul(_T(ans), anp.matmul(g, _T(ans))))
+defjvp(inv, lambda g, ans, x: -anp.matmul(ans, anp.matmul(g, ans)))
+
+
+@primitive
+def det(x, /):
+    return np.linalg.det(x)
+
+
+# d det(x) = det(x) tr(x^-1 dx)
+defvjp(det, lambda ans, x: lambda g: _scalar_to_matrix(g * ans) * _T(inv(x)))
+defjvp(det, lambda g, ans, x: ans * anp.sum(_T(inv(x)) * g, axis=(-2, -1)))
+
+
+@primitive
+def _logabsdet(x):
+    return np.linalg.slogdet(x)[1]
+
+
+defvjp(_logabsdet, lambda ans, x: lambda g: _scalar_to_matrix(g) * _T(inv(x)))
+defjvp(_logabsdet, lambda g, ans, x: anp.sum(_T(inv(x)) * g, axis=(-2, -1)))
+
+
+def slogdet(x, /):
+    """(sign, log|det|); the sign is piecewise constant (no derivative)."""
+    return np.linalg.slogdet(_xp.getval(x))[0], _logabsdet(x)
+
+
+@primitive
+def _solve(a, b):
+    return np.linalg.solve(a, b)
+
+
+defvjp(_solve, lambda ans, a, b: lambda g: -anp.matmul(_solve(_T(a), g), _T(ans)),
+       lambda ans, a, b: lambda g: _solve(_T(a), g))
+defjvp(_solve, lambda g, ans, a, b: -_solve(a, anp.matmul(g, ans)), lambda g, ans, a, b: _solve(a, g))
+
+
+def solve(x1, x2, /):
+    vector = anp.ndim(x2) == 1
+    if vector:
+        x2 = anp.reshape(x2, (-1, 1))
+    # broadcast the stacks first: the rules above assume equal batch shapes
+    batch = np.broadcast_shapes(anp.shape(x1)[:-2], anp.shape(x2)[:-2])
+    out = _solve(_xp.broadcast_to(x1, batch + anp.shape(x1)[-2:]), _xp.broadcast_to(x2, batch + anp.shape(x2)[-2:]))
+    return out[..., 0] if vector else out
+
+
+def _phi(x):
+    """The lower triangle of x with its diagonal halved."""
+    n = anp.shape(x)[-1]
+    return x * (np.tril(np.ones((n, n))) - 0.5 * np.eye(n))
+
+
+@primitive
+def _cholesky(x):
+    return np.linalg.cholesky(x)
+
+
+# dL = L phi(L^-1 sym(dA) L^-T), and its adjoint
+defvjp(_cholesky, lambda L, x: lambda g: _sym(anp.matmul(_T(inv(L)), anp.matmul(_phi(anp.matmul(_T(L), g)), inv(L)))))
+defjvp(_cholesky, lambda g, L, x: anp.matmul(L, _phi(anp.matmul(inv(L), anp.matmul(_sym(g), _T(inv(L)))))))
+
+
+def cholesky(x, /, *, upper=False):
+    L = _cholesky(x)
+    return _T(L) if upper else L
+
+
+def _gaps(w):
+    """F[i, j] = 1 / (w[j] - w[i]) off the diagonal, 0 on it."""
+    diff = anp.expand_dims(w, -2) - anp.expand_dims(w, -1)
+    off = 1.0 - np.eye(anp.shape(w)[-1])
+    return off / (diff + (1.0 - off))
+
+
+@primitive
+def _eigh(x):
+    return tuple(np.linalg.eigh(x))
+
+
+def _eigh_vjp(ans, x):
+    w, v = ans
+
+    def pullback(g):
+        gw, gv = g
+        inner = anp.expand_dims(gw, -1) * np.eye(anp.shape(w)[-1]) + _gaps(w) * anp.matmul(_T(v), gv)
+        return _sym(anp.matmul(v, anp.matmul(inner, _T(v))))
+
+    return pullback
+
+
+def _eigh_jvp(g, ans, x):
+    # dw = diag(V^T dA V), dV = V (F * V^T dA V), for the symmetric part of dA
+    w, v = ans
+    m = anp.matmul(_T(v), anp.matmul(_sym(g), v))
+    return _boxed_tuple((diagonal(m), anp.matmul(v, _gaps(w) * m)))
+
+
+defvjp(_eigh, _eigh_vjp)
+defjvp(_eigh, _eigh_jvp)
+
+
+def eigh(x, /):
+    w, v = _eigh(x)
+    return w, v
+
+
+def eigvalsh(x, /):
+    return _eigh(x)[0]

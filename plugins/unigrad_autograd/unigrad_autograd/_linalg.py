@@ -5,16 +5,19 @@ autograd defines only VJPs (no JVPs) for its decompositions and solvers (``det``
 ``solve``, ``eigh``, ``cholesky``...), and this backend declares forward mode, so each of those
 is a primitive of this module with both rules, written from the standard perturbation results;
 every rule calls differentiable functions (these primitives included), so every order is
-defined. What is not here (``svd``, ``qr``...) fails with an ``AttributeError`` naming it, and
+defined. What is not here (``qr``...) fails with an ``AttributeError`` naming it, and
 the conformance suite skips it with that reason.
 """
 
 from __future__ import annotations
 
+import builtins
+
 import autograd.numpy as anp
 import numpy as np
 
 from autograd.builtins import tuple as _boxed_tuple
+from autograd.core import make_vjp
 from autograd.extend import defjvp, defvjp, primitive
 
 from . import _namespace as _xp
@@ -207,3 +210,86 @@ def eigh(x, /):
 
 def eigvalsh(x, /):
     return _eigh(x)[0]
+
+
+def _vjp_by_transposing(jvp_rule):
+    """A primitive's VJP from its JVP (linear in the tangent): reverse mode through the JVP."""
+    def vjp_maker(ans, x):
+        def pullback(g):
+            back, _ = make_vjp(lambda t: jvp_rule(t, ans, x), np.zeros(anp.shape(x), dtype=_xp.result_type(x)))
+            return back(g)
+        return pullback
+    return vjp_maker
+
+
+@primitive
+def _svd(x):
+    return tuple(np.linalg.svd(x, full_matrices=False))
+
+
+def _svd_jvp(g, ans, x):
+    # A = U S V^T (thin), dP = U^T dA V, F[i, j] = 1 / (s_j^2 - s_i^2) off the diagonal:
+    # ds = diag(dP), dU = U (F * (dP S + S dP^T)) + (I - U U^T) dA V S^-1,
+    # dV = V (F * (S dP + dP^T S)) + (I - V V^T) dA^T U S^-1
+    u, s, vh = ans
+    v = _T(vh)
+    dp = anp.matmul(_T(u), anp.matmul(g, v))
+    f = _gaps(s * s)
+    row, col = anp.expand_dims(s, -1), anp.expand_dims(s, -2)
+    du = anp.matmul(u, f * (dp * col + row * _T(dp)))
+    dv = anp.matmul(v, f * (row * dp + _T(dp) * col))
+    m, n = anp.shape(x)[-2:]
+    if m > n:
+        dav = anp.matmul(g, v)
+        du = du + (dav - anp.matmul(u, anp.matmul(_T(u), dav))) / col
+    if n > m:
+        dau = anp.matmul(_T(g), u)
+        dv = dv + (dau - anp.matmul(v, anp.matmul(vh, dau))) / col
+    return _boxed_tuple((du, diagonal(dp), _T(dv)))
+
+
+defjvp(_svd, _svd_jvp)
+defvjp(_svd, _vjp_by_transposing(_svd_jvp))
+
+
+def svd(x, /, *, full_matrices=True):
+    if full_matrices and anp.shape(x)[-1] != anp.shape(x)[-2]:
+        raise ValueError(f"linalg.svd: the autograd backend differentiates the thin SVD only; pass "
+                         f"full_matrices=False for a non-square x (shape {anp.shape(x)})")
+    u, s, vh = _svd(x)
+    return u, s, vh
+
+
+def svdvals(x, /):
+    return _svd(x)[1]
+
+
+def matrix_norm(x, /, *, keepdims=False, ord="fro"):  # noqa: A002 (the standard's name)
+    a = anp.abs(x)
+    if ord == "fro":
+        norm = anp.sqrt(anp.sum(anp.real(x * anp.conj(x)), axis=(-2, -1)))
+    elif ord in (1, -1):
+        sums = anp.sum(a, axis=-2)
+        norm = anp.max(sums, axis=-1) if ord == 1 else anp.min(sums, axis=-1)
+    elif ord in (float("inf"), -float("inf")):
+        sums = anp.sum(a, axis=-1)
+        norm = anp.max(sums, axis=-1) if ord > 0 else anp.min(sums, axis=-1)
+    elif ord in (2, -2):
+        s = svdvals(x)
+        norm = anp.max(s, axis=-1) if ord == 2 else anp.min(s, axis=-1)
+    elif ord == "nuc":
+        norm = anp.sum(svdvals(x), axis=-1)
+    else:
+        raise ValueError(f"linalg.matrix_norm: ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf; got {ord!r}")
+    return _scalar_to_matrix(norm) if keepdims else norm
+
+
+def pinv(x, /, *, rtol=None):
+    u, s, vh = _svd(x)
+    m, n = anp.shape(x)[-2:]
+    values = _xp.getval(s)
+    cutoff = (builtins.max(m, n) * np.finfo(values.dtype).eps if rtol is None else rtol) * np.max(
+        values, axis=-1, keepdims=True, initial=0.0)
+    kept = values > cutoff
+    s_inv = anp.where(kept, 1.0 / anp.where(kept, s, 1.0), 0.0)
+    return anp.matmul(_T(vh) * anp.expand_dims(s_inv, -2), _T(u))

@@ -138,6 +138,8 @@ _A = np.array([[2.0, 0.3, -0.4], [0.1, 1.5, 0.2], [-0.3, 0.4, 1.8]])
     ("svdvals", lambda xp, a: xp.linalg.svdvals(a[:, :2])),
     ("pinv", lambda xp, a: xp.linalg.pinv(a[:, :2])),
     ("matrix_norm_nuc", lambda xp, a: xp.linalg.matrix_norm(a, ord="nuc", keepdims=True)),
+    ("qr_tall", lambda xp, a: xp.linalg.qr(xp.concat([a, a[:1] * 0.5]))[0] ** 2),
+    ("qr_square", lambda xp, a: xp.linalg.qr(a)[1] ** 2),
     ("matrix_norm_-inf", lambda xp, a: xp.linalg.matrix_norm(a, ord=-np.inf)),
 ])
 def test_linalg_matches_the_tape_in_both_modes(name, f):
@@ -149,7 +151,7 @@ def test_linalg_second_order_matches_the_tape():
         xp = unigrad.namespace(a)
         return xp.sum(xp.linalg.eigvalsh(a + xp.matrix_transpose(a)) ** 3) + xp.linalg.det(a) * xp.sum(
             xp.linalg.inv(a)) + xp.sum(xp.linalg.cholesky(xp.matmul(a, xp.matrix_transpose(a))) ** 2) + xp.sum(
-            xp.linalg.svd(a[:2], full_matrices=False)[2] ** 2 * 0.5)
+            xp.linalg.svd(a[:2], full_matrices=False)[2] ** 2 * 0.5) + xp.sum(xp.linalg.qr(a)[0] ** 3)
     want = np.asarray(unigrad.hessian(f, backend="numpy")(_A))
     forward_over_reverse = unigrad.hessian(f, backend="autograd")(_A)
     reverse_over_reverse = unigrad.jacrev(unigrad.grad(f, backend="autograd"), backend="autograd")(_A)

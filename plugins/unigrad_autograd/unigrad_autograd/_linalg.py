@@ -5,8 +5,8 @@ autograd defines only VJPs (no JVPs) for its decompositions and solvers (``det``
 ``solve``, ``eigh``, ``cholesky``...), and this backend declares forward mode, so each of those
 is a primitive of this module with both rules, written from the standard perturbation results;
 every rule calls differentiable functions (these primitives included), so every order is
-defined. What is not here (``qr``...) fails with an ``AttributeError`` naming it, and
-the conformance suite skips it with that reason.
+defined. What is not here fails with an ``AttributeError`` naming it, and the conformance
+suite skips it with that reason.
 """
 
 from __future__ import annotations
@@ -293,3 +293,34 @@ def pinv(x, /, *, rtol=None):
     kept = values > cutoff
     s_inv = anp.where(kept, 1.0 / anp.where(kept, s, 1.0), 0.0)
     return anp.matmul(_T(vh) * anp.expand_dims(s_inv, -2), _T(u))
+
+
+@primitive
+def _qr(x):
+    return tuple(np.linalg.qr(x))
+
+
+def _qr_jvp(g, ans, x):
+    # A = Q R (m >= n), X = Q^T dA R^-1, Q^T dQ = W = tril(X, -1) - tril(X, -1)^T (antisymmetric):
+    # dR = (X - W) R, dQ = Q W + (I - Q Q^T) dA R^-1
+    q, r = ans
+    r_inv = inv(r)
+    da_r_inv = anp.matmul(g, r_inv)
+    x_ = anp.matmul(_T(q), da_r_inv)
+    low = anp.tril(x_, -1)
+    w = low - _T(low)
+    dq = anp.matmul(q, w) + da_r_inv - anp.matmul(q, x_)
+    return _boxed_tuple((dq, anp.matmul(x_ - w, r)))
+
+
+defjvp(_qr, _qr_jvp)
+defvjp(_qr, _vjp_by_transposing(_qr_jvp))
+
+
+def qr(x, /, *, mode="reduced"):
+    m, n = anp.shape(x)[-2:]
+    if m < n or (mode != "reduced" and m != n):
+        raise ValueError(f"linalg.qr: the autograd backend differentiates the reduced QR of an x with at least "
+                         f"as many rows as columns; got shape {anp.shape(x)}, mode={mode!r}")
+    q, r = _qr(x)
+    return q, r

@@ -157,3 +157,27 @@ def test_linalg_second_order_matches_the_tape():
     reverse_over_reverse = unigrad.jacrev(unigrad.grad(f, backend="autograd"), backend="autograd")(_A)
     for got in (forward_over_reverse, reverse_over_reverse):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)
+
+
+def test_unigrad_rules_at_non_differentiable_points():
+    # docs/conventions.md, "The rules chosen": clip passes the derivative at its bounds, the 2-norm has
+    # derivative 0 at 0 (autograd's own clip gives 0 at the bounds; sqrt gives NaN at 0)
+    xp = unigrad.get_backend("autograd").namespace()
+    for bound in (0.0, 1.0):
+        assert unigrad.grad(lambda x: xp.clip(x, min=0.0, max=1.0), backend="autograd")(np.float64(bound)) == 1.0
+    assert unigrad.grad(lambda x: xp.clip(x, min=0.0, max=1.0), backend="autograd")(np.float64(1.5)) == 0.0
+    np.testing.assert_array_equal(unigrad.grad(xp.linalg.vector_norm, backend="autograd")(np.zeros(2)), [0.0, 0.0])
+    np.testing.assert_allclose(unigrad.grad(xp.linalg.vector_norm, backend="autograd")(np.array([3.0, -4.0])),
+                               [0.6, -0.8], rtol=1e-15)
+    assert xp.clip(np.ones(2, dtype=np.float32), min=0.0, max=0.5).dtype == np.float32
+
+
+def test_second_order_through_the_plugins_primitives_matches_the_tape():
+    # forward over reverse: each rule also runs on the outer trace's boxes
+    def f(a):
+        xp = unigrad.namespace(a)
+        b = xp.astype(a, xp.float32) * 1.0
+        return xp.sum(xp.clip(a * a, min=0.1, max=2.0) * xp.flip(a, axis=0) + xp.hypot(a, 1.0) * b
+                      + xp.broadcast_to(a[:1], (2, 3)) ** 3)
+    want = np.asarray(unigrad.hessian(f, backend="numpy")(_A[:2]))  # through float32: rtol 1e-6
+    np.testing.assert_allclose(np.asarray(unigrad.hessian(f, backend="autograd")(_A[:2])), want, rtol=1e-6)

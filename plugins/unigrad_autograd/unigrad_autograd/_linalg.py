@@ -30,7 +30,10 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):  # noqa: A002 (the s
     axes = tuple(range(len(shape))) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
     axes = tuple(a % len(shape) for a in axes) if shape else ()
     if ord == 2:
-        norm = anp.sqrt(anp.sum(anp.real(x * anp.conj(x)), axis=axes))
+        # derivative 0 where the norm is 0 (unigrad's rule, docs/conventions.md), not sqrt's NaN
+        squares = anp.sum(anp.real(x * anp.conj(x)), axis=axes)
+        zero = np.asarray(_xp.getval(squares) == 0)
+        norm = anp.sqrt(squares + zero.astype(_xp.result_type(squares))) * (~zero).astype(_xp.result_type(squares))
     elif ord == 1:
         norm = anp.sum(anp.abs(x), axis=axes)
     elif ord == float("inf"):

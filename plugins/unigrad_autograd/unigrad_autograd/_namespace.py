@@ -60,7 +60,7 @@ def _cast(x, dtype):
     return x.astype(dtype)
 
 
-defvjp(_cast, lambda ans, x, dtype: lambda g: _cast(g, np.result_type(x)))
+defvjp(_cast, lambda ans, x, dtype: lambda g: _cast(g, np.result_type(getval(x))))
 defjvp(_cast, lambda g, ans, x, dtype: _cast(g, dtype))
 
 
@@ -111,12 +111,33 @@ def where(condition, x1, x2, /):
     return anp.where(condition, broadcast_to(x1, shape), broadcast_to(x2, shape))
 
 
+@primitive
+def _clip(x, lo, hi):
+    return np.clip(x, lo, hi)
+
+
+def _inside(x, lo, hi):
+    """1 where min <= x <= max (the bounds included: unigrad's rule, docs/conventions.md), else 0."""
+    x, lo, hi = (None if v is None else np.asarray(getval(v)) for v in (x, lo, hi))  # a constant mask
+    keep = np.ones(x.shape, dtype=np.bool_)
+    if lo is not None:
+        keep &= x >= lo
+    if hi is not None:
+        keep &= x <= hi
+    return keep.astype(np.result_type(x))
+
+
+defvjp(_clip, lambda ans, x, lo, hi: lambda g: g * _inside(x, lo, hi))
+defjvp(_clip, lambda g, ans, x, lo, hi: g * _inside(x, lo, hi))
+
+
 def clip(x, /, min=None, max=None):  # noqa: A002 (the standard's names)
     if min is None and max is None:
         return x * 1  # a new array, as the standard asks
     if not isinstance(min, ArrayBox) and not isinstance(max, ArrayBox):
-        return anp.clip(x, min, max)  # derivative: 1 inside [min, max], 0 where clipped
-    # bounds that are themselves differentiated: each element's derivative goes to whichever it took
+        return _clip(x, min, max)
+    # bounds that are themselves differentiated: each element's derivative goes to whichever value it
+    # took (x at a tie)
     out = x
     if min is not None:
         out = where(out < min, min, out)

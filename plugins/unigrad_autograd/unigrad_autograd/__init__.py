@@ -87,7 +87,7 @@ class AutogradBackend(unigrad.Backend):
     def asarray(self, x, dtype=None, device=None):
         _namespace._cpu(device)
         if isinstance(x, ArrayBox):
-            return x if dtype is None else x.astype(dtype)
+            return x if dtype is None else _namespace.astype(x, dtype)
         if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
             x = np.from_dlpack(x)  # another framework's CPU array, without a copy
         return np.asarray(x, dtype=dtype)

@@ -220,13 +220,17 @@ def _moved_last(x, axis):
     return anp.moveaxis(x, axis, -1), lambda y: anp.moveaxis(y, -1, axis)
 
 
-def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
+def _cumulative_input(name, x, axis, dtype):
+    """The standard's rules for a cumulative function's ``axis`` (required beyond 1-D) and ``dtype``."""
     if axis is None:
         if anp.ndim(x) != 1:
-            raise ValueError(f"cumulative_sum: axis is required for an x of {anp.ndim(x)} dimensions")
+            raise ValueError(f"{name}: axis is required for an x of {anp.ndim(x)} dimensions")
         axis = 0
-    if dtype is not None:
-        x = astype(x, dtype)
+    return (x if dtype is None else astype(x, dtype)), axis
+
+
+def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
+    x, axis = _cumulative_input("cumulative_sum", x, axis, dtype)
     out = anp.cumsum(x, axis=axis)
     if include_initial:
         shape = list(anp.shape(x))
@@ -237,12 +241,7 @@ def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
 
 def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
     # a running product, step by step: exact derivatives where x has zeros (unlike a division by x)
-    if axis is None:
-        if anp.ndim(x) != 1:
-            raise ValueError(f"cumulative_prod: axis is required for an x of {anp.ndim(x)} dimensions")
-        axis = 0
-    if dtype is not None:
-        x = astype(x, dtype)
+    x, axis = _cumulative_input("cumulative_prod", x, axis, dtype)
     moved, back = _moved_last(x, axis)
     steps = [anp.ones(anp.shape(moved)[:-1], dtype=result_type(x))] if include_initial else []
     for i in range(anp.shape(moved)[-1]):

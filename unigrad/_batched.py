@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _checks, _memory
 from ._call import BoundedCache, Call, execute, prepare
+from ._transform import _wraps, budget_chunk, choose_mode, promoted_blocks
 from ._dtypes import COMPLEX
 
 __all__ = ["batched_jacobian", "check_batch_independence"]
@@ -66,8 +67,6 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       >>> unigrad.batched_jacobian(lambda x: x ** 2)(x).shape
       (4, 3, 3)
     """
-    from ._api import _wraps, budget_chunk, choose_mode, promoted_blocks
-
     _checks.check_mode(mode, "batched_jacobian")
     _checks.check_chunk(chunk_size, "batched_jacobian")
     if check_independence not in _INDEPENDENCE:

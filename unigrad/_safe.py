@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ._api import namespace
+from ._arrays import namespace
 
 __all__ = ["safe_where", "safe_norm"]
 

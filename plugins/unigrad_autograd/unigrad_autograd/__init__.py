@@ -23,7 +23,11 @@ from autograd.tracer import getval, trace_stack
 
 import unigrad
 
-from . import _namespace
+from . import _linalg, _namespace
+
+# xp.linalg: built from the namespace's functions, so _linalg imports _namespace and the package joins them
+# here (the namespace importing _linalg back would make the two a circle of imports).
+_namespace.linalg = _linalg
 
 __all__ = ["AutogradBackend"]
 __version__ = "0.1.0"

@@ -351,5 +351,3 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
     _cpu(device)
     return np.linspace(start, stop, num, dtype=dtype, endpoint=endpoint)
 
-
-from . import _linalg as linalg  # noqa: E402 (xp.linalg: built from the functions above)

@@ -1,0 +1,99 @@
+"""What the transforms share, one floor below them (``_api`` and ``_batched`` both import it): the
+Jacobian mode chosen by shape, the output shapes of a signature, the chunk size from a memory budget,
+result blocks in their promoted dtype, and the wrapper's name.
+"""
+
+from __future__ import annotations
+
+from . import _checks, _memory
+from ._call import BoundedCache, Call
+
+
+def _flatten_blocks(jac):
+    return tuple(block for row in jac for block in row)
+
+
+def promoted_blocks(b, outputs, leaves, jac):
+    """``jac[i][j]`` in the dtype both output i and input j promote to, whatever the mode: reverse mode
+    pulls back to the input's dtype, forward mode pushes to the output's, and ``mode="auto"`` must not
+    change a result's dtype by choosing between them."""
+    out = []
+    for o, row in zip(outputs, jac):
+        blocks = []
+        for x, block in zip(leaves, row):
+            want = _checks.promote(b.dtype(o), b.dtype(x))
+            blocks.append(block if b.dtype(block) == want else b.cast(block, want))
+        out.append(tuple(blocks))
+    return tuple(out)
+
+
+def output_shapes(shapes: BoundedCache, call: Call):
+    """The shapes of ``f``'s outputs for this call's signature: one plain forward evaluation per
+    signature (shapes follow from the signature: array shapes and exact non-array values)."""
+    known = shapes.get(call.key)
+    if known is None:
+        b = call.backend
+        outputs = b.evaluate(call.flat_f, call.diff)
+        if call.has_aux:
+            outputs = outputs[0]
+        known = shapes.put(call.key, tuple(b.shape(o) for o in outputs))
+    return known
+
+
+def choose_mode(shapes: BoundedCache, call: Call, per_example: bool) -> str:
+    """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``
+    (a choice of speed only: both give the same Jacobian). A backend without true forward mode
+    (``capabilities.forward_mode`` False: its JVP is two VJPs) always gets ``"rev"``."""
+    b = call.backend
+    if not b.capabilities.forward_mode:
+        return "rev"
+    skip = 1 if per_example else 0
+    n_out = sum(_size(s[skip:]) for s in output_shapes(shapes, call))
+    n_in = sum(_size(b.shape(x)[skip:]) for x in call.diff)
+    return "fwd" if n_in < n_out else "rev"
+
+
+def _size(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16}
+
+
+def budget_chunk(chunks: BoundedCache, shapes: BoundedCache, call: Call, chosen: str, per_example: bool,
+                 budget: int, fname: str) -> int:
+    """The chunk size that keeps a Jacobian within ``budget`` bytes, once per signature and mode: the
+    peak of one VJP (rev) or JVP (fwd) of the whole call, measured on the backend, is what each basis
+    vector of a chunk costs; the result itself is set aside first (see ``_memory.py``)."""
+    key = None if call.key is None else (call.key, chosen)
+    known = chunks.get(key)
+    if known is not None:
+        return known
+    b, skip = call.backend, 1 if per_example else 0
+    out_shapes = output_shapes(shapes, call)
+    n_out = sum(_size(s[skip:]) for s in out_shapes)
+    n_in = sum(_size(b.shape(x)[skip:]) for x in call.diff)
+    batch = b.shape(call.diff[0])[0] if per_example else 1
+    itemsize = max([_ITEMSIZE.get(d, 8) for d in call.plan.dtypes] or [8])
+    result_bytes = batch * n_out * n_in * itemsize
+    if chosen == "rev":
+        def one():
+            outputs, vjp_fn, _ = b.vjp(call.flat_f, call.diff, has_aux=call.has_aux)
+            return vjp_fn(tuple(b.ones_like(o) for o in outputs))
+    else:
+        def one():
+            return b.jvp(call.flat_f, call.diff, tuple(b.ones_like(x) for x in call.diff), has_aux=call.has_aux)
+    per_row = _memory.peak_bytes(b, one)
+    n_rows = n_out if chosen == "rev" else n_in
+    return chunks.put(key, _memory.chunk_for_budget(budget, n_rows, result_bytes, per_row, fname))
+
+
+def _wraps(wrapper, f, kind):
+    name = getattr(f, "__name__", type(f).__name__)
+    wrapper.__name__ = f"{kind}({name})"
+    wrapper.__qualname__ = wrapper.__name__
+    wrapper.__doc__ = getattr(f, "__doc__", None)
+    wrapper.__wrapped__ = f

@@ -11,6 +11,8 @@ derivative check can notice. They prove that every checker can fail.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import types
 
@@ -25,6 +27,92 @@ settings.register_profile("ci", max_examples=10, deadline=None, derandomize=True
 settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("UNIGRAD_HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional extras: one rule
+# ---------------------------------------------------------------------------------------------
+# A test that uses an optional dependency says so where it uses it, with ``requires(...)`` (a
+# marker) or ``optional(...)`` (the module, or None): where the module is missing the test is
+# skipped, and the reason names the module and the extra that installs it; the other tests of its
+# module still run. A module skips as a whole only when every test in it drives that dependency
+# (the backend modules, test_backend_*.py).
+
+EXTRAS = {"torch": "torch", "jax": "jax", "tensorflow": "tensorflow", "dask": "dask", "dask.array": "dask",
+          "distributed": "dask", "cloudpickle": "dask", "array_api_strict": "test", "hypothesis": "test",
+          "autograd": "test", "scipy": "test", "matplotlib": "docs", "mkdocs": "docs", "material": "docs",
+          "mkdocstrings": "docs", "mkdocstrings_handlers.python": "docs"}
+_IMPORTED: dict = {}
+
+
+def optional(module: str):
+    """The module, imported, or None where it is not installed (or fails to import)."""
+    if module not in _IMPORTED:
+        try:
+            _IMPORTED[module] = importlib.import_module(module)
+        except ImportError:
+            _IMPORTED[module] = None
+    return _IMPORTED[module]
+
+
+def missing_reason(*modules: str) -> str | None:
+    """Why a test needing ``modules`` cannot run here (None: it can)."""
+    absent = [m for m in modules if optional(m) is None]
+    if not absent:
+        return None
+    extras = sorted({EXTRAS[m] for m in absent if m in EXTRAS})
+    install = " ".join([f"'unigrad[{e}]'" for e in extras] + sorted(m for m in absent if m not in EXTRAS))
+    return f"needs {', '.join(absent)}, not installed (pip install {install})"
+
+
+def requires(*modules: str):
+    """A marker: skip the test where one of ``modules`` is missing (see :func:`missing_reason`)."""
+    reason = missing_reason(*modules)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def skip_unless(*modules: str):
+    """Inside a test: skip it now where one of ``modules`` is missing; else return the first module."""
+    reason = missing_reason(*modules)
+    if reason is not None:
+        pytest.skip(reason)
+    return optional(modules[0])
+
+
+def skip_module_unless(module: str):
+    """At the top of a module every test of which drives ``module``: the module, or the whole file
+    skipped with the same reason as :func:`requires` gives."""
+    reason = missing_reason(module)
+    if reason is not None:
+        pytest.skip(reason, allow_module_level=True)
+    return optional(module)
+
+
+# ---------------------------------------------------------------------------------------------
+# The uncached reference
+# ---------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def uncached():
+    """Every cache of unigrad's call path off while the block runs, for a reference result that shares
+    nothing with the transform under test: caches made in it store nothing (``UNIGRAD_NO_CACHE``,
+    read when a cache is made), and existing ones (the module-level plan cache of ``vjp``) neither
+    return nor store anything."""
+    from unigrad._call import BoundedCache
+
+    saved_env = os.environ.get("UNIGRAD_NO_CACHE")
+    saved_get, saved_put = BoundedCache.get, BoundedCache.put
+    os.environ["UNIGRAD_NO_CACHE"] = "1"
+    BoundedCache.get = lambda self, key: None
+    BoundedCache.put = lambda self, key, value: value
+    try:
+        yield
+    finally:
+        BoundedCache.get, BoundedCache.put = saved_get, saved_put
+        if saved_env is None:
+            os.environ.pop("UNIGRAD_NO_CACHE", None)
+        else:
+            os.environ["UNIGRAD_NO_CACHE"] = saved_env
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import numpy as np
 import optree
 import pytest
 
+from conftest import skip_unless
+
 import unigrad
 
 Pair = collections.namedtuple("Pair", "w b")
@@ -335,7 +337,7 @@ def test_vjp_and_jvp_of_a_function_of_no_arguments():
 
 
 def test_the_fast_path_follows_the_selection_of_each_call():
-    torch = pytest.importorskip("torch")
+    torch = skip_unless("torch")
     g = unigrad.grad(lambda x: (x ** 2).sum())
     x = np.linspace(0.1, 0.5, 3)
     g(x), g(x)  # the signature of NumPy arrays on the numpy backend is known now
@@ -363,7 +365,7 @@ def test_compiled_repeat_calls_go_straight_to_the_program_with_fresh_values(tran
         got, want = compiled(a * scale, b, c * scale), plain(a * scale, b, c * scale)
         for g, w in zip(optree.tree_leaves(got), optree.tree_leaves(want)):
             np.testing.assert_allclose(g, w)
-    torch = pytest.importorskip("torch")
+    torch = skip_unless("torch")
     with unigrad.use_backend("torch"):  # another selection: not the numpy program
         assert all(isinstance(v, torch.Tensor) for v in optree.tree_leaves(compiled(a, b, c)))
 

@@ -10,7 +10,10 @@ import numpy as np
 import optree
 import pytest
 
-jax = pytest.importorskip("jax")
+from conftest import skip_unless, skip_module_unless
+
+jax = skip_module_unless("jax")
+pytestmark = pytest.mark.unigrad_backend("jax")  # run on each device --unigrad-devices names
 import jax.numpy as jnp  # noqa: E402
 
 import unigrad  # noqa: E402
@@ -573,7 +576,7 @@ def test_results_stay_on_the_gpu():
 
 
 def test_torch_tensors_convert_through_dlpack():
-    torch = pytest.importorskip("torch")
+    torch = skip_unless("torch")
     assert JAX.accepts_dlpack
     base = torch.arange(12, dtype=torch.float64).reshape(3, 4)
     for t in (base, base.t(), base[:, ::2], torch.ones(3, requires_grad=True), torch.arange(3)):

@@ -12,7 +12,10 @@ import numpy as np  # noqa: E402
 import optree  # noqa: E402
 import pytest  # noqa: E402
 
-tf = pytest.importorskip("tensorflow")
+from conftest import skip_module_unless  # noqa: E402
+
+tf = skip_module_unless("tensorflow")
+pytestmark = pytest.mark.unigrad_backend("tensorflow")  # run on each device --unigrad-devices names
 
 import array_api_compat.numpy as anp  # noqa: E402
 

@@ -12,7 +12,10 @@ import numpy as np
 import optree
 import pytest
 
-torch = pytest.importorskip("torch")
+from conftest import skip_module_unless
+
+torch = skip_module_unless("torch")
+pytestmark = pytest.mark.unigrad_backend("torch")  # run on each device --unigrad-devices names
 
 import unigrad  # noqa: E402
 import unigrad_torch  # noqa: E402

@@ -20,6 +20,8 @@ import pytest
 import unigrad
 from unigrad.tape import NumpyBackend
 
+from conftest import uncached
+
 HAVE = {name: importlib.util.find_spec(mod) is not None
         for name, mod in (("torch", "torch"), ("jax", "jax"), ("tensorflow", "tensorflow"))}
 BACKENDS = ["numpy"] + [name for name, ok in HAVE.items() if ok]
@@ -318,14 +320,18 @@ def test_random_call_orders_match_a_fresh_transform(seed, bk):
         vg = unigrad.value_and_grad(_scaled_loss, backend=bk, compile=compile)
         jac = unigrad.jacobian(_first_sin, backend=bk, compile=compile)
         for params, scale in _program(seed):
-            _same(vg(params, scale), unigrad.value_and_grad(_scaled_loss, backend=bk)(params, scale))
-            _same(jac(params, scale), unigrad.jacobian(_first_sin, backend=bk)(params, scale))
-            out, vjp_fn = unigrad.vjp(_scaled_loss, params, scale if isinstance(scale, float) else 1.0,
-                                      backend=bk)
-            fresh_out, fresh_vjp = unigrad.vjp(_scaled_loss, params, scale if isinstance(scale, float) else 1.0,
-                                               backend=bk)
-            _same(vjp_fn(np.float64(1.0) if _np(out).dtype == np.float64 else np.float32(1.0))[0],
-                  fresh_vjp(np.float64(1.0) if _np(fresh_out).dtype == np.float64 else np.float32(1.0))[0])
+            primal_scale = scale if isinstance(scale, float) else 1.0
+            got_vg, got_jac = vg(params, scale), jac(params, scale)
+            out, vjp_fn = unigrad.vjp(_scaled_loss, params, primal_scale, backend=bk)
+            got_vjp = vjp_fn(np.float64(1.0) if _np(out).dtype == np.float64 else np.float32(1.0))[0]
+            with uncached():  # the reference shares no cache (vjp's plans are module-level)
+                want_vg = unigrad.value_and_grad(_scaled_loss, backend=bk)(params, scale)
+                want_jac = unigrad.jacobian(_first_sin, backend=bk)(params, scale)
+                fresh_out, fresh_vjp = unigrad.vjp(_scaled_loss, params, primal_scale, backend=bk)
+                want_vjp = fresh_vjp(np.float64(1.0) if _np(fresh_out).dtype == np.float64 else np.float32(1.0))[0]
+            _same(got_vg, want_vg)
+            _same(got_jac, want_jac)
+            _same(got_vjp, want_vjp)
 
 
 # ------------------------------------------------------------------------------ caches off

@@ -10,6 +10,8 @@ import re
 import numpy as np
 import pytest
 
+from conftest import skip_unless
+
 import unigrad
 from unigrad.tape import NumpyBackend
 from unigrad.tape import _namespace as tape_xp
@@ -335,7 +337,7 @@ def test_floating_argnums_default():
 
     args = (np.ones(2), 3, {"a": 1.5, "b": np.zeros(1, np.float32)}, np.arange(3), True, [np.ones(1), 2])
     assert floating_argnums(args) == (0, 2)
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = skip_unless("ml_dtypes")
     assert floating_argnums((np.arange(3), np.ones(2, dtype=ml_dtypes.bfloat16))) == (1,)  # dtype kind "V"
     with pytest.raises(TypeError, match="no argument holds only floating-point arrays"):
         floating_argnums((np.arange(3), 2))

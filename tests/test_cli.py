@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import skip_unless
+
 import unigrad
 from unigrad._cli import main
 
@@ -193,7 +195,7 @@ def test_filtered_native_stderr_drops_only_tensorflows_start_up_notices(capfd):
 
 
 def test_cli_runs_print_no_tensorflow_notices():
-    pytest.importorskip("tensorflow")
+    skip_unless("tensorflow")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
     code = ("import os, sys; from unigrad._cli import main; rc = main(['info']); "
             "import tensorflow as tf; "
@@ -263,7 +265,7 @@ def test_bench_says_which_ratios_are_too_noisy():
 
 
 def test_bench_draws_the_figures_from_saved_results(tmp_path):
-    pytest.importorskip("matplotlib")
+    skip_unless("matplotlib")
     runner = _load_runner()
     results = {"tape": {"mlp_ratio_unigrad_vs_hand": 1.18, "mlp_ratio_autograd_vs_hand": 2.07,
                         "tiny_ratio_unigrad_vs_autograd": 0.45},

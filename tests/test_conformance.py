@@ -12,7 +12,7 @@ import pytest
 from unigrad.testing.conformance import *  # noqa: F401,F403
 from unigrad.testing import conformance
 
-from conftest import BUGS, CONFORMANCE_BUGS, make_broken_backend
+from conftest import BUGS, CONFORMANCE_BUGS, make_broken_backend, skip_unless
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # bug -> the ops of the suite that must catch it
@@ -103,3 +103,38 @@ def test_coverage_report_fails_a_broken_backend(register_backend):
 def test_coverage_report_of_an_unknown_backend_raises():
     with pytest.raises(ValueError, match="nmupy"):
         conformance.coverage_report("nmupy")
+
+
+# ------------------------------------------------------------------ what test_op reports
+
+def _row(verdict, **kw):
+    return conformance.CaseResult("sin", "elementwise", "3", "float64", 1, verdict=verdict, **kw)
+
+
+def test_an_inconclusive_case_is_a_skip_with_its_reason():
+    rows = [_row("pass"), _row("inconclusive", message="no stable estimate: kink inside the step")]
+    with pytest.raises(pytest.skip.Exception, match="finite differences inconclusive.*kink inside the step"):
+        conformance._conclude(rows, "sin", "numpy")
+    conformance._conclude([_row("pass")], "sin", "numpy")  # all pass: no outcome raised
+    with pytest.raises(pytest.fail.Exception):  # a failure beside an inconclusive case still fails
+        conformance._conclude(rows + [_row("fail")], "sin", "numpy")
+
+
+def test_a_failure_names_the_backend_finite_differences_contradict(monkeypatch):
+    # the tape itself wrong by 0.1 % in sin: torch's rows fail against the tape, and the failure says that
+    # finite differences contradict the tape, not torch
+    skip_unless("torch")
+    from unigrad.tape import _primitives as P
+
+    cos = P.cos
+    monkeypatch.setattr(P.sin, "vjps", (lambda g, ans, x: g * (cos(x) * 1.001),))
+    monkeypatch.setattr(P.sin, "jvps", (lambda t, ans, x: t * (cos(x) * 1.001),))
+    rows = conformance.run_op("torch", conformance._BY_NAME["sin"], fast=True)
+    failed = [r for r in rows if r.verdict == "fail"]
+    # (at float32, finite differences are too coarse to contradict 0.1 %: such a row names no one)
+    assert any(r.fd_disagrees == ("numpy",) for r in failed), conformance.coverage_table(rows)
+    assert not any("torch" in r.fd_disagrees for r in rows), conformance.coverage_table(rows)
+    with pytest.raises(pytest.fail.Exception, match=r"disagrees with finite differences: numpy \(the tape"):
+        conformance._conclude(rows, "sin", "torch")
+    tape_rows = conformance.run_op("numpy", conformance._BY_NAME["sin"])
+    assert any(r.verdict == "fail" for r in tape_rows)  # and the tape's own test fails

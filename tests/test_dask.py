@@ -20,15 +20,17 @@ import pytest
 
 import unigrad
 
-dask = pytest.importorskip("dask")
-da = pytest.importorskip("dask.array")
-distributed = pytest.importorskip("distributed")
-cloudpickle = pytest.importorskip("cloudpickle")
+from conftest import optional, requires, skip_unless
 
-import unigrad.dask as ud  # noqa: E402
+dask, da = optional("dask"), optional("dask.array")
+distributed, cloudpickle = optional("distributed"), optional("cloudpickle")
+needs_dask = requires("dask", "dask.array", "distributed", "cloudpickle")  # every test but the import check
+
+import unigrad.dask as ud  # noqa: E402 -- imports no dask itself
 
 # The functions below travel to the workers; this module is not importable there (tests/ is not on their path).
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+if cloudpickle is not None:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N, D, K = 200, 6, 3
 RNG = np.random.default_rng(0)
@@ -78,11 +80,12 @@ def _builds(client, token_prefix):
 # Equal to the in-memory results, on separate worker processes
 # ---------------------------------------------------------------------------------------------
 
+@needs_dask
 @pytest.mark.parametrize("engine", ["numpy", "torch"])
 def test_equal_to_in_memory(client, engine):
     backend = engine
     if backend == "torch":
-        pytest.importorskip("torch")
+        skip_unless("torch")
     Xd = da.from_array(X, chunks=25)  # 8 blocks over 2 workers
     Yd = da.from_array(Y, chunks=40)  # other chunks: rechunked to X's
     compile = backend == "torch"
@@ -118,6 +121,7 @@ def test_equal_to_in_memory(client, engine):
     assert max(_builds(client, jac.token).values()) == 1
 
 
+@needs_dask
 def test_parameters_are_one_task():
     """The parameters and f form one task that every block task depends on (sent once per worker)."""
     Xd = da.from_array(X, chunks=25)
@@ -131,6 +135,7 @@ def test_parameters_are_one_task():
         assert task[1] == specs[0] and not any(isinstance(a, (ud._Spec, np.ndarray)) for a in task)
 
 
+@needs_dask
 def test_batched_argument_pytrees_and_errors():
     Xd = da.from_array(X, chunks=50)
     # a batched in-memory differentiated argument is split like the Dask ones
@@ -175,6 +180,7 @@ def flagged(x, flags):
     return x ** 2
 
 
+@needs_dask
 def test_error_on_a_worker_keeps_type_and_message(client):
     flags = np.zeros(N, dtype=np.int64)
     flags[130] = 1
@@ -195,6 +201,7 @@ def _load(block, log, marker, doomed, block_info=None):
     return block
 
 
+@needs_dask
 def test_killed_worker_blocks_are_recomputed(client, tmp_path):
     log, marker, doomed = str(tmp_path / "log"), str(tmp_path / "killed"), 6
     Xd = da.from_array(X, chunks=25).map_blocks(_load, log, marker, doomed, dtype=X.dtype)
@@ -227,6 +234,7 @@ def _peak_rss_mb():
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+@needs_dask
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS read from /proc/self/status")
 def test_data_larger_than_memory_budget(tmp_path):
     # 520 MB of float64 on disk; 2 workers of 240 MB each (a worker's own imports take 100-180 MB of it,
@@ -266,6 +274,7 @@ def test_data_larger_than_memory_budget(tmp_path):
 # The in-memory API's guard, and imports
 # ---------------------------------------------------------------------------------------------
 
+@needs_dask
 def test_reject_lazy():
     Xd = da.from_array(X, chunks=50)
     for args, where in [((Xd, W), "argument 0"), ((W, [1.0, {"x": Xd}]), "argument 1[1]['x']")]:
@@ -278,6 +287,7 @@ def test_reject_lazy():
     ud._reject_lazy((X, 1.0, None, [W, {"a": X}], "text"), "vmap")  # nothing lazy: no error
 
 
+@needs_dask
 def test_in_memory_transform_refuses_a_dask_array():
     with pytest.raises(TypeError, match=r"unigrad\.dask\.batched_jacobian"):
         unigrad.batched_jacobian(model)(da.from_array(X, chunks=50), W)

@@ -19,6 +19,8 @@ import pytest
 import unigrad
 import unigrad.testing
 
+from conftest import requires, skip_unless
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MKDOCS = ROOT / "mkdocs.yml"
@@ -26,7 +28,7 @@ MKDOCS = ROOT / "mkdocs.yml"
 
 def test_the_site_builds_strictly(tmp_path):
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
-        pytest.importorskip(module, reason=f"the docs toolchain is not installed ({module}): pip install -e '.[docs]'")
+        skip_unless(module)
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(MKDOCS),
                              "--site-dir", str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True,
@@ -87,10 +89,13 @@ def _doctests(module_name):
     return [t for t in finder.find(module, module_name, extraglobs={"np": np, "unigrad": unigrad}) if t.examples]
 
 
-@pytest.mark.parametrize("module_name", _public_modules())
+# modules whose examples use an optional extra: skipped where it is missing (tests/conftest.py, one rule)
+EXAMPLES_NEED = {"unigrad.dask": ("dask", "dask.array"), "unigrad.testing.strategies": ("hypothesis",)}
+
+
+@pytest.mark.parametrize("module_name", [pytest.param(m, marks=requires(*EXAMPLES_NEED[m])) if m in EXAMPLES_NEED
+                                         else m for m in _public_modules()])
 def test_docstring_examples_run(module_name):
-    if module_name == "unigrad.testing.strategies":
-        pytest.importorskip("hypothesis")
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     failures = []
     for test in _doctests(module_name):
@@ -125,5 +130,5 @@ def test_the_pages_python_runs(page, capsys):
     code = "\n".join(blocks)
     for framework in ("torch", "jax", "tensorflow"):
         if f'backend="{framework}"' in code:
-            pytest.importorskip(framework)
+            skip_unless(framework)
     exec(compile(code, str(DOCS / page), "exec"), {"__name__": f"docs_{page[:-3]}"})

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import skip_unless
+
 import unigrad
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -45,16 +47,16 @@ def test_example_on_every_installed_backend(script, capsys):
 
 
 def test_native_torch_and_tensorflow_models_agree():
-    pytest.importorskip("torch")
-    pytest.importorskip("tensorflow")
+    skip_unless("torch")
+    skip_unless("tensorflow")
     report = _main("native_torch_and_tensorflow.py")()
     assert report.ok and [r.backend for r in report.results] == ["torch", "tensorflow"]
 
 
 def test_the_comparison_would_catch_a_mis_ported_model(monkeypatch):
     # The example's check is only worth something if it can fail: port the layer norm's epsilon wrongly.
-    pytest.importorskip("torch")
-    pytest.importorskip("tensorflow")
+    skip_unless("torch")
+    skip_unless("tensorflow")
     namespace = runpy.run_path(str(EXAMPLES / "native_torch_and_tensorflow.py"), run_name="example")
     import tensorflow as tf
 

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import skip_module_unless
+
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "plugins" / "unigrad_autograd"
 
-pytest.importorskip("autograd")
+skip_module_unless("autograd")
 
 
 @pytest.fixture(scope="module")

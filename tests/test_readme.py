@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from conftest import skip_unless
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -28,7 +30,7 @@ def test_quick_start_has_two_commands_and_ci_runs_the_second():
 
 
 def test_python_example_runs():
-    pytest.importorskip("torch")
+    skip_unless("torch")
     code = _blocks(README.read_text(), "python")[0]
     namespace = {}
     exec(compile(code, str(README), "exec"), namespace)

@@ -18,7 +18,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("jax")
+from conftest import skip_module_unless
+
+skip_module_unless("jax")
 
 _SCRIPT = r'''
 import json, os, traceback

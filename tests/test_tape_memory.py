@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import skip_unless
+
 import unigrad
 from unigrad import _memory
 from unigrad.tape import _core
@@ -30,8 +32,8 @@ def _smooth_grad(x):
 
 
 def test_vjp_peak_is_at_most_autograds():
-    autograd = pytest.importorskip("autograd")
-    anp = pytest.importorskip("autograd.numpy")
+    autograd = skip_unless("autograd")
+    anp = skip_unless("autograd.numpy")
     x = np.random.default_rng(0).standard_normal(1_000_000)
 
     def ours():

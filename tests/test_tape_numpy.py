@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import skip_unless
+
 import unigrad
 from unigrad.testing import check_grads
 
@@ -250,7 +252,7 @@ def test_fft_value_and_derivatives(name):
 
 @pytest.mark.parametrize("name", ["rfft", "irfft", "fft"])
 def test_fft_vjp_against_jax(name):
-    jax = pytest.importorskip("jax")
+    jax = skip_unless("jax")
     jnp = jax.numpy
     x = {"rfft": R36[0], "irfft": ZH[0], "fft": Z[0]}[name].astype(np.complex64 if name != "rfft" else np.float32)
     f_np, f_jax = getattr(np.fft, name), getattr(jnp.fft, name)
@@ -262,7 +264,7 @@ def test_fft_vjp_against_jax(name):
 
 
 def test_eigvals_vjp_against_jax():
-    jax = pytest.importorskip("jax")
+    jax = skip_unless("jax")
     a = A.astype(np.float32)
     out, vjp_fn = unigrad.vjp(np.linalg.eigvals, a, backend="numpy")
     ct = (RNG.standard_normal(4) + 1j * RNG.standard_normal(4)).astype(np.complex64)

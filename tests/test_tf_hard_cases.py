@@ -9,7 +9,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-tf = pytest.importorskip("tensorflow")
+from conftest import skip_module_unless  # noqa: E402
+
+tf = skip_module_unless("tensorflow")
 
 import unigrad  # noqa: E402
 from unigrad.testing import check_grads  # noqa: E402

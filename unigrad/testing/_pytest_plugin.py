@@ -12,6 +12,13 @@ backends; session-scoped, so it works with hypothesis' ``@given``)::
 
     def test_agree(unigrad_backends):
         unigrad.testing.assert_backends_agree(loss, (w,), backends=unigrad_backends)
+
+Devices: ``--unigrad-devices=cuda`` (or ``cpu,cuda``, ``cuda:1``, ``all``) runs every test that takes the
+``backend`` fixture -- the conformance suite included -- once per device, inside
+``unigrad.use_device(device)`` so that every transform places its inputs there; a backend without that
+device is skipped with the reason. Tests of one framework mark their module
+``pytestmark = pytest.mark.unigrad_backend("torch")`` to be run on the devices too. With the default
+(``cpu``) nothing is parametrised and no device is set.
 """
 
 from __future__ import annotations
@@ -31,7 +38,14 @@ def pytest_addoption(parser):
     group.addoption("--unigrad-programs", default=100, type=int,
                     help="random programs the conformance suite compares on each backend (default 100)")
     group.addoption("--unigrad-devices", default="cpu",
-                    help="comma-separated devices for the `device` fixture: cpu, cuda, cuda:N, gpu, or 'all'")
+                    help="comma-separated devices to run the backend tests on (and for the `device` fixture): "
+                         "cpu (default), cuda, cuda:N, gpu, or 'all' (cpu,cuda); a backend without the device "
+                         "is skipped with the reason")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "unigrad_backend(name): the module's tests drive this backend; they run on "
+                                       "each device --unigrad-devices names (skipped where it has none)")
 
 
 def _selected_backends(config):
@@ -57,6 +71,45 @@ def pytest_generate_tests(metafunc):
     if "device" in metafunc.fixturenames:
         devices = _selected_devices(metafunc.config)
         metafunc.parametrize("device", devices, ids=devices, indirect=True)
+    elif ("backend" in metafunc.fixturenames or metafunc.definition.get_closest_marker("unigrad_backend")) \
+            and _selected_devices(metafunc.config) != ["cpu"]:
+        devices = _selected_devices(metafunc.config)
+        metafunc.parametrize("unigrad_device", devices, ids=devices, indirect=True)
+
+
+def _has_device(b, device: str) -> bool:
+    """Whether backend ``b`` lists ``device``: "cuda"/"gpu" any GPU, "cuda:1" that one."""
+    kind, _, index = str(device).partition(":")
+    names = [str(d) for d in b.devices()]
+    if kind == "cpu":
+        return True
+    if kind in ("cuda", "gpu"):
+        gpus = [d for d in names if d.split(":")[0] in ("cuda", "gpu")]
+        return bool(gpus) if not index else any(d.partition(":")[2] == index for d in gpus)
+    return str(device) in names
+
+
+@pytest.fixture(autouse=True)
+def unigrad_device(request):
+    """The device of this test (None: no device set, the default). Parametrised over ``--unigrad-devices``
+    for tests taking the ``backend`` fixture or marked ``unigrad_backend(name)``: the test runs inside
+    ``unigrad.use_device(device)``, or is skipped where its backend has no such device."""
+    device = getattr(request, "param", None)
+    if device is None:
+        yield None
+        return
+    import unigrad
+
+    marker = request.node.get_closest_marker("unigrad_backend")
+    name = request.getfixturevalue("backend") if "backend" in request.fixturenames else marker.args[0]
+    try:
+        b = unigrad.get_backend(name)
+    except Exception as exc:  # noqa: BLE001 -- the backend fixture (or the module) reports a load failure
+        pytest.skip(f"backend {name!r} unavailable: {exc}")
+    if not _has_device(b, device):
+        pytest.skip(f"backend {b.name!r} has no device {device!r} here (its devices: {', '.join(map(str, b.devices()))})")
+    with unigrad.use_device(device):
+        yield device
 
 
 def _explicit(config) -> bool:
@@ -91,15 +144,15 @@ def backend(request):
 
 @pytest.fixture
 def device(request):
-    """A device string; GPU devices are skipped cleanly where the backend under test has none."""
+    """A device string, parametrised over ``--unigrad-devices``; skipped cleanly where the backend under
+    test (the ``backend`` fixture) has no such device. The test places its inputs itself."""
     name = request.param
     if name != "cpu" and "backend" in request.fixturenames:
         import unigrad
 
         b = unigrad.get_backend(request.getfixturevalue("backend"))
-        kinds = {d.split(":")[0] for d in b.devices()}
-        if not ({"cuda", "gpu"} & kinds):
-            pytest.skip(f"no GPU for backend {b.name!r}")
+        if not _has_device(b, name):
+            pytest.skip(f"backend {b.name!r} has no device {name!r} here (its devices: {', '.join(map(str, b.devices()))})")
     return name
 
 

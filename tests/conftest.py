@@ -1,8 +1,10 @@
 """Shared test set-up: hypothesis profiles, and backends with deliberately wrong derivatives.
 
-Hypothesis profiles: ``ci`` (the default) runs few examples, with no deadline, derandomized (the
-same examples on every run, so a failure reproduces) and without the example database;
-``thorough`` runs many random examples. Choose with ``UNIGRAD_HYPOTHESIS_PROFILE=thorough``.
+Hypothesis profiles: ``ci`` (the default) runs few examples, with no deadline and without the example
+database, seeded from the date (the same examples all day, new ones the next; the seed is in the
+pytest header, and ``UNIGRAD_HYPOTHESIS_SEED=<seed>`` replays a run); ``thorough`` runs many
+examples and raises every count a test pins (``examples(ci, thorough)``). Choose with
+``UNIGRAD_HYPOTHESIS_PROFILE=thorough``.
 
 Broken backends (fixture ``broken_backend``): subclasses of the NumPy tape whose namespace swaps
 one operation for a copy with a wrong derivative rule. The primal values stay right, so only a
@@ -12,6 +14,7 @@ derivative check can notice. They prove that every checker can fail.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib
 import os
 import types
@@ -22,11 +25,46 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile("ci", max_examples=10, deadline=None, derandomize=True, database=None,
+settings.register_profile("ci", max_examples=10, deadline=None, database=None,
                           print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("thorough", max_examples=500, deadline=None,
+settings.register_profile("thorough", max_examples=500, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("UNIGRAD_HYPOTHESIS_PROFILE", "ci"))
+PROFILE = os.environ.get("UNIGRAD_HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+
+def hypothesis_seed(environ=os.environ) -> int:
+    """The seed of every hypothesis test without its own: ``UNIGRAD_HYPOTHESIS_SEED`` where set (to
+    replay a run), else today's date in UTC as YYYYMMDD -- reproducible within a day, new examples
+    the next (the seed is printed in the pytest header)."""
+    value = environ.get("UNIGRAD_HYPOTHESIS_SEED")
+    if value:
+        return int(value)
+    return int(datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d"))
+
+
+HYPOTHESIS_SEED = hypothesis_seed()
+
+
+def examples(ci: int, thorough: int | None = None) -> int:
+    """A test's pinned number of examples: ``ci`` under the default profile; under ``thorough``, at
+    least ``thorough`` (default: the profile's own count), never fewer than ``ci``."""
+    if PROFILE != "thorough":
+        return ci
+    return max(ci, thorough if thorough is not None else settings.get_profile("thorough").max_examples)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    # hypothesis' own --hypothesis-seed wins; else the seed above, through that same option
+    if getattr(config.option, "hypothesis_seed", "absent") is None:
+        config.option.hypothesis_seed = str(HYPOTHESIS_SEED)
+
+
+def pytest_report_header(config):
+    seed = getattr(config.option, "hypothesis_seed", None) or HYPOTHESIS_SEED
+    return (f"unigrad: hypothesis profile {PROFILE!r}, seed {seed} "
+            f"(replay with UNIGRAD_HYPOTHESIS_SEED={seed}; UNIGRAD_HYPOTHESIS_PROFILE=thorough for the long run)")
 
 
 # ---------------------------------------------------------------------------------------------

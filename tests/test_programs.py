@@ -21,6 +21,8 @@ from unigrad.testing import (FiniteDifferencesInconclusive, Program, ProgramCase
 from unigrad.testing import strategies as ust
 from unigrad.testing._programs import Line
 
+from conftest import examples
+
 # ---------------------------------------------------------------------------------------------
 # The suite
 # ---------------------------------------------------------------------------------------------
@@ -66,19 +68,19 @@ def test_random_programs_agree_across_backends(unigrad_backends):
     assert stats["compared"] >= PROGRAMS, stats
 
 
-@settings(max_examples=4)
+@settings(max_examples=examples(4, thorough=200))
 @given(ust.program_cases(max_ops=3, dtype="float32"))
 def test_backends_agree_float32(unigrad_backends, case):
     check_program_across(case, unigrad_backends)
 
 
-@settings(max_examples=4)
+@settings(max_examples=examples(4, thorough=200))
 @given(ust.program_cases(max_ops=3, dtype="complex128"))
 def test_backends_agree_complex(unigrad_backends, case):
     check_program_across(case, unigrad_backends)  # backends without complex support are left out
 
 
-@settings(max_examples=3)
+@settings(max_examples=examples(3, thorough=100))
 @given(ust.program_cases(max_ops=2, max_side=2))
 def test_backends_agree_second_order(unigrad_backends, case):
     nesting = [b for b in unigrad_backends if unigrad.get_backend(b).capabilities.higher_order]
@@ -202,7 +204,7 @@ def test_failing_program_prints_as_python():
     assert "x0 = np.array(" in report
 
 
-@settings(max_examples=5)
+@settings(max_examples=examples(5))
 @given(ust.program_cases(max_ops=3))
 def test_check_program_on_the_tape(case):
     check_program(case, backend="numpy", order=1)

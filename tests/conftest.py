@@ -1,10 +1,14 @@
-"""Shared test set-up: hypothesis profiles, and backends with deliberately wrong derivatives.
+"""Shared test set-up: hypothesis profiles, optional extras, the uncached reference, and backends
+with deliberately wrong derivatives.
 
 Hypothesis profiles: ``ci`` (the default) runs few examples, with no deadline and without the example
 database, seeded from the date (the same examples all day, new ones the next; the seed is in the
 pytest header, and ``UNIGRAD_HYPOTHESIS_SEED=<seed>`` replays a run); ``thorough`` runs many
 examples and raises every count a test pins (``examples(ci, thorough)``). Choose with
 ``UNIGRAD_HYPOTHESIS_PROFILE=thorough``.
+
+Optional extras: ``requires``, ``skip_unless``, ``skip_module_unless`` and ``optional`` -- one rule,
+one reason text (below). The uncached reference: ``uncached()``, every cache of the call path off.
 
 Broken backends (fixture ``broken_backend``): subclasses of the NumPy tape whose namespace swaps
 one operation for a copy with a wrong derivative rule. The primal values stay right, so only a

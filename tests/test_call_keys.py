@@ -36,7 +36,6 @@ from unigrad.tape import NumpyBackend
 from conftest import uncached
 
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("torch", "jax", "tensorflow")}
-EAGER = ["numpy"] + [name for name in ("torch",) if HAVE[name]]
 COMPILERS = [name for name in ("jax", "tensorflow") if HAVE[name]]
 BACKENDS = ["numpy"] + [name for name in ("torch", "jax", "tensorflow") if HAVE[name]]
 
@@ -434,6 +433,8 @@ COMPILE_TRANSFORMS = {
 @pytest.mark.parametrize("bk", COMPILERS)
 def test_key_compile_two_transforms(transform, first, bk):
     """``compile`` changes how often f runs: a program traces it once, eagerly it runs on every call."""
+    if first is False and not _call.caches_enabled():
+        pytest.skip("counts the runs of a cached program (UNIGRAD_NO_CACHE is set)")
     runs = []
 
     def f(x):

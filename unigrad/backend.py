@@ -46,6 +46,7 @@ method                     status    default / note
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
 ``hessian`` / ``hvp``      optional  forward over reverse
 ``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
+``checkpoint(f, primals)`` optional  ``f(*primals)``: the block's intermediates are kept as usual
 =========================  ========  =====================================================
 
 The generic defaults call these namespace functions: ``eye(n, m, k=, dtype=,
@@ -336,6 +337,16 @@ class Backend(abc.ABC):
     def compile(self, fn: Callable) -> Callable:
         """A compiled version of ``fn`` (same signature); the default compiles nothing."""
         return fn
+
+    def checkpoint(self, f, primals):
+        """``f(*primals)`` (a tuple of arrays) as one block whose reverse-mode derivative recomputes
+        ``f`` from ``primals`` instead of keeping its intermediates (``unigrad.checkpoint``).
+
+        ``f`` is a flat function of own arrays returning a tuple of own arrays; forward mode and plain
+        evaluation just run it. Generic default: ``f(*primals)``, which gives the same derivatives
+        and saves no memory.
+        """
+        return tuple(f(*primals))
 
     # ------------------------------------------------------------------ helpers for adapters
     def unit_basis(self, arrays, start, stop):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..backend import Backend, Capabilities, _chunks
-from . import _core
+from . import _core, _remat
 from . import _namespace as namespace_module
 from ._core import backward, push, record
 from ._tracer import Tracer, concrete
@@ -79,6 +79,11 @@ class NumpyBackend(Backend):
 
     def stop_gradient(self, x):
         return concrete(x)
+
+    def checkpoint(self, f, primals):
+        """The block recorded as one node that keeps only ``primals`` and re-records ``f`` in the
+        backward sweep (``_remat``)."""
+        return _remat.checkpoint(f, tuple(primals))
 
     # ---------------------------------------------------------------- the two required transforms
     def vjp(self, f, primals, *, has_aux=False):

@@ -73,6 +73,7 @@ def checkpoint(f: Callable) -> Callable:
             seen["tree"] = out_tree
             return tuple(outs)
 
+        flat_f.__name__ = flat_f.__qualname__ = _name(f)  # errors name the user's function
         outs = b.checkpoint(flat_f, tuple(leaves[k] for k in positions))
         return optree.tree_unflatten(seen["tree"], list(outs))
 

@@ -450,6 +450,13 @@ class JaxBackend(Backend):
             _, hv = jax.jvp(gradient, primals, _like(tangents, primals))
         return tuple(hv)
 
+    def checkpoint(self, f, primals):
+        """``jax.checkpoint`` of the block (``unigrad.checkpoint``): its residuals are recomputed in the
+        backward pass. JAX traces the values ``f`` closes over as inputs, so closures work."""
+        primals = tuple(primals)
+        with _x64(f, primals):
+            return tuple(jax.checkpoint(lambda *p: tuple(f(*p)))(*primals))
+
     # ------------------------------------------------------------------ vmap / compile
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
         in_axes = tuple(in_axes)

@@ -268,6 +268,12 @@ class TensorflowBackend(Backend):
         primals = _fresh(primals)
         return _hvp(f, primals, _check_like(tuple(tangents), primals, "tangent", "primal"))
 
+    def checkpoint(self, f, primals):
+        """The block as a ``tf.custom_gradient`` that recomputes it in the backward pass (``_checkpoint``)."""
+        from ._checkpoint import checkpoint
+
+        return checkpoint(f, primals)
+
     # ---------------------------------------------------------------- vmap and compile
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
         in_axes = list(in_axes)

@@ -269,7 +269,12 @@ class TorchBackend(Backend):
             jac.append(tuple(row))
         return outputs, tuple(jac), aux
 
-    # ------------------------------------------------------------------ second order
+    def checkpoint(self, f, primals):
+        """The block as an ``autograd.Function`` that saves only its inputs (``_checkpoint``)."""
+        from ._checkpoint import checkpoint
+
+        return checkpoint(f, primals)
+
     # ------------------------------------------------------------------ compile
     def compile(self, fn):
         """``fn`` unchanged: ``torch.compile`` does not pay off here (so ``capabilities.compile`` is False).

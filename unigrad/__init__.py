@@ -13,6 +13,7 @@ from ._checkpoint import checkpoint
 from ._registry import (backends, get_backend, register_backend, set_backend, unregister_backend, use_backend,
                         use_device)
 from ._safe import safe_norm, safe_where
+from ._custom import custom_jvp, custom_vjp, stop_gradient
 from .backend import Backend, Capabilities
 
 __version__ = "0.1.0"
@@ -31,4 +32,5 @@ __all__ = [
     "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",
+    "custom_vjp", "custom_jvp", "stop_gradient",
 ]

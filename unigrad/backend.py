@@ -46,7 +46,10 @@ method                     status    default / note
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
 ``hessian`` / ``hvp``      optional  forward over reverse
 ``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
-``checkpoint(f, primals)`` optional  ``f(*primals)``: the block's intermediates are kept as usual
+``apply_rule(rule, arrays)``  optional  a custom derivative (``unigrad._custom.Rule``); declare
+                                     ``capabilities.custom_rules``. Default: a clear error
+``checkpoint(f, primals)`` optional  with ``custom_rules``: a rule keeping only ``primals`` whose
+                                     ``bwd`` re-runs ``vjp``; else ``f(*primals)`` (nothing saved)
 =========================  ========  =====================================================
 
 The generic defaults call these namespace functions: ``eye(n, m, k=, dtype=,
@@ -81,6 +84,8 @@ class Capabilities:
       higher_order: transforms nest (``hessian``, ``hvp``, ``check_grads(order=2)``).
       complex: complex inputs and outputs are differentiated.
       float64: float64 is computed in float64.
+      custom_rules: ``apply_rule`` maps custom derivative rules (``custom_vjp``, ``custom_jvp``,
+        ``stop_gradient``) to the engine's own mechanism, in both modes and nested.
     """
 
     forward_mode: bool = False
@@ -89,6 +94,7 @@ class Capabilities:
     higher_order: bool = False
     complex: bool = False
     float64: bool = True
+    custom_rules: bool = False
 
 
 class Backend(abc.ABC):
@@ -338,15 +344,65 @@ class Backend(abc.ABC):
         """A compiled version of ``fn`` (same signature); the default compiles nothing."""
         return fn
 
+    def apply_rule(self, rule, arrays):
+        """Apply a custom derivative rule (``unigrad._custom.Rule``: flat callables ``fun``, ``fwd``/``bwd``
+        and/or ``jvp``) to ``arrays`` (own arrays, traced or not); returns the tuple of outputs, whose
+        derivatives in every mode and at every order are the rule's (the missing mode is the transpose of
+        the given one). Declare ``capabilities.custom_rules`` when implemented. There is no generic
+        default: the base class raises rather than differentiate through ``fun`` (a silently wrong answer).
+        """
+        raise unsupported_rules(self, rule.name)
+
     def checkpoint(self, f, primals):
         """``f(*primals)`` (a tuple of arrays) as one block whose reverse-mode derivative recomputes
         ``f`` from ``primals`` instead of keeping its intermediates (``unigrad.checkpoint``).
 
-        ``f`` is a flat function of own arrays returning a tuple of own arrays; forward mode and plain
-        evaluation just run it. Generic default: ``f(*primals)``, which gives the same derivatives
-        and saves no memory.
+        ``f`` is a flat function of own arrays returning a tuple of own arrays. Generic default, on a
+        backend with ``capabilities.custom_rules``: a rule whose residuals are ``primals`` and whose
+        ``bwd`` runs this backend's ``vjp`` of ``f`` on them (and whose JVP is this backend's ``jvp``);
+        without custom rules, ``f(*primals)``: the same derivatives, nothing saved.
         """
-        return tuple(f(*primals))
+        primals = tuple(primals)
+        floating = [k for k, p in enumerate(primals) if self.dtype(p) in ("float16", "bfloat16", "float32",
+                                                                          "float64", "complex64", "complex128")]
+        if not self.capabilities.custom_rules or not floating:
+            return tuple(f(*primals))
+        if len(floating) < len(primals):  # a rule differentiates floating arrays: the others are bound
+            def on_floating(*xs):
+                call = list(primals)
+                for k, x in zip(floating, xs):
+                    call[k] = x
+                return f(*call)
+
+            on_floating.__name__ = getattr(f, "__name__", "checkpoint")
+            return self.checkpoint(on_floating, [primals[k] for k in floating])
+        from ._custom import Rule  # (the rules module imports this one)
+
+        def bwd(residuals, cotangents):
+            outputs, vjp_fn, _ = self.vjp(f, residuals)
+            return tuple(vjp_fn(tuple(self.zeros_like(o) if c is None else c for c, o in zip(cotangents, outputs))))
+
+        def jvp(inputs, tangents):
+            tangents = tuple(self.zeros_like(p) if t is None else t for t, p in zip(tangents, inputs))
+            outputs, tangents_out, _ = self.jvp(f, inputs, tangents)
+            return tuple(outputs), tuple(tangents_out)
+
+        name = getattr(f, "__name__", "checkpoint")
+
+        def run(*inputs):
+            outputs = tuple(f(*inputs))
+            # Untraced inputs and a traced output: f used a traced value it closes over, whose derivative
+            # the rule cannot give (it differentiates the arguments). Said, never dropped.
+            plain = self.stop_gradient
+            if all(type(plain(p)) is type(p) for p in inputs) and any(type(plain(o)) is not type(o) for o in outputs):
+                raise TypeError(f"checkpoint: {name} used a traced value that is not one of its arguments (a value it "
+                                f"closes over, computed inside the transform); pass it to the checkpointed function "
+                                f"as an argument")
+            return outputs
+
+        rule = Rule(name=name, fun=run, fwd=lambda *p: (run(*p), p), bwd=bwd,
+                    jvp=jvp if self.capabilities.forward_mode else None)
+        return tuple(self.apply_rule(rule, primals))
 
     # ------------------------------------------------------------------ helpers for adapters
     def unit_basis(self, arrays, start, stop):
@@ -439,6 +495,14 @@ class Backend(abc.ABC):
                 offset += size
             jac.append(tuple(blocks))
         return tuple(jac)
+
+
+def unsupported_rules(b, name):
+    """The error for a custom derivative rule on a backend without ``capabilities.custom_rules``."""
+    return NotImplementedError(
+        f"{name}: the {b.name!r} backend does not support custom derivative rules "
+        f"(capabilities.custom_rules is False), so it cannot differentiate a custom_vjp/custom_jvp function "
+        f"or stop_gradient; choose another backend (numpy, torch, jax, tensorflow)")
 
 
 def chunks(n: int, chunk_size: int | None) -> list[tuple[int, int]]:

@@ -224,7 +224,8 @@ def _carries_derivative(source, x):
     if source.name == "torch":
         import torch
 
-        return torch._C._functorch.is_functorch_wrapped_tensor(x)
+        functorch = torch._C._functorch
+        return functorch.is_functorch_wrapped_tensor(x) and not functorch.is_batchedtensor(x)
     return False
 
 

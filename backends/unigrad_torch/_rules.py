@@ -7,6 +7,10 @@ and a generated vmap rule, so it works under plain autograd and under every ``to
   (``torch.func.vjp`` of that linear map);
 * jvp: the JVP rule -- or, with only ``bwd``, its transpose (``torch.func.vjp`` of ``g -> bwd(res, g)``).
 
+Forward over forward (``jacfwd`` of ``jacfwd``) raises: torch.func gives the outer level zeros for what
+an ``autograd.Function``'s ``jvp`` computes (measured, torch 2.13), and a silent zero is worse than an
+error. Forward over reverse, reverse over forward and reverse over reverse work.
+
 Second order: where an outer transform differentiates the rule (the saved inputs are wrapped by
 ``torch.func``, or require grad with grad mode on: ``create_graph=True``), backward and jvp run
 ``fwd`` again on the saved inputs, so the residuals carry the outer derivatives; first order uses
@@ -24,9 +28,11 @@ import torch.func
 __all__ = ["apply_rule"]
 
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-# Set while a rule's forward runs: a custom function called inside its own fwd (JAX's idiom
-# ``return f(x), res``) meets plain tensors there; it is evaluated plainly (under torch.func, applying
-# the Function again from inside its forward would re-enter the same transform level without end).
+# Set while a rule's forward runs. torch.func runs a Function's forward below every grad level, each of
+# which the Function itself handles (only vmap levels remain, by the generated vmap rule), and plain
+# autograd runs it with grad off: a custom function called there (JAX's idiom ``return f(x), res`` in
+# fwd) is evaluated plainly. (Applying the Function again from inside its forward would re-enter the
+# same torch.func level without end.)
 _IN_FORWARD = contextvars.ContextVar("unigrad_torch_rule_forward", default=False)
 
 
@@ -87,6 +93,12 @@ class _RuleFunction(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, *tangents):
         rule, n_in, n_out = ctx.rule, ctx.n_in, ctx.n_out
+        if _forward_levels() > 1:
+            raise NotImplementedError(
+                f"{rule.name}: forward mode over forward mode (jacfwd of jacfwd, jvp of jvp) through a custom rule "
+                f"is not supported on the torch backend: torch.func drops the outer tangent of an "
+                f"autograd.Function's jvp (measured: zeros, torch 2.13). Use forward over reverse (unigrad.hessian, "
+                f"unigrad.hvp), reverse over forward, or another backend")
         saved = ctx.saved_tensors
         arrays, outs, res = saved[:n_in], saved[n_in:n_in + n_out], saved[n_in + n_out:]
         tangents = tuple(torch.zeros_like(a) if t is None else t for t, a in zip(tangents[2:], arrays))
@@ -100,6 +112,13 @@ class _RuleFunction(torch.autograd.Function):
         return (*tangents_out, *(None for _ in res))
 
 
+def _forward_levels():
+    """How many torch.func forward-mode (jvp) levels are active."""
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    jvp = torch._C._functorch.TransformType.Jvp
+    return sum(1 for interpreter in stack if interpreter.key() == jvp)
+
+
 def _residuals(rule, arrays, saved):
     """The saved residuals, or fresh ones computed from the inputs when an outer transform differentiates
     them (second order: the saved ones would be constants to it)."""
@@ -109,7 +128,7 @@ def _residuals(rule, arrays, saved):
 
 
 def apply_rule(rule, arrays):
-    if _IN_FORWARD.get() and not any(_wrapped(a) or a.requires_grad for a in arrays):
+    if _IN_FORWARD.get():  # every grad level has been handled by the Function around it (see above)
         return tuple(rule.primal(*arrays))
     info = _Info()
     result = _RuleFunction.apply(rule, info, *arrays)

@@ -5,8 +5,9 @@ hand the backend a flat function of the array leaves (:meth:`unigrad.Backend.che
 backend recomputes in its own way: the tape re-records the block in the backward sweep
 (``unigrad/tape/_remat.py``), JAX uses ``jax.checkpoint``, PyTorch an ``autograd.Function`` that
 saves only the inputs (``torch.utils.checkpoint`` refuses ``torch.func`` transforms), TensorFlow a
-``tf.custom_gradient`` that recomputes under a tape. A backend without its own gets the contract's
-default, which runs the block as it is (same derivatives, no memory saved).
+``tf.custom_gradient`` that recomputes under a tape. A plugin with custom rules that does not
+override the method gets :func:`rule_checkpoint` (a rule keeping only the inputs); one without runs
+the block as it is (same derivatives, no memory saved).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Callable
 import optree
 
 from . import _registry
+from ._custom import Rule
+from ._dtypes import INEXACT
+from .backend import Backend
 
 __all__ = ["checkpoint"]
 
@@ -74,10 +78,58 @@ def checkpoint(f: Callable) -> Callable:
             return tuple(outs)
 
         flat_f.__name__ = flat_f.__qualname__ = _name(f)  # errors name the user's function
-        outs = b.checkpoint(flat_f, tuple(leaves[k] for k in positions))
+        arrays = tuple(leaves[k] for k in positions)
+        if type(b).checkpoint is Backend.checkpoint and b.capabilities.custom_rules:
+            outs = rule_checkpoint(b, flat_f, arrays)  # the contract's generic default for plugins
+        else:
+            outs = b.checkpoint(flat_f, arrays)
         return optree.tree_unflatten(seen["tree"], list(outs))
 
     return checkpointed
+
+
+def rule_checkpoint(b, f, primals):
+    """The generic rematerialisation, for a backend with custom rules: a rule whose residuals are the
+    floating ``primals`` (the others are bound), whose ``bwd`` runs ``b.vjp`` of ``f`` on them and whose
+    JVP is ``b.jvp`` (forward mode has nothing to keep)."""
+    primals = tuple(primals)
+    floating = [k for k, p in enumerate(primals) if b.dtype(p) in INEXACT]
+    if not floating:
+        return tuple(f(*primals))
+    name = getattr(f, "__name__", "checkpoint")
+    if len(floating) < len(primals):  # a rule differentiates floating arrays: bind the others
+        def on_floating(*xs):
+            call = list(primals)
+            for k, x in zip(floating, xs):
+                call[k] = x
+            return f(*call)
+
+        on_floating.__name__ = name
+        return rule_checkpoint(b, on_floating, [primals[k] for k in floating])
+
+    def run(*inputs):
+        outputs = tuple(f(*inputs))
+        # Untraced inputs and a traced output: f used a traced value it closes over, whose derivative the
+        # rule cannot give (it differentiates its arguments). Said, never dropped.
+        plain = b.stop_gradient
+        if all(type(plain(p)) is type(p) for p in inputs) and any(type(plain(o)) is not type(o) for o in outputs):
+            raise TypeError(f"checkpoint: {name} used a traced value that is not one of its arguments (a value it "
+                            f"closes over, computed inside the transform); pass it to the checkpointed function "
+                            f"as an argument")
+        return outputs
+
+    def bwd(residuals, cotangents):
+        outputs, vjp_fn, _ = b.vjp(f, residuals)
+        return tuple(vjp_fn(tuple(b.zeros_like(o) if c is None else c for c, o in zip(cotangents, outputs))))
+
+    def jvp(inputs, tangents):
+        tangents = tuple(b.zeros_like(p) if t is None else t for t, p in zip(tangents, inputs))
+        outputs, tangents_out, _ = b.jvp(f, inputs, tangents)
+        return tuple(outputs), tuple(tangents_out)
+
+    rule = Rule(name=name, fun=run, fwd=lambda *p: (run(*p), p), bwd=bwd,
+                jvp=jvp if b.capabilities.forward_mode else None)
+    return tuple(b.apply_rule(rule, primals))
 
 
 def _backend_of(leaves):

@@ -48,8 +48,8 @@ method                     status    default / note
 ``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
 ``apply_rule(rule, arrays)``  optional  a custom derivative (``unigrad._custom.Rule``); declare
                                      ``capabilities.custom_rules``. Default: a clear error
-``checkpoint(f, primals)`` optional  with ``custom_rules``: a rule keeping only ``primals`` whose
-                                     ``bwd`` re-runs ``vjp``; else ``f(*primals)`` (nothing saved)
+``checkpoint(f, primals)`` optional  ``f(*primals)``; with ``custom_rules`` (not overridden): a rule
+                                     keeping only ``primals`` whose ``bwd`` re-runs ``vjp``
 =========================  ========  =====================================================
 
 The generic defaults call these namespace functions: ``eye(n, m, k=, dtype=,
@@ -357,52 +357,13 @@ class Backend(abc.ABC):
         """``f(*primals)`` (a tuple of arrays) as one block whose reverse-mode derivative recomputes
         ``f`` from ``primals`` instead of keeping its intermediates (``unigrad.checkpoint``).
 
-        ``f`` is a flat function of own arrays returning a tuple of own arrays. Generic default, on a
-        backend with ``capabilities.custom_rules``: a rule whose residuals are ``primals`` and whose
-        ``bwd`` runs this backend's ``vjp`` of ``f`` on them (and whose JVP is this backend's ``jvp``);
-        without custom rules, ``f(*primals)``: the same derivatives, nothing saved.
+        ``f`` is a flat function of own arrays returning a tuple of own arrays. Default: ``f(*primals)``
+        -- the same derivatives, nothing saved -- except on a backend with ``capabilities.custom_rules``
+        that does not override this method: there ``unigrad.checkpoint`` applies a generic rule whose
+        residuals are ``primals`` and whose ``bwd`` re-runs this backend's ``vjp``
+        (``unigrad._checkpoint.rule_checkpoint``).
         """
-        primals = tuple(primals)
-        floating = [k for k, p in enumerate(primals) if self.dtype(p) in ("float16", "bfloat16", "float32",
-                                                                          "float64", "complex64", "complex128")]
-        if not self.capabilities.custom_rules or not floating:
-            return tuple(f(*primals))
-        if len(floating) < len(primals):  # a rule differentiates floating arrays: the others are bound
-            def on_floating(*xs):
-                call = list(primals)
-                for k, x in zip(floating, xs):
-                    call[k] = x
-                return f(*call)
-
-            on_floating.__name__ = getattr(f, "__name__", "checkpoint")
-            return self.checkpoint(on_floating, [primals[k] for k in floating])
-        from ._custom import Rule  # (the rules module imports this one)
-
-        def bwd(residuals, cotangents):
-            outputs, vjp_fn, _ = self.vjp(f, residuals)
-            return tuple(vjp_fn(tuple(self.zeros_like(o) if c is None else c for c, o in zip(cotangents, outputs))))
-
-        def jvp(inputs, tangents):
-            tangents = tuple(self.zeros_like(p) if t is None else t for t, p in zip(tangents, inputs))
-            outputs, tangents_out, _ = self.jvp(f, inputs, tangents)
-            return tuple(outputs), tuple(tangents_out)
-
-        name = getattr(f, "__name__", "checkpoint")
-
-        def run(*inputs):
-            outputs = tuple(f(*inputs))
-            # Untraced inputs and a traced output: f used a traced value it closes over, whose derivative
-            # the rule cannot give (it differentiates the arguments). Said, never dropped.
-            plain = self.stop_gradient
-            if all(type(plain(p)) is type(p) for p in inputs) and any(type(plain(o)) is not type(o) for o in outputs):
-                raise TypeError(f"checkpoint: {name} used a traced value that is not one of its arguments (a value it "
-                                f"closes over, computed inside the transform); pass it to the checkpointed function "
-                                f"as an argument")
-            return outputs
-
-        rule = Rule(name=name, fun=run, fwd=lambda *p: (run(*p), p), bwd=bwd,
-                    jvp=jvp if self.capabilities.forward_mode else None)
-        return tuple(self.apply_rule(rule, primals))
+        return tuple(f(*primals))
 
     # ------------------------------------------------------------------ helpers for adapters
     def unit_basis(self, arrays, start, stop):

@@ -23,6 +23,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_batched_jacobian  # noqa: E402
+import bench_bridge  # noqa: E402
+import bench_checkpoint  # noqa: E402
 import bench_tape  # noqa: E402
 
 import unigrad  # noqa: E402
@@ -171,6 +173,13 @@ def main(argv=None) -> int:
     names = [n for n in ("jax", "torch", "tensorflow") if n in results["versions"]]
     results["batched_jacobian"] = bench_batched_jacobian.run(names, args.quick)
     bench_batched_jacobian.report(results["batched_jacobian"])
+    print("\n== checkpoint: memory of a gradient through a deep chain of blocks ==")
+    results["checkpoint"] = bench_checkpoint.run(args.quick)
+    bench_checkpoint.report(results["checkpoint"])
+    if "jax" in results["versions"] and "torch" in results["versions"]:
+        print("\n== bridge: a torch function inside a JAX transform ==")
+        results["bridge"] = {str(n): r for n, r in bench_bridge.run(args.quick).items()}
+        bench_bridge.report(results["bridge"])
     results["noise"], warnings = noise_report(results)
     if warnings:
         print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "

@@ -14,14 +14,14 @@ import unigrad
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 # Scripts whose main(backend) runs on one backend: run on each selected backend.
-PER_BACKEND = ["linear_regression.py", "scipy_minimize.py", "newton_cg_hvp.py"]
+PER_BACKEND = ["linear_regression.py", "scipy_minimize.py", "newton_cg_hvp.py", "custom_derivatives.py"]
 # Scripts whose main() runs every installed backend itself.
 ALL_BACKENDS = ["mlp_loss.py", "per_example_jacobian.py"]
 
 
 def test_every_example_is_run_here():
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
-    assert scripts == set(PER_BACKEND + ALL_BACKENDS + ["native_torch_and_tensorflow.py"])
+    assert scripts == set(PER_BACKEND + ALL_BACKENDS + ["native_torch_and_tensorflow.py", "torch_model_in_jax_loss.py"])
 
 
 def _main(script):
@@ -44,6 +44,14 @@ def test_example_on_every_installed_backend(script, capsys):
         assert all("(6, 3, 4)" in line and float(line.rsplit(":", 1)[1]) < 1e-12 for line in lines)
     else:
         assert all("loss = 0.6134800918" in line for line in lines)
+
+
+def test_torch_model_in_a_jax_loss_trains_and_checks(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    first, last = _main("torch_model_in_jax_loss.py")(steps=10)
+    assert last < 0.7 * first  # the JAX loop optimised the torch model's parameters
+    assert "finite differences and numpy, jax, torch" in capsys.readouterr().out
 
 
 def test_native_torch_and_tensorflow_models_agree():

@@ -9,9 +9,12 @@ NumPy tape (the default) or on PyTorch, JAX, TensorFlow or a plugin backend.
 
 from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate, grad, hessian, hvp, jacfwd,
                    jacobian, jacrev, jvp, namespace, to_numpy, value_and_grad, vjp, vmap)
+from ._bridge import bridge
+from ._checkpoint import checkpoint
 from ._registry import (backends, get_backend, register_backend, set_backend, unregister_backend, use_backend,
                         use_device)
 from ._safe import safe_norm, safe_where
+from ._custom import custom_jvp, custom_vjp, stop_gradient
 from .backend import Backend, Capabilities
 
 __version__ = "0.1.0"
@@ -26,8 +29,9 @@ def __getattr__(name):
 
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
-    "check_batch_independence", "hessian", "hvp", "vmap", "evaluate",
+    "check_batch_independence", "hessian", "hvp", "vmap", "evaluate", "checkpoint", "bridge",
     "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",
+    "custom_vjp", "custom_jvp", "stop_gradient",
 ]

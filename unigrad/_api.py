@@ -353,6 +353,8 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
 
     def hessian_f(*args):
         call = prepare(plans, f, args, argnums, False, backend, "hessian", device)
+        if not call.backend.capabilities.higher_order:
+            raise _checks.not_nestable(call.backend, "hessian")
         # Scalar or not is decided from the signature's output shapes, and re-checked on what f returned
         # this time (its shapes may depend on values): the scalar form is wrong for other outputs.
         is_scalar = output_shapes(shapes, call) == ((),)
@@ -392,6 +394,8 @@ def hvp(f: Callable, primals, tangents, backend=None):
     primals = _primals_tuple(primals, tangents, "hvp")
     call = prepare(_PRIMAL_PLANS, f, primals, None, False, backend, "hvp")
     b = call.backend
+    if not b.capabilities.higher_order:
+        raise _checks.not_nestable(b, "hvp")
     tan_leaves = _tangent_leaves(call, tangents, "hvp")
     scalar_check(b, b.evaluate(call.flat_f, call.diff), "hvp")
     return call.inputs_like(b.hvp(call.flat_f, call.diff, tan_leaves))

@@ -477,6 +477,9 @@ def prepare(plans: BoundedCache, f, args, argnums, has_aux, backend, fname, devi
     """The call of ``f`` on ``args``, with the plan of its signature (from ``plans`` or made anew)."""
     leaves, treedef, sig = arguments(args, fname)
     b = _registry.resolve(backend, leaves)
+    active = _registry.active_backend.get()  # inside another transform's f: a nested transform
+    if active is not None and not b.capabilities.higher_order and active.name == b.name:
+        raise _checks.not_nestable(b, fname)
     if device is None:
         device = _registry.current_device()
     key = None if sig is None else Key((b, device, sig))

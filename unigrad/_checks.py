@@ -190,3 +190,12 @@ def promote(a: str, b: str) -> str:
             return "float32"
         return other if other in ("float32", "float64", "complex64", "complex128") else "bfloat16"
     return np.result_type(np.dtype(a), np.dtype(b)).name
+
+
+def not_nestable(b: Backend, fname: str) -> NotImplementedError:
+    """The error for a nested transform (hessian, hvp, a transform inside ``f``) on a backend that does not
+    declare ``higher_order``: it would differentiate nothing and return zeros, never an answer."""
+    return NotImplementedError(
+        f"{fname}: the {b.name!r} backend does not nest transforms (capabilities.higher_order is False), so "
+        f"second derivatives (hessian, hvp, a transform inside f) would silently be zeros; use a backend "
+        f"that declares higher_order (numpy, torch, jax, tensorflow)")

@@ -46,6 +46,10 @@ method                     status    default / note
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
 ``hessian`` / ``hvp``      optional  forward over reverse
 ``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
+``apply_rule(rule, arrays)``  optional  a custom derivative (``unigrad._custom.Rule``); declare
+                                     ``capabilities.custom_rules``. Default: a clear error
+``checkpoint(f, primals)`` optional  ``f(*primals)``; with ``custom_rules`` (not overridden): a rule
+                                     keeping only ``primals`` whose ``bwd`` re-runs ``vjp``
 =========================  ========  =====================================================
 
 The generic defaults call these namespace functions: ``eye(n, m, k=, dtype=,
@@ -80,6 +84,8 @@ class Capabilities:
       higher_order: transforms nest (``hessian``, ``hvp``, ``check_grads(order=2)``).
       complex: complex inputs and outputs are differentiated.
       float64: float64 is computed in float64.
+      custom_rules: ``apply_rule`` maps custom derivative rules (``custom_vjp``, ``custom_jvp``,
+        ``stop_gradient``) to the engine's own mechanism, in both modes and nested.
     """
 
     forward_mode: bool = False
@@ -88,6 +94,7 @@ class Capabilities:
     higher_order: bool = False
     complex: bool = False
     float64: bool = True
+    custom_rules: bool = False
 
 
 class Backend(abc.ABC):
@@ -337,6 +344,27 @@ class Backend(abc.ABC):
         """A compiled version of ``fn`` (same signature); the default compiles nothing."""
         return fn
 
+    def apply_rule(self, rule, arrays):
+        """Apply a custom derivative rule (``unigrad._custom.Rule``: flat callables ``fun``, ``fwd``/``bwd``
+        and/or ``jvp``) to ``arrays`` (own arrays, traced or not); returns the tuple of outputs, whose
+        derivatives in every mode and at every order are the rule's (the missing mode is the transpose of
+        the given one). Declare ``capabilities.custom_rules`` when implemented. There is no generic
+        default: the base class raises rather than differentiate through ``fun`` (a silently wrong answer).
+        """
+        raise unsupported_rules(self, rule.name)
+
+    def checkpoint(self, f, primals):
+        """``f(*primals)`` (a tuple of arrays) as one block whose reverse-mode derivative recomputes
+        ``f`` from ``primals`` instead of keeping its intermediates (``unigrad.checkpoint``).
+
+        ``f`` is a flat function of own arrays returning a tuple of own arrays. Default: ``f(*primals)``
+        -- the same derivatives, nothing saved -- except on a backend with ``capabilities.custom_rules``
+        that does not override this method: there ``unigrad.checkpoint`` applies a generic rule whose
+        residuals are ``primals`` and whose ``bwd`` re-runs this backend's ``vjp``
+        (``unigrad._checkpoint.rule_checkpoint``).
+        """
+        return tuple(f(*primals))
+
     # ------------------------------------------------------------------ helpers for adapters
     def unit_basis(self, arrays, start, stop):
         """Rows ``start:stop`` of the identity over the concatenated, flattened ``arrays``.
@@ -428,6 +456,14 @@ class Backend(abc.ABC):
                 offset += size
             jac.append(tuple(blocks))
         return tuple(jac)
+
+
+def unsupported_rules(b, name):
+    """The error for a custom derivative rule on a backend without ``capabilities.custom_rules``."""
+    return NotImplementedError(
+        f"{name}: the {b.name!r} backend does not support custom derivative rules "
+        f"(capabilities.custom_rules is False), so it cannot differentiate a custom_vjp/custom_jvp function "
+        f"or stop_gradient; choose another backend (numpy, torch, jax, tensorflow)")
 
 
 def chunks(n: int, chunk_size: int | None) -> list[tuple[int, int]]:

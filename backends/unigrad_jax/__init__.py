@@ -47,6 +47,7 @@ from unigrad import Backend, Capabilities
 from unigrad.backend import chunks
 
 from . import _namespace as _jax_namespace
+from . import _rules
 
 __all__ = ["JaxBackend"]
 
@@ -195,7 +196,7 @@ class JaxBackend(Backend):
     name = "jax"
     array_modules = ("jax", "jaxlib")  # concrete arrays live in jaxlib, tracers in jax._src
     capabilities = Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
-                                complex=True, float64=True)
+                                complex=True, float64=True, custom_rules=True)
     accepts_dlpack = True  # asarray takes objects with __dlpack__ (torch tensors...) directly
 
     # ------------------------------------------------------------------ arrays
@@ -314,6 +315,10 @@ class JaxBackend(Backend):
     def stop_gradient(self, x):
         with _x64_dtypes(x.dtype):
             return lax.stop_gradient(x)
+
+    def apply_rule(self, rule, arrays):
+        """``jax.custom_vjp`` or ``jax.custom_jvp``, chosen by the mode that meets the call (``_rules``)."""
+        return _rules.apply_rule(rule, arrays)
 
     @_numpy_calls_rejected
     def evaluate(self, f, primals):
@@ -449,6 +454,13 @@ class JaxBackend(Backend):
         with _x64(f, primals, tangents):
             _, hv = jax.jvp(gradient, primals, _like(tangents, primals))
         return tuple(hv)
+
+    def checkpoint(self, f, primals):
+        """``jax.checkpoint`` of the block (``unigrad.checkpoint``): its residuals are recomputed in the
+        backward pass. JAX traces the values ``f`` closes over as inputs, so closures work."""
+        primals = tuple(primals)
+        with _x64(f, primals):
+            return tuple(jax.checkpoint(lambda *p: tuple(f(*p)))(*primals))
 
     # ------------------------------------------------------------------ vmap / compile
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):

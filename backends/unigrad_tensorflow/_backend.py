@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 import unigrad  # noqa: E402
 from unigrad import Backend, Capabilities  # noqa: E402
 
-from . import _array, _namespace  # noqa: E402
+from . import _array, _namespace, _rules  # noqa: E402
 from ._array import Array  # noqa: E402
 from ._namespace import _gpu_count, tf_device_name  # noqa: E402
 
@@ -48,7 +48,7 @@ class TensorflowBackend(Backend):
     name = "tensorflow"
     array_modules = ("tensorflow", "unigrad_tensorflow")  # tf.Tensor, and the Arrays f receives
     capabilities = Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
-                                complex=True, float64=True)
+                                complex=True, float64=True, custom_rules=True)
     accepts_dlpack = True  # foreign arrays come through asarray, which tries DLPack first
 
     # ---------------------------------------------------------------- arrays
@@ -115,7 +115,11 @@ class TensorflowBackend(Backend):
         return tf.ones_like(_plain(x))
 
     def stop_gradient(self, x):
-        return tf.stop_gradient(_plain(x))
+        return _rules.stop_gradient(x)  # an Array stays an Array (inside f)
+
+    def apply_rule(self, rule, arrays):
+        """``tf.custom_gradient`` whose gradient function calls the rule (``_rules``)."""
+        return _rules.apply_rule(rule, arrays)
 
     def arguments(self, arrays):
         """What ``f`` receives for its non-differentiated array arguments ``arrays``: :class:`Array` s, like the
@@ -267,6 +271,12 @@ class TensorflowBackend(Backend):
     def hvp(self, f, primals, tangents):
         primals = _fresh(primals)
         return _hvp(f, primals, _check_like(tuple(tangents), primals, "tangent", "primal"))
+
+    def checkpoint(self, f, primals):
+        """The block as a ``tf.custom_gradient`` that recomputes it in the backward pass (``_checkpoint``)."""
+        from ._checkpoint import checkpoint
+
+        return checkpoint(f, primals)
 
     # ---------------------------------------------------------------- vmap and compile
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):

@@ -40,6 +40,7 @@ from unigrad import Backend, Capabilities
 from unigrad.backend import chunks
 
 from . import _namespace as _torch_namespace
+from . import _rules
 
 __all__ = ["TorchBackend"]
 
@@ -73,7 +74,7 @@ class TorchBackend(Backend):
     array_modules = ("torch",)
     # compile=False: measured (see ``compile``), torch.compile does not pay off for this backend.
     capabilities = Capabilities(forward_mode=True, vmap=True, compile=False, higher_order=True,
-                                complex=True, float64=True)
+                                complex=True, float64=True, custom_rules=True)
     # ``asarray`` takes objects with ``__dlpack__`` (JAX arrays...) directly, without a NumPy copy.
     accepts_dlpack = True
 
@@ -156,6 +157,10 @@ class TorchBackend(Backend):
 
     def stop_gradient(self, x):
         return x.detach()
+
+    def apply_rule(self, rule, arrays):
+        """A ``torch.autograd.Function`` whose backward and jvp call the rule (``_rules``)."""
+        return _rules.apply_rule(rule, arrays)
 
     # ------------------------------------------------------------------ first order
     def vjp(self, f, primals, *, has_aux=False):
@@ -269,7 +274,12 @@ class TorchBackend(Backend):
             jac.append(tuple(row))
         return outputs, tuple(jac), aux
 
-    # ------------------------------------------------------------------ second order
+    def checkpoint(self, f, primals):
+        """The block as an ``autograd.Function`` that saves only its inputs (``_checkpoint``)."""
+        from ._checkpoint import checkpoint
+
+        return checkpoint(f, primals)
+
     # ------------------------------------------------------------------ compile
     def compile(self, fn):
         """``fn`` unchanged: ``torch.compile`` does not pay off here (so ``capabilities.compile`` is False).

@@ -7,8 +7,9 @@ import math
 import numpy as np
 
 from ..backend import Backend, Capabilities, _chunks
-from . import _core
+from . import _core, _remat
 from . import _namespace as namespace_module
+from . import _rules
 from ._core import backward, push, record
 from ._tracer import Tracer, concrete
 
@@ -26,7 +27,7 @@ class NumpyBackend(Backend):
     name = "numpy"
     array_modules = ("unigrad",)  # the tape's traced values; plain NumPy arrays are the default anyway
     capabilities = Capabilities(forward_mode=True, vmap=False, compile=False, higher_order=True,
-                                complex=True, float64=True)
+                                complex=True, float64=True, custom_rules=True)
 
     def namespace(self):
         return namespace_module
@@ -78,7 +79,16 @@ class NumpyBackend(Backend):
         return np.zeros(x.shape, dtype=x.dtype)
 
     def stop_gradient(self, x):
-        return concrete(x)
+        return _rules.stop_gradient(x) if isinstance(x, Tracer) else x  # a primitive with a zero derivative
+
+    def apply_rule(self, rule, arrays):
+        """A primitive made at run time whose VJP and JVP call the rule (``_rules``)."""
+        return _rules.apply_rule(rule, arrays)
+
+    def checkpoint(self, f, primals):
+        """The block recorded as one node that keeps only ``primals`` and re-records ``f`` in the
+        backward sweep (``_remat``)."""
+        return _remat.checkpoint(f, tuple(primals))
 
     # ---------------------------------------------------------------- the two required transforms
     def vjp(self, f, primals, *, has_aux=False):

@@ -177,6 +177,13 @@ class _Checker:
             _, vjp_fn = _api.vjp(g, *primals, backend=b)
             vjp_out = vjp_fn(cotangents_b)
             vjp_np = [np.asarray(b.to_numpy(c)) for c in vjp_out]
+            # linearity: a VJP is linear in its cotangent (a custom bwd that clips or squares g is not)
+            scaled = vjp_fn(tuple(b.asarray(-3.0 * c, dtype=d) for c, d in zip(cotangents, out_dtypes)))
+            for k, (s_k, v_k) in enumerate(zip(scaled, vjp_np)):
+                bad = _worst(np.asarray(b.to_numpy(s_k)), -3.0 * v_k, self.tol["transpose"], self.tol["transpose"])
+                if bad is not None:
+                    self.fail(label("linearity test vjp(-3 u) == -3 vjp(u)"), self.names[k], None, bad,
+                              "-3 x the VJP of u (a VJP is linear in its cotangent: is a custom bwd non-linear in g?)")
             for k in range(len(primals)):
                 only_k = one_hot(k)
                 lhs = _inner([vjp_np[k]], [tangents[k]])
@@ -349,7 +356,8 @@ def check_grads(f: Callable, args: Sequence, *, order: int = 2, modes=("fwd", "r
 
     Order 1, in random directions ``v`` (inputs) and ``u`` (outputs):
       - JVP: ``jvp(f, args, v)`` against a finite-difference directional derivative, per argument;
-      - VJP: the dot-product test ``<vjp(u), v> == <u, fd_jvp(v)>``, per argument;
+      - VJP: the dot-product test ``<vjp(u), v> == <u, fd_jvp(v)>``, per argument, and linearity
+        ``vjp(-3 u) == -3 vjp(u)`` (a custom ``bwd`` must be linear in its cotangent);
       - transpose: ``<u, J v>`` (from jvp) ``== <J^T u, v>`` (from vjp), exact up to rounding.
     Order k > 1 repeats the checks on the derived functions ``x -> jvp(f, x, v)`` and
     ``x -> vjp(f, x)(u)`` ("JVP of VJP", "VJP of VJP"...).

@@ -23,7 +23,7 @@ from autograd.tracer import getval, trace_stack
 
 import unigrad
 
-from . import _linalg, _namespace
+from . import _linalg, _namespace, _rules
 
 # xp.linalg: built from the namespace's functions, so _linalg imports _namespace and the package joins them
 # here (the namespace importing _linalg back would make the two a circle of imports).
@@ -78,7 +78,7 @@ class AutogradBackend(unigrad.Backend):
     # ArrayBox lives in autograd.numpy.numpy_boxes: an ArrayBox passed in names this backend.
     array_modules = ("autograd",)
     capabilities = unigrad.Capabilities(forward_mode=True, vmap=False, compile=False, higher_order=True,
-                                        complex=True, float64=True)
+                                        complex=True, float64=True, custom_rules=True)
 
     def namespace(self):
         return _namespace
@@ -112,6 +112,10 @@ class AutogradBackend(unigrad.Backend):
 
     def stop_gradient(self, x):
         return getval(x)
+
+    def apply_rule(self, rule, arrays):
+        """A ``primitive`` made for this call, whose ``defvjp``/``defjvp`` rules call the rule (``_rules``)."""
+        return _rules.apply_rule(rule, arrays)
 
     def vjp(self, f, primals, *, has_aux=False):
         traced, aux_out = _split(f, has_aux)

@@ -1,0 +1,160 @@
+"""``unigrad.bridge``: a function of one backend inside another backend's transforms, for every pair,
+both modes, compiled and second order where the pair reaches it, and a wrong inner derivative caught."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import optree
+import pytest
+
+import unigrad
+from unigrad.testing import check_grads
+
+HAVE = {name: importlib.util.find_spec(mod) is not None
+        for name, mod in (("torch", "torch"), ("jax", "jax"), ("tensorflow", "tensorflow"), ("autograd", "autograd"))}
+BACKENDS = ["numpy"] + [name for name, ok in HAVE.items() if ok]  # autograd: a plugin, through the contract
+PAIRS = [(outer, inner) for outer in BACKENDS for inner in BACKENDS if outer != inner]
+
+
+def portable(x, w):
+    xp = unigrad.namespace(x, w)
+    return {"a": xp.sin(x @ w), "b": xp.tanh(x) * 2.0}
+
+
+def make_loss(fn):
+    def loss(x, w):
+        out = fn(x, w)
+        xp = unigrad.namespace(x)
+        return xp.sum(out["a"] ** 2) + xp.sum(out["b"] * x)
+    return loss
+
+
+@pytest.fixture
+def point():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((3, 4)), rng.standard_normal((4, 2)) / 2
+
+
+def _close(got, want):
+    got, want = optree.tree_leaves(unigrad.to_numpy(got)), optree.tree_leaves(unigrad.to_numpy(want))
+    assert len(got) == len(want) > 0
+    for g, e in zip(got, want):
+        assert np.any(e != 0)
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("outer,inner", PAIRS, ids=[f"{o}-calls-{i}" for o, i in PAIRS])
+def test_every_pair_both_modes(outer, inner, point):
+    x, w = point
+    bridged = make_loss(unigrad.bridge(portable, backend=inner))
+    native = make_loss(portable)
+    _close(unigrad.grad(bridged, argnums=(0, 1), backend=outer)(x, w),
+           unigrad.grad(native, argnums=(0, 1), backend=outer)(x, w))
+    _close(unigrad.jvp(bridged, (x, w), (np.cos(x), np.sin(w)), backend=outer)[1],
+           unigrad.jvp(native, (x, w), (np.cos(x), np.sin(w)), backend=outer)[1])
+    out = unigrad.evaluate(lambda x, w: unigrad.bridge(portable, backend=inner)(x, w), x, w, backend=outer)
+    assert unigrad.get_backend(outer).is_array(out["a"])  # results come back as the caller's arrays
+
+
+SECOND = [(o, i) for o, i in PAIRS if o in ("numpy", "jax", "tensorflow") and i in ("numpy", "torch", "jax", "tensorflow")]
+
+
+@pytest.mark.parametrize("outer,inner", SECOND, ids=[f"{o}-calls-{i}" for o, i in SECOND])
+def test_second_order_and_compiled(outer, inner, point):
+    x, w = point
+    bridged = make_loss(unigrad.bridge(portable, backend=inner))
+    native = make_loss(portable)
+    _close(unigrad.hessian(bridged, argnums=1, backend=outer)(x, w),
+           unigrad.hessian(native, argnums=1, backend=outer)(x, w))
+    if outer != "numpy":  # jax.pure_callback / tf.py_function inside the compiled program
+        _close(unigrad.grad(bridged, argnums=(0, 1), backend=outer, compile=True)(x, w),
+               unigrad.grad(native, argnums=(0, 1), backend=outer)(x, w))
+
+
+def test_torch_code_inside_a_jax_gradient(point):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    x, w = point
+
+    def torch_layer(x, w):
+        assert isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
+        return torch.nn.functional.softplus(x @ w)
+
+    g = unigrad.grad(lambda w: unigrad.bridge(torch_layer, "torch")(x, w).sum(), backend="jax")(w)
+    expected = x.T @ (1 / (1 + np.exp(-(x @ w))))
+    np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-12)
+    assert type(g).__module__.startswith("jax")
+
+
+def test_jax_code_inside_a_torch_gradient(point):
+    pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    x, w = point
+
+    def jax_layer(x, w):
+        assert isinstance(x, jax.Array)
+        return jax.numpy.cos(x @ w)
+
+    g = unigrad.grad(lambda w: unigrad.bridge(jax_layer, "jax")(x, w).sum(), backend="torch")(w)
+    np.testing.assert_allclose(g.numpy(), x.T @ -np.sin(x @ w), rtol=1e-12)
+
+
+def test_jax_arrays_reach_torch_without_a_copy():
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    x = unigrad.asarray(np.arange(1.0, 7.0).reshape(2, 3), backend="jax")
+    seen = {}
+
+    def torch_fn(t):
+        seen["pointer"] = t.data_ptr()
+        return t * 2
+
+    unigrad.evaluate(lambda x: unigrad.bridge(torch_fn, "torch")(x), x, backend="jax")
+    assert seen["pointer"] == x.unsafe_buffer_pointer()  # DLPack: the same memory
+    assert isinstance(torch.zeros(1), torch.Tensor) and jax.numpy is not None
+
+
+def test_a_wrong_inner_derivative_is_caught(point):
+    """The inner backend's sin has a derivative off by 1e-3: check_grads on the calling backend sees it,
+    in both modes, through the bridge."""
+    from conftest import make_broken_backend
+
+    outer = "jax" if HAVE["jax"] else "torch" if HAVE["torch"] else "autograd"
+    broken = make_broken_backend("sin_scale")
+    unigrad.register_backend("broken_for_bridge", broken, replace=True)
+    try:
+        x, w = point
+        f = unigrad.bridge(portable, backend="broken_for_bridge")
+        for mode in ("fwd", "rev"):
+            with pytest.raises(AssertionError):
+                check_grads(lambda x, w: f(x, w)["a"], (x, w), order=1, modes=(mode,), backend=outer)
+        check_grads(lambda x, w: unigrad.bridge(portable, backend="numpy")(x, w)["a"], (x, w), order=1,
+                    backend=outer)  # the right one passes
+    finally:
+        unigrad.unregister_backend("broken_for_bridge")
+
+
+def test_torch_vmap_of_a_bridged_call_says_why():
+    pytest.importorskip("torch")
+    x = np.ones((2, 3))
+    with pytest.raises(TypeError, match="no host callback"):
+        unigrad.jacrev(lambda x: unigrad.bridge(lambda y: y * 2.0, "numpy")(x), backend="torch")(x)
+
+
+def test_same_backend_and_errors(point):
+    x, w = point
+    out = unigrad.bridge(portable, backend="numpy")(x, w)
+    np.testing.assert_array_equal(out["a"], portable(x, w)["a"])
+    with pytest.raises(TypeError, match="callable"):
+        unigrad.bridge(None, backend="numpy")
+    with pytest.raises(Exception, match="nonexistent"):
+        unigrad.bridge(portable, backend="nonexistent")
+
+    def text(x):
+        return "text"
+
+    if HAVE["torch"]:
+        with pytest.raises(TypeError, match="text must return arrays"):
+            unigrad.grad(lambda x: unigrad.bridge(text, "torch")(x))(x)

@@ -317,3 +317,27 @@ def test_a_rule_inside_the_framework_itself():
     np.testing.assert_allclose(g.detach().numpy(), 2 * np.cos(X), rtol=1e-12)
     (h,) = torch.autograd.grad(g.sum(), x)  # double backward through the rule
     np.testing.assert_allclose(h.numpy(), -2 * np.sin(X), rtol=1e-12)
+
+
+def test_complex_rules_follow_the_house_convention(backend):
+    """A true rule of a holomorphic function gives what the backend's own derivative gives, in both modes
+    (bwd receives and returns cotangents in JAX's convention, also where torch and TensorFlow conjugate)."""
+    c = unigrad.asarray(np.array([1.0 + 2.0j, 0.5 - 1.0j]), backend=backend)
+
+    def plain(z):
+        return z * c + _xp(z).sin(z)
+
+    vjp_rule = unigrad.custom_vjp(plain)
+    vjp_rule.defvjp(lambda z: (plain(z), _xp(z).cos(z)), lambda cos_z, g: (g * (c + cos_z),))
+    jvp_rule = unigrad.custom_jvp(plain)
+    jvp_rule.defjvp(lambda p, t: (plain(p[0]), t[0] * (c + _xp(p[0]).cos(p[0]))))
+    z, t = np.array([0.3 + 0.1j, -0.2 + 0.7j]), np.array([1.0 + 0.5j, 1.0 + 0.5j])
+
+    def loss(fn):
+        return lambda z: _xp(z).sum(_xp(z).abs(fn(z)) ** 2)
+
+    want_grad = _np(unigrad.grad(loss(plain), backend=backend)(z))
+    want_jvp = _np(unigrad.jvp(plain, (z,), (t,), backend=backend)[1])
+    for fn in (vjp_rule, jvp_rule):
+        np.testing.assert_allclose(_np(unigrad.grad(loss(fn), backend=backend)(z)), want_grad, rtol=1e-12)
+        np.testing.assert_allclose(_np(unigrad.jvp(fn, (z,), (t,), backend=backend)[1]), want_jvp, rtol=1e-12)

@@ -87,8 +87,9 @@ def apply_rule(rule, arrays):
             with tf.GradientTape(watch_accessed_variables=False) as tape:
                 tape.watch(zeros)
                 tangents_out = _user(lambda p, t: rule.jvp(p, t)[1], xs, tuple(zeros))
-            cts = tape.gradient(list(tangents_out), zeros, output_gradients=list(cotangents),
-                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            cts = [_conj(c) for c in tape.gradient(list(tangents_out), zeros,
+                                                   output_gradients=[_conj(c) for c in cotangents],
+                                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)]
         return [_conj(c) for c in cts]
 
     def forward_function(*tangents):
@@ -101,8 +102,8 @@ def apply_rule(rule, arrays):
             with tf.GradientTape(watch_accessed_variables=False) as tape:
                 tape.watch(zeros)
                 cts = _user(lambda r_, g: rule.bwd(r_, g), r, tuple(zeros))
-        return tape.gradient(list(cts), zeros, output_gradients=list(tangents),
-                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return [_conj(t) for t in tape.gradient(list(cts), zeros, output_gradients=[_conj(t) for t in tangents],
+                                                unconnected_gradients=tf.UnconnectedGradients.ZERO)]
 
     _record.record_operation(f"unigrad_rule_{rule.name}", outs, list(xs), backward_function, forward_function)
     return tuple(Array(o) for o in outs) if inside else tuple(outs)

@@ -87,7 +87,7 @@ class _RuleFunction(torch.autograd.Function):
         else:
             zeros = tuple(torch.zeros_like(a) for a in arrays)
             _, pullback = torch.func.vjp(lambda *t: tuple(rule.jvp(arrays, t)[1]), *zeros)
-            cts = pullback(grads)
+            cts = _transposed(pullback, grads)
         return (None, None, *(_conj(c) for c in cts))
 
     @staticmethod
@@ -108,8 +108,14 @@ class _RuleFunction(torch.autograd.Function):
             res = _residuals(rule, arrays, res)
             zeros = tuple(torch.zeros_like(o) for o in outs)
             _, pullback = torch.func.vjp(lambda *g: tuple(rule.bwd(res, g)), *zeros)
-            tangents_out = tuple(pullback(tangents))
+            tangents_out = _transposed(pullback, tangents)
         return (*tangents_out, *(None for _ in res))
+
+
+def _transposed(pullback, values):
+    """The (unconjugated) transpose of a linear map applied to ``values``, from torch's pullback (which
+    gives the conjugate transpose for complex values)."""
+    return tuple(_conj(c) for c in pullback(tuple(_conj(v) for v in values)))
 
 
 def _forward_levels():

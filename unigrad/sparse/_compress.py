@@ -1,0 +1,100 @@
+"""Compress: the compressed passes, the third of the four steps (detect, colour, compress, decompress).
+
+One JVP, VJP or HVP per colour, vectorised over the colours by the backend's own Jacobian
+machinery. Each pass is the dense Jacobian of a small function:
+
+* forward: ``J S = -d/dz f(x - S z)`` at ``z = 0`` (``z`` has one entry per colour; ``S z`` is the
+  gather ``z[color]``, so ``S`` is never built). ``x - 0`` is ``x`` exactly for every float,
+  ``-0.0`` included (``x + 0`` would turn ``-0.0`` into ``0.0``), hence the minus signs;
+* reverse: ``W J = d/dx W f(x)``, ``W f(x)`` the sum of the outputs of each colour (a gather of the
+  outputs, padded per colour, then a sum: ``W`` is never built either);
+* Hessian: ``H S = -d/dz grad f(x - S z)`` (forward over reverse).
+
+So ``backend.jacfwd`` / ``backend.jacrev`` run them: ``jax.vmap``, ``torch.func.vmap``, pfor, the
+tape's batched sweeps, ``chunk_size`` and ``compile=True`` all as for ``jacobian``. The kernel ends
+with the gather of ``_decompress.recovery``: it returns the values of the non-zeros alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["kernel"]
+
+
+def _ravel_concat(b, xp, arrays, dtype):
+    parts = [xp.reshape(a if b.dtype(a) == dtype else b.cast(a, dtype), (-1,)) for a in arrays]
+    return parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
+
+
+def _shifted(b, xp, leaves, z, seeds):
+    """``x - S z`` for each leaf: ``z[color]`` of the leaf's entries, in the leaf's dtype and shape."""
+    out = []
+    for x, seed in zip(leaves, seeds):
+        shift = xp.take(z, seed)
+        if b.dtype(shift) != b.dtype(x):
+            shift = b.cast(shift, b.dtype(x))
+        out.append(x - xp.reshape(shift, b.shape(x)))
+    return tuple(out)
+
+
+def kernel(plan, chunk_size=None):
+    """The kernel ``(backend, flat_f, leaves) -> ((), (values,), ())`` of a :class:`SparsePlan`."""
+    mode, c, dtype = plan.mode, plan.coloring.n_colors, plan.dtype
+
+    def run(b, flat_f, leaves):
+        xp = b.namespace()
+        device = b.device(leaves[0])
+        index = b.asarray(plan.index, device=device)
+        if mode == "rev":
+            groups = b.asarray(plan.groups, device=device)  # (c, g): the outputs of each colour, padded
+
+            def weighted(*xs):
+                y = _ravel_concat(b, xp, flat_f(*xs), dtype)
+                y = xp.concat([y, xp.zeros((1,), dtype=y.dtype, device=device)], axis=0)  # the pad reads 0
+                return (xp.sum(xp.reshape(xp.take(y, xp.reshape(groups, (-1,))), b.shape(groups)), axis=1),)
+
+            _, jac, _ = b.jacrev(weighted, tuple(leaves), chunk_size=chunk_size)
+            compressed = xp.concat([xp.reshape(blk if b.dtype(blk) == dtype else b.cast(blk, dtype), (c, -1))
+                                    for blk in jac[0]], axis=1)  # (c, n)
+            return (), (xp.take(xp.reshape(compressed, (-1,)), index),), ()
+        seeds = [b.asarray(s, device=device) for s in plan.seeds]
+        if mode == "fwd":
+            def pushed(z):
+                return (_ravel_concat(b, xp, flat_f(*_shifted(b, xp, leaves, z, seeds)), dtype),)
+        else:  # "star": the gradient, pushed forward
+            def gradient(*xs):
+                outputs, vjp_fn, _ = b.vjp(flat_f, xs, has_aux=False)
+                return vjp_fn((b.ones_like(outputs[0]),))
+
+            def pushed(z):
+                return (_ravel_concat(b, xp, gradient(*_shifted(b, xp, leaves, z, seeds)), dtype),)
+
+        z = b.zeros((c,), dtype, device=device)
+        _, jac, _ = b.jacfwd(pushed, (z,), chunk_size=chunk_size)
+        return (), (-xp.take(xp.reshape(jac[0][0], (-1,)), index),), ()  # (m, c) or (n, c), minus: see above
+
+    return run
+
+
+def seeds_of(colors, shapes):
+    """The colours of each leaf's entries (the forward seed ``S`` as a gather index per leaf)."""
+    out, start = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape, dtype=np.int64))
+        out.append(colors[start:start + size].astype(np.int64))
+        start += size
+    return tuple(out)
+
+
+def groups_of(colors, n_colors, pad):
+    """``(n_colors, g)``: the rows of each colour, padded with ``pad`` (an index that reads 0)."""
+    counts = np.bincount(colors, minlength=n_colors)
+    width = int(counts.max()) if counts.size else 0
+    groups = np.full((n_colors, max(width, 1)), pad, dtype=np.int64)
+    order = np.argsort(colors, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for k in range(n_colors):
+        members = order[starts[k]:starts[k + 1]]
+        groups[k, :members.size] = members
+    return groups

@@ -12,6 +12,7 @@ from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate
 from ._registry import (backends, get_backend, register_backend, set_backend, unregister_backend, use_backend,
                         use_device)
 from ._safe import safe_norm, safe_where
+from .sparse import sparse_hessian, sparse_jacobian
 from .backend import Backend, Capabilities
 
 __version__ = "0.1.0"
@@ -29,5 +30,5 @@ __all__ = [
     "check_batch_independence", "hessian", "hvp", "vmap", "evaluate",
     "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
-    "Backend", "Capabilities",
+    "Backend", "Capabilities", "sparse_jacobian", "sparse_hessian",
 ]

@@ -143,7 +143,8 @@ def column_coloring(pattern, orders=ORDERS) -> Coloring:
       A :class:`Coloring` of the ``n`` columns (``kind="column"``).
 
     Example:
-      >>> column_coloring(scipy.sparse.diags([1, 1, 1], [-1, 0, 1], shape=(6, 6))).n_colors
+      >>> import scipy.sparse
+      >>> column_coloring(scipy.sparse.diags_array([1, 1, 1], offsets=[-1, 0, 1], shape=(6, 6), dtype=bool)).n_colors
       3
     """
     a = _csr(pattern)
@@ -155,7 +156,7 @@ def row_coloring(pattern, orders=ORDERS) -> Coloring:
     """Colour the rows of ``pattern`` so that no two rows of one colour share a column (reverse mode).
 
     Example:
-      >>> row_coloring(scipy.sparse.eye(4)).n_colors
+      >>> row_coloring(np.eye(4)).n_colors
       1
     """
     a = _csr(pattern)
@@ -206,7 +207,8 @@ def star_coloring(pattern, orders=ORDERS) -> Coloring:
       A :class:`Coloring` of the ``n`` vertices (``kind="star"``).
 
     Example:
-      >>> star_coloring(scipy.sparse.diags([1, 1, 1], [-1, 0, 1], shape=(6, 6))).n_colors
+      >>> import scipy.sparse
+      >>> star_coloring(scipy.sparse.diags_array([1, 1, 1], offsets=[-1, 0, 1], shape=(6, 6), dtype=bool)).n_colors
       3
     """
     a = _csr(pattern)

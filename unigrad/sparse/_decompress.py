@@ -16,6 +16,7 @@ The values of a call are then a single gather, ``take(compressed, index)``, on t
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 
@@ -155,6 +156,12 @@ def _dense(b, kind, values, s):
 
 
 def _torch(values, s, format, fname):
+    with warnings.catch_warnings():  # torch warns that sparse CSR/CSC support is "in beta" on every construction
+        warnings.filterwarnings("ignore", message="Sparse (CSR|CSC) tensor support is in beta", category=UserWarning)
+        return _torch_layout(values, s, format)
+
+
+def _torch_layout(values, s, format):
     torch = sys.modules["torch"]
     device = values.device
     if format in ("auto", "csr"):

@@ -13,19 +13,21 @@ _RTOL = {"float64": 1e-10, "complex128": 1e-10, "float32": 2e-5, "complex64": 2e
 
 
 def flat_problem(f, args, argnums=0):
-    """``(F, v)``: ``f`` as a function of one flat vector ``v`` (the differentiated arguments' elements,
-    flattened and concatenated, the column order of the sparse transforms) returning one flat vector
-    (the outputs' elements, the row order). ``F(v)`` is portable: it runs on any backend."""
+    """``(F, v, rest)``: ``f`` as ``F(v, *rest)`` of one flat vector ``v`` (the differentiated
+    arguments' elements, flattened and concatenated: the column order of the sparse transforms) and
+    the other arguments ``rest``, returning one flat vector (the outputs' elements: the row order).
+    ``F`` is portable: it runs on any backend (pass ``rest`` to it, so they are converted)."""
     import unigrad
 
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    others = tuple(k for k in range(len(args)) if k not in nums)
     leaves, treedef = optree.tree_flatten(tuple(args[a] for a in nums))
     arrays = [np.asarray(unigrad.to_numpy(x)) for x in leaves]
     shapes = [a.shape for a in arrays]
     dtypes = [a.dtype for a in arrays]
     v = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.result_type(*dtypes)) if arrays else np.zeros(0)
 
-    def F(v):
+    def F(v, *rest):
         xp = unigrad.namespace(v)
         parts, start = [], 0
         for shape, dtype in zip(shapes, dtypes):
@@ -37,11 +39,13 @@ def flat_problem(f, args, argnums=0):
         call = list(args)
         for a, value in zip(nums, chosen):
             call[a] = value
+        for a, value in zip(others, rest):
+            call[a] = value
         outs = optree.tree_leaves(f(*call))
         flat = [xp.reshape(o, (-1,)) for o in outs]
         return flat[0] if len(flat) == 1 else xp.concat(flat)
 
-    return F, v
+    return F, v, tuple(args[k] for k in others)
 
 
 def _dense(matrix):
@@ -55,7 +59,10 @@ def _dense(matrix):
     if module.startswith("torch") and matrix.layout != __import__("torch").strided:
         return matrix.to_dense().detach().cpu().numpy()
     if module.startswith("jax.experimental.sparse"):
-        return np.asarray(matrix.todense())
+        import jax
+
+        with jax.enable_x64(matrix.dtype.itemsize == 8):  # todense keeps float64 only under x64
+            return np.asarray(matrix.todense())
     if module.startswith("tensorflow") and type(matrix).__name__ == "SparseTensor":
         return __import__("tensorflow").sparse.to_dense(matrix).numpy()
     return np.asarray(unigrad.to_numpy(matrix))
@@ -89,14 +96,18 @@ def check_sparse_jacobian(f, args, *, argnums=0, sparsity=None, mode="auto", bac
       AssertionError: naming the first entry that differs.
 
     Example:
-      >>> check_sparse_jacobian(f, (x,), sparsity=pattern)
+      >>> def f(x):
+      ...     return x[1:] ** 2 - x[:-1]
+      >>> pattern = np.eye(3, 4) + np.eye(3, 4, k=1)
+      >>> check_sparse_jacobian(f, (np.arange(4.0),), sparsity=pattern).shape
+      (3, 4)
     """
     import unigrad
 
     sparse_jac = unigrad.sparse_jacobian(f, argnums, sparsity=sparsity, mode=mode, backend=backend, compile=compile)
     got = _dense(sparse_jac(*args))
-    F, v = flat_problem(f, args, argnums)
-    want = np.asarray(unigrad.to_numpy(unigrad.jacobian(F, backend=backend)(v)))
+    F, v, rest = flat_problem(f, args, argnums)
+    want = np.asarray(unigrad.to_numpy(unigrad.jacobian(F, backend=backend)(v, *rest)))
     want = want.reshape(want.shape[0] if want.ndim == 2 else -1, v.size)
     _compare("the sparse Jacobian", got, want, want.dtype, rtol)
     return want
@@ -107,13 +118,18 @@ def check_sparse_hessian(f, args, *, argnums=0, sparsity=None, backend=None, com
     symmetric. Arguments as for :func:`check_sparse_jacobian`; returns the dense Hessian.
 
     Example:
-      >>> check_sparse_hessian(rosenbrock, (x,), sparsity=tridiagonal)
+      >>> def f(x):
+      ...     xp = unigrad.namespace(x)
+      ...     return xp.sum(x[1:] * x[:-1] ** 2)
+      >>> tridiagonal = np.eye(5) + np.eye(5, k=1) + np.eye(5, k=-1)
+      >>> check_sparse_hessian(f, (np.arange(5.0),), sparsity=tridiagonal)[1]
+      array([0., 4., 2., 0., 0.])
     """
     import unigrad
 
     got = _dense(unigrad.sparse_hessian(f, argnums, sparsity=sparsity, backend=backend, compile=compile)(*args))
-    F, v = flat_problem(f, args, argnums)
-    want = np.asarray(unigrad.to_numpy(unigrad.hessian(lambda u: F(u)[0], backend=backend)(v)))
+    F, v, rest = flat_problem(f, args, argnums)
+    want = np.asarray(unigrad.to_numpy(unigrad.hessian(lambda u, *r: F(u, *r)[0], backend=backend)(v, *rest)))
     _compare("the sparse Hessian", got, want, want.dtype, rtol)
     _compare("the sparse Hessian's transpose", got.T, got, want.dtype, rtol)
     return want
@@ -137,7 +153,12 @@ def check_sparsity_covers(f, args, pattern, *, argnums=0, kind="jacobian", point
       AssertionError: naming a non-zero outside the pattern, its value and the point.
 
     Example:
-      >>> check_sparsity_covers(f, (x,), unigrad.jacobian_sparsity(f, x))
+      >>> def f(x):
+      ...     return x[1:] ** 2 - x[:-1]
+      >>> check_sparsity_covers(f, (np.arange(4.0),), np.eye(3, 4) + np.eye(3, 4, k=1))
+      >>> check_sparsity_covers(f, (np.arange(4.0),), np.eye(3, 4))
+      Traceback (most recent call last):
+      AssertionError: check_sparsity_covers: the jacobian has 3 non-zeros outside the pattern at args; the first at (0, 1) = ...
     """
     import unigrad
 
@@ -145,14 +166,14 @@ def check_sparsity_covers(f, args, pattern, *, argnums=0, kind="jacobian", point
 
     if kind not in ("jacobian", "hessian"):
         raise ValueError(f"check_sparsity_covers: kind must be 'jacobian' or 'hessian'; got {kind!r}")
-    F, v = flat_problem(f, args, argnums)
+    F, v, rest = flat_problem(f, args, argnums)
     covered = (sparse.csr_array(pattern).toarray() != 0) if sparse.issparse(pattern) else (np.asarray(pattern) != 0)
     rng = np.random.default_rng(seed)
     transform = unigrad.jacobian(F, backend=backend) if kind == "jacobian" else unigrad.hessian(
-        lambda u: F(u)[0], backend=backend)
+        lambda u, *r: F(u, *r)[0], backend=backend)
     for k in range(points + 1):
         point = v if k == 0 else (v + spread * (np.abs(v) + 1) * rng.uniform(-1, 1, v.shape)).astype(v.dtype)
-        dense = np.asarray(unigrad.to_numpy(transform(point)))
+        dense = np.asarray(unigrad.to_numpy(transform(point, *rest)))
         dense = dense.reshape(-1, v.size)
         if covered.shape != dense.shape:
             raise AssertionError(f"check_sparsity_covers: the pattern has shape {covered.shape}; the dense "

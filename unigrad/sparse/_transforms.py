@@ -174,14 +174,17 @@ def sparse_jacobian(f: Callable, argnums=0, *, sparsity=None, mode: str = "auto"
       :class:`SparsePlan` of those arguments' signature: ``pattern``, ``coloring``, ``mode``.
 
     Example:
+      >>> import scipy.sparse
       >>> def f(x):
-      ...     xp = unigrad.namespace(x)
       ...     return x[1:] ** 2 - x[:-1]
-      >>> jac = unigrad.sparse_jacobian(f, sparsity=pattern)  # pattern: 2 non-zeros a row
+      >>> pattern = scipy.sparse.eye_array(3, 4) + scipy.sparse.eye_array(3, 4, k=1)  # 2 non-zeros a row
+      >>> jac = unigrad.sparse_jacobian(f, sparsity=pattern)
       >>> jac(np.arange(4.0)).toarray()
       array([[-1.,  2.,  0.,  0.],
              [ 0., -1.,  4.,  0.],
              [ 0.,  0., -1.,  6.]])
+      >>> jac.plan(np.arange(4.0)).n_colors
+      2
     """
     return _transform(f, "jacobian", argnums, sparsity, mode, format, chunk_size, backend, compile, device,
                       "sparse_jacobian")
@@ -207,12 +210,14 @@ def sparse_hessian(f: Callable, argnums=0, *, sparsity=None, format: str = "auto
       A function returning the sparse Hessian; ``plan(*args)`` gives its :class:`SparsePlan`.
 
     Example:
+      >>> import scipy.sparse
       >>> def rosenbrock(x):
       ...     xp = unigrad.namespace(x)
       ...     return xp.sum(100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
+      >>> tridiagonal = scipy.sparse.diags_array([1, 1, 1], offsets=[-1, 0, 1], shape=(1000, 1000), dtype=bool)
       >>> hess = unigrad.sparse_hessian(rosenbrock, sparsity=tridiagonal)
-      >>> hess.plan(np.zeros(1000)).n_colors
-      3
+      >>> hess(np.zeros(1000)).nnz, hess.plan(np.zeros(1000)).n_colors
+      (2998, 3)
     """
     return _transform(f, "hessian", argnums, sparsity, "auto", format, chunk_size, backend, compile, device,
                       "sparse_hessian")

@@ -13,6 +13,7 @@ from ._registry import (backends, get_backend, register_backend, set_backend, un
                         use_device)
 from ._safe import safe_norm, safe_where
 from .backend import Backend, Capabilities
+from .dependence import SparsityWarning, hessian_sparsity, jacobian_sparsity
 
 __version__ = "0.1.0"
 
@@ -30,4 +31,5 @@ __all__ = [
     "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",
+    "jacobian_sparsity", "hessian_sparsity", "SparsityWarning",
 ]

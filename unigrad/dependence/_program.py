@@ -68,7 +68,7 @@ def user_site(skip_internal=True):
 
 # --------------------------------------------------------------------------------------- the tape
 
-def from_tape(trace, n_inputs, out_indices, input_values):
+def from_tape(trace, n_inputs, out_indices, input_values, out_values=()):
     """The program of a tape recording (``_core.record``'s trace): entries ``(prim, parents, vals, ans,
     params)`` in execution order, the first ``n_inputs`` being the inputs."""
     nodes = []
@@ -84,7 +84,8 @@ def from_tape(trace, n_inputs, out_indices, input_values):
         nodes.append(Node(prim.name, prim.impl, list(vals), traced, dict(params), [idx], [tuple(np.shape(ans))
                           if not hasattr(ans, "shape") else tuple(ans.shape)], prim=prim, data=data))
     return Program(list(range(n_inputs)), [tuple(np.shape(v)) if not hasattr(v, "shape") else tuple(v.shape)
-                                           for v in input_values], nodes, list(out_indices), [])
+                                           for v in input_values], nodes, list(out_indices),
+                   [tuple(np.shape(o)) if not hasattr(o, "shape") else tuple(o.shape) for o in out_values])
 
 
 def _data_positions(prim, n):

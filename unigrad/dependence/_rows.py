@@ -105,7 +105,7 @@ def _apply(node, ins, batch):
         axes, keep = reduce_axes(node, len(node.shape(pos)))
         if d in axes:
             return [Mixed(node, f"{_name(node)} over the batch axis")]
-        return [d if keep or node.name.startswith("lax.") and False else d + sum(1 for a in axes if a > d)]
+        return [d if keep else d + sum(1 for a in axes if a > d)]
     if kind in ("scan", "lane"):
         outs = []
         for pos, d in ins.items():
@@ -206,8 +206,7 @@ def _structural(node, ins, batch):
         else:
             args[pos] = np.zeros(shape, dtype=np.int64)
     for pos, a in enumerate(args):
-        if pos not in node.data and hasattr(a, "shape") and not isinstance(a, np.ndarray) and not np.isscalar(a) \
-                and type(a).__name__ == "Aval":
+        if pos not in node.data and type(a).__name__ == "Aval":
             return Unknown(f"{name}: an index operand is computed from the input")
     out = np.asarray(node.fn(*args, **node.params))
     if not out.any():

@@ -144,6 +144,9 @@ class SetInterpreter:
                 stack.append(ins[pos])
             else:
                 args[pos] = np.zeros(shape, dtype=np.int64)
+        for pos, a in enumerate(args):
+            if pos not in node.data and type(a).__name__ == "Aval":
+                raise ValueError("an index operand is computed from the input")
         out = np.asarray(node.fn(*args, **node.params)).astype(np.int64)
         src = _sp().vstack(stack, format="csr") if len(stack) > 1 else stack[0]
         return [(select(out, src.shape[0]) @ src).astype(bool)]

@@ -14,6 +14,7 @@ from ._registry import (backends, get_backend, register_backend, set_backend, un
 from ._safe import safe_norm, safe_where
 from .sparse import sparse_hessian, sparse_jacobian
 from .backend import Backend, Capabilities
+from .dependence import SparsityWarning, hessian_sparsity, jacobian_sparsity
 
 __version__ = "0.1.0"
 
@@ -30,5 +31,6 @@ __all__ = [
     "check_batch_independence", "hessian", "hvp", "vmap", "evaluate",
     "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
-    "Backend", "Capabilities", "sparse_jacobian", "sparse_hessian",
+    "Backend", "Capabilities",
+    "jacobian_sparsity", "hessian_sparsity", "SparsityWarning", "sparse_jacobian", "sparse_hessian",
 ]

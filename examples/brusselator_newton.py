@@ -3,8 +3,9 @@
 The Brusselator is a reaction-diffusion system of two species u and v on an N x N periodic grid.
 Its right-hand side F has 2 N^2 unknowns, but each equation reads only 6 of them (a 5-point
 Laplacian stencil and the other species at the same point): the Jacobian is almost all zeros.
-``unigrad.sparse_jacobian`` colours its columns so that one JVP per colour (about ten, whatever N)
-gives every non-zero, and returns a ``scipy.sparse`` matrix that ``spsolve`` takes directly.
+``unigrad.sparse_jacobian`` finds that pattern by tracing F once (``unigrad.jacobian_sparsity``),
+colours its columns so that one JVP per colour (about ten, whatever N) gives every non-zero, and
+returns a ``scipy.sparse`` matrix that ``spsolve`` takes directly.
 
 Run it:    python examples/brusselator_newton.py [backend]
 """
@@ -36,7 +37,8 @@ def brusselator(x, N):
 
 
 def brusselator_pattern(N):
-    """The Jacobian's pattern, written out from the stencil (2 N^2 x 2 N^2, 6 non-zeros a row)."""
+    """The Jacobian's pattern, written out from the stencil (2 N^2 x 2 N^2, 6 non-zeros a row): what
+    detection finds (main checks it), and what to pass as ``sparsity=`` to skip detection."""
     shift = sparse.csr_array(np.roll(np.eye(N, dtype=bool), 1, axis=1))
     ring = sparse.eye_array(N, dtype=bool) + shift + shift.T  # a point and its two periodic neighbours
     eye = sparse.eye_array(N, dtype=bool)
@@ -53,7 +55,7 @@ def initial_state(N):
 
 def implicit_euler_step(state, N, dt, backend=None, tol=1e-10, max_steps=20):
     """Solve G(x) = x - state - dt F(x) = 0 by Newton's method with the sparse Jacobian I - dt J_F."""
-    jacobian = unigrad.sparse_jacobian(brusselator, sparsity=brusselator_pattern(N), backend=backend,
+    jacobian = unigrad.sparse_jacobian(brusselator, backend=backend,  # the pattern detected once, then reused
                                        format="scipy")  # scipy.sparse on any backend, for spsolve
     rhs = unigrad.vmap(lambda x: brusselator(x, N), backend=backend)  # F on the backend (batch of one)
     eye = sparse.eye_array(2 * N * N, format="csr")
@@ -70,8 +72,10 @@ def implicit_euler_step(state, N, dt, backend=None, tol=1e-10, max_steps=20):
 def main(backend=None):
     N, dt = 16, 1e-3
     state = initial_state(N)
-    # the sparse Jacobian is the dense one, computed with 2 N^2 = 512 JVPs instead of a handful
-    jac = unigrad.sparse_jacobian(brusselator, sparsity=brusselator_pattern(N), backend=backend, format="scipy")
+    # detection finds exactly the stencil's pattern ...
+    assert (unigrad.jacobian_sparsity(brusselator, state, N) != brusselator_pattern(N)).nnz == 0
+    # ... and the sparse Jacobian is the dense one, which takes 2 N^2 = 512 JVPs instead of a handful
+    jac = unigrad.sparse_jacobian(brusselator, backend=backend, format="scipy")
     dense = np.asarray(unigrad.to_numpy(unigrad.jacobian(brusselator, backend=backend)(state, N)))
     np.testing.assert_allclose(jac(state, N).toarray(), dense, rtol=1e-12, atol=1e-9)
 

@@ -271,3 +271,56 @@ def test_random_portable_programs_with_their_dense_pattern(data):
     if dense.size == 0:
         return
     check_sparse_jacobian(program, tuple(inputs), sparsity=dense != 0, mode=data.draw(st.sampled_from(["fwd", "rev"])))
+
+
+# ------------------------------------------------------------------ with the detected pattern (the default)
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_detected_pattern_on_each_backend(name):
+    backend = needs(name)
+    jac = unigrad.sparse_jacobian(tridiagonal_map, backend=backend)
+    plan = jac.plan(X)
+    assert (plan.source, plan.reasons, plan.n_colors, plan.nnz) == ("detected", (), 3, 28)
+    check_sparse_jacobian(tridiagonal_map, (X,), backend=backend)
+    hess = unigrad.sparse_hessian(rosenbrock, backend=backend)
+    assert (hess.plan(X).n_colors, hess.plan(X).mode) == (3, "star")
+    check_sparse_hessian(rosenbrock, (X,), backend=backend)
+
+
+def test_value_dependent_control_flow_widens_and_stays_right():
+    def f(x):
+        xp = unigrad.namespace(x)
+        return xp.sin(x) if x[0] > 0 else x ** 3  # Python control flow on a value
+
+    with pytest.warns(unigrad.SparsityWarning):
+        plan = unigrad.sparse_jacobian(f).plan(X)
+    assert plan.reasons and plan.nnz == 100  # widened to dense: every entry computed
+    for point in (X, -X):
+        check_sparse_jacobian(f, (point,), sparsity=plan.pattern)
+
+
+@given(sparse_programs())
+def test_random_sparse_programs_detected(program):
+    n, idx, w, x = program
+    plan = check_sparse_jacobian(gathered, (x, idx, w))  # sparsity="detect"
+    detected = unigrad.sparse_jacobian(gathered).plan(x, idx, w).pattern
+    assert (detected != gathered_pattern(idx, n)).nnz == 0  # exact: the take's indices
+    assert plan.shape == (idx.shape[0], n)
+
+
+@given(st.data())
+def test_random_portable_programs_detected(data):
+    import warnings
+
+    from unigrad.testing import strategies as ust
+
+    case = data.draw(ust.program_cases(max_inputs=2, max_ops=4))
+    program, inputs = case
+    argnums = tuple(range(len(inputs)))
+    if sum(np.size(x) for x in inputs) == 0:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unigrad.SparsityWarning)
+        pattern = unigrad.jacobian_sparsity(program, *inputs, argnums=argnums)
+        check_sparsity_covers(program, tuple(inputs), pattern, argnums=argnums, points=2)
+        check_sparse_jacobian(program, tuple(inputs), argnums=argnums, mode=data.draw(st.sampled_from(["fwd", "rev"])))

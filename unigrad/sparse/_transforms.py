@@ -31,6 +31,8 @@ class SparsePlan:
       coloring: the :class:`~unigrad.sparse.Coloring` used (``n_colors`` passes per call).
       mode: ``"fwd"`` (one JVP per colour), ``"rev"`` (one VJP per colour) or ``"star"`` (one HVP per colour).
       source: ``"given"`` (``sparsity=<matrix>``) or ``"detected"``.
+      reasons: why a detected pattern was widened (empty when exact by rule; see
+        :func:`unigrad.jacobian_sparsity`).
       dtype: the dtype of the values (outputs' and inputs' dtypes promoted).
       index, seeds, groups, structure: the compression and decompression index arrays (NumPy).
     """
@@ -39,6 +41,7 @@ class SparsePlan:
     coloring: _coloring.Coloring
     mode: str
     source: str
+    reasons: tuple
     dtype: str
     index: np.ndarray
     seeds: tuple
@@ -70,8 +73,9 @@ def _check_format(format, fname):
 def _pattern_for(call, sparsity, shape, kind, argnums, backend, fname):
     if sparsity is None or (isinstance(sparsity, str) and sparsity == "detect"):
         found = _pattern.detect(kind, call.f, call.args, argnums, backend, fname)
-        return _pattern.as_pattern(found, shape, fname, symmetric=kind == "hessian"), "detected"
-    return _pattern.as_pattern(sparsity, shape, fname, symmetric=kind == "hessian"), "given"
+        return (_pattern.as_pattern(found, shape, fname, symmetric=kind == "hessian"), "detected",
+                tuple(getattr(found, "reasons", ())))
+    return _pattern.as_pattern(sparsity, shape, fname, symmetric=kind == "hessian"), "given", ()
 
 
 def _make_plan(call, kind, sparsity, mode, argnums, backend, fname) -> SparsePlan:
@@ -85,7 +89,7 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname) -> SparsePla
     dtype = b.dtype(outputs[0])
     for a in tuple(outputs) + tuple(call.diff):
         dtype = promote(dtype, b.dtype(a))
-    pattern, source = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname)
+    pattern, source, reasons = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname)
     if kind == "hessian":
         coloring, chosen = _coloring.star_coloring(pattern), "star"
     else:
@@ -98,7 +102,7 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname) -> SparsePla
     index = _decompress.recovery(pattern, coloring)
     seeds = _compress.seeds_of(coloring.colors, shapes) if chosen != "rev" else ()
     groups = _compress.groups_of(coloring.colors, coloring.n_colors, m) if chosen == "rev" else None
-    return SparsePlan(pattern, coloring, chosen, source, dtype, index, seeds, groups, _decompress.Structure(pattern))
+    return SparsePlan(pattern, coloring, chosen, source, reasons, dtype, index, seeds, groups, _decompress.Structure(pattern))
 
 
 def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, compile, device, fname):

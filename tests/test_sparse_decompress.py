@@ -38,7 +38,7 @@ def seed_matrix(colors, k):
 def test_forward_compression_recovers_every_non_zero(a):
     pattern = a != 0
     coloring = column_coloring(pattern)
-    compressed = a.toarray() @ seed_matrix(coloring.colors, coloring.n_colors)  # (m, c), as the forward pass
+    compressed = (a.toarray() @ seed_matrix(coloring.colors, coloring.n_colors)).T  # (c, m): one JVP a row
     values = compressed.reshape(-1)[recovery(sparse.csr_array(pattern), coloring)]
     np.testing.assert_array_equal(values, a.data)
 
@@ -60,7 +60,7 @@ def test_reverse_compression_recovers_every_non_zero(a):
 def test_star_compression_recovers_every_non_zero(h):
     pattern = sparse.csr_array(h != 0)
     coloring = star_coloring(pattern)
-    compressed = h.toarray() @ seed_matrix(coloring.colors, coloring.n_colors)  # (n, c), as the HVPs
+    compressed = (h.toarray() @ seed_matrix(coloring.colors, coloring.n_colors)).T  # (c, n): one HVP a row
     np.testing.assert_allclose(compressed.reshape(-1)[recovery(pattern, coloring)], h.data, rtol=1e-14)
 
 

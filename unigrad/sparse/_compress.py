@@ -1,18 +1,20 @@
 """Compress: the compressed passes, the third of the four steps (detect, colour, compress, decompress).
 
-One JVP, VJP or HVP per colour, vectorised over the colours by the backend's own Jacobian
-machinery. Each pass is the dense Jacobian of a small function:
+One JVP, VJP or HVP per colour, vectorised over the colours by the backend's own machinery:
 
-* forward: ``J S = -d/dz f(x - S z)`` at ``z = 0`` (``z`` has one entry per colour; ``S z`` is the
-  gather ``z[color]``, so ``S`` is never built). ``x - 0`` is ``x`` exactly for every float,
-  ``-0.0`` included (``x + 0`` would turn ``-0.0`` into ``0.0``), hence the minus signs;
-* reverse: ``W J = d/dx W f(x)``, ``W f(x)`` the sum of the outputs of each colour (a gather of the
-  outputs, padded per colour, then a sum: ``W`` is never built either);
-* Hessian: ``H S = -d/dz grad f(x - S z)`` (forward over reverse).
+* forward, on a backend with a vectorising ``vmap`` (JAX, torch, TensorFlow): ``backend.map_chunks``
+  maps ``backend.jvp`` over the seed tangents (tangent ``k`` is one on the inputs of colour ``k``,
+  built on the device from the colours), ``chunk_size`` colours at a time;
+* forward, elsewhere (the tape, whose ``jacfwd`` pushes a batch of tangents in one sweep): the
+  Jacobian of a function of one entry per colour, ``J S = -d/dz f(x - S z)`` at ``z = 0``, where
+  ``S z`` is the gather ``z[color]``. ``x - 0`` is ``x`` exactly for every float, ``-0.0`` included
+  (``x + 0`` would turn ``-0.0`` into ``0.0``), hence the minus sign;
+* reverse: ``W J = d/dx W f(x)`` by ``backend.jacrev``, ``W f(x)`` the sum of the outputs of each
+  colour (a gather of the outputs, padded per colour, then a sum: ``W`` is never built);
+* Hessian: the forward pass applied to the gradient (forward over reverse: one HVP per colour).
 
-So ``backend.jacfwd`` / ``backend.jacrev`` run them: ``jax.vmap``, ``torch.func.vmap``, pfor, the
-tape's batched sweeps, ``chunk_size`` and ``compile=True`` all as for ``jacobian``. The kernel ends
-with the gather of ``_decompress.recovery``: it returns the values of the non-zeros alone.
+``compile=True`` compiles the whole kernel. It ends with the gather of ``_decompress.recovery``:
+it returns the values of the non-zeros alone.
 """
 
 from __future__ import annotations
@@ -58,23 +60,39 @@ def kernel(plan, chunk_size=None):
             compressed = xp.concat([xp.reshape(blk if b.dtype(blk) == dtype else b.cast(blk, dtype), (c, -1))
                                     for blk in jac[0]], axis=1)  # (c, n)
             return (), (xp.take(xp.reshape(compressed, (-1,)), index),), ()
+        function = flat_f if mode == "fwd" else _gradient(b, flat_f)
         seeds = [b.asarray(s, device=device) for s in plan.seeds]
-        if mode == "fwd":
-            def pushed(z):
-                return (_ravel_concat(b, xp, flat_f(*_shifted(b, xp, leaves, z, seeds)), dtype),)
-        else:  # "star": the gradient, pushed forward
-            def gradient(*xs):
-                outputs, vjp_fn, _ = b.vjp(flat_f, xs, has_aux=False)
-                return vjp_fn((b.ones_like(outputs[0]),))
+        if b.capabilities.vmap:  # one JVP per colour, vectorised: each result a row of (c, m)
+            colours = b.asarray(np.arange(c).reshape(c, 1), device=device)
 
-            def pushed(z):
-                return (_ravel_concat(b, xp, gradient(*_shifted(b, xp, leaves, z, seeds)), dtype),)
+            def rows(start, stop):  # the seed tangents of colours start:stop, one array per leaf
+                return tuple(xp.reshape(b.cast(xp.equal(colours[start:stop], xp.reshape(s, (1, -1))), b.dtype(x)),
+                                        (stop - start, *b.shape(x))) for s, x in zip(seeds, leaves))
 
-        z = b.zeros((c,), dtype, device=device)
-        _, jac, _ = b.jacfwd(pushed, (z,), chunk_size=chunk_size)
-        return (), (-xp.take(xp.reshape(jac[0][0], (-1,)), index),), ()  # (m, c) or (n, c), minus: see above
+            def push(*tangents):
+                return (_ravel_concat(b, xp, b.jvp(function, tuple(leaves), tangents)[1], dtype),)
+
+            (compressed,) = b.map_chunks(push, rows, c, chunk_size, [((plan.shape[0],), dtype, device)])
+            return (), (xp.take(xp.reshape(compressed, (-1,)), index),), ()
+
+        def pushed(z):  # no vectorising map (the tape): its jacfwd pushes a batch of tangents in one sweep
+            return (_ravel_concat(b, xp, function(*_shifted(b, xp, leaves, z, seeds)), dtype),)
+
+        _, jac, _ = b.jacfwd(pushed, (b.zeros((c,), dtype, device=device),), chunk_size=chunk_size)
+        compressed = xp.permute_dims(jac[0][0], (1, 0))  # (m, c) -> (c, m); minus: see above
+        return (), (-xp.take(xp.reshape(compressed, (-1,)), index),), ()
 
     return run
+
+
+def _gradient(b, flat_f):
+    """The gradient of a flat scalar ``f`` as a flat function (its JVP is an HVP: forward over reverse)."""
+    def gradient(*xs):
+        outputs, vjp_fn, _ = b.vjp(flat_f, xs, has_aux=False)
+        return tuple(vjp_fn((b.ones_like(outputs[0]),)))
+
+    gradient.closure_arrays = getattr(flat_f, "closure_arrays", ())
+    return gradient
 
 
 def seeds_of(colors, shapes):

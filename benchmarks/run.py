@@ -25,6 +25,11 @@ sys.path.insert(0, str(HERE))
 import bench_batched_jacobian  # noqa: E402
 import bench_tape  # noqa: E402
 
+try:
+    import bench_sparse  # noqa: E402  (needs scipy: the extra unigrad[sparse])
+except ImportError:
+    bench_sparse = None
+
 import unigrad  # noqa: E402
 
 #: A ratio is too noisy to read when its rounds spread over more than this fraction of the median.
@@ -65,6 +70,8 @@ def ratio_with_rounds(rounds, i, j):
 # that remembers the rounds, so it can judge noise without the modules knowing.
 bench_tape.ratio = ratio_with_rounds
 bench_batched_jacobian.ratio = ratio_with_rounds
+if bench_sparse is not None:
+    bench_sparse.ratio = ratio_with_rounds
 
 
 def ratios(results, path=()):
@@ -171,6 +178,10 @@ def main(argv=None) -> int:
     names = [n for n in ("jax", "torch", "tensorflow") if n in results["versions"]]
     results["batched_jacobian"] = bench_batched_jacobian.run(names, args.quick)
     bench_batched_jacobian.report(results["batched_jacobian"])
+    if bench_sparse is not None:
+        print("\n== sparse Jacobians and Hessians (sparse_jacobian / sparse_hessian) against dense, and asdex on JAX ==")
+        results["sparse"] = bench_sparse.run(["numpy"] + names, args.quick)
+        bench_sparse.report(results["sparse"])
     results["noise"], warnings = noise_report(results)
     if warnings:
         print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "

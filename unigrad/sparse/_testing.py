@@ -85,8 +85,13 @@ def check_sparse_jacobian(f, args, *, argnums=0, sparsity=None, mode="auto", bac
     """Assert that ``sparse_jacobian(f, ...)(*args)`` equals the dense ``jacobian`` at ``args``.
 
     Args:
-      f: the function; args: its positional arguments (a tuple).
-      argnums, sparsity, mode, backend, compile: as for :func:`unigrad.sparse_jacobian`.
+      f: the function.
+      args: its positional arguments (a tuple).
+      argnums: as for :func:`unigrad.sparse_jacobian`.
+      sparsity: as for :func:`unigrad.sparse_jacobian` (None: detected).
+      mode: as for :func:`unigrad.sparse_jacobian`.
+      backend: where both Jacobians are computed.
+      compile: compile the sparse transform.
       rtol: tolerance relative to the largest entry (default by dtype).
 
     Returns:
@@ -142,10 +147,13 @@ def check_sparsity_covers(f, args, pattern, *, argnums=0, kind="jacobian", point
     times its magnitude, plus ``spread``).
 
     Args:
-      f, args, argnums: the function, its positional arguments and the differentiated ones.
+      f: the function.
+      args: its positional arguments (a tuple).
+      argnums: the differentiated arguments.
       pattern: ``m x n`` (``n x n`` for a Hessian) ``scipy.sparse`` or array-like; non-zeros count.
       kind: ``"jacobian"`` or ``"hessian"``.
       points: how many random points besides ``args``.
+      spread: how far the random points move from ``args`` (relative, see above).
       seed: the random generator's seed.
       backend: where the dense Jacobians are computed.
 

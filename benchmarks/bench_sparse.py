@@ -175,6 +175,7 @@ def run(backends, quick=False):
                 row["asdex_colours"] = int(asdex_colours)
                 row["asdex_seconds"] = min(r[-1] for r in rounds)
                 row["ratio_vs_asdex"] = ratio(rounds, 0, len(fns) - 1)
+            print(f"  done: {key} on {backend}", file=sys.stderr, flush=True)  # progress (long runs)
     return results
 
 

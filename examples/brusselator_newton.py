@@ -56,7 +56,8 @@ def initial_state(N):
 def implicit_euler_step(state, N, dt, backend=None, tol=1e-10, max_steps=20):
     """Solve G(x) = x - state - dt F(x) = 0 by Newton's method with the sparse Jacobian I - dt J_F."""
     jacobian = unigrad.sparse_jacobian(brusselator, backend=backend,  # the pattern detected once, then reused
-                                       format="scipy")  # scipy.sparse on any backend, for spsolve
+                                       format="scipy",  # scipy.sparse on any backend, for spsolve
+                                       compile=True)  # one program (jax.jit, tf.function) for every step
     rhs = unigrad.vmap(lambda x: brusselator(x, N), backend=backend)  # F on the backend (batch of one)
     eye = sparse.eye_array(2 * N * N, format="csr")
     x, history = state.copy(), []

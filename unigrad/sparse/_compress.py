@@ -40,6 +40,11 @@ def _shifted(b, xp, leaves, z, seeds):
     return tuple(out)
 
 
+def _ints(a):
+    """Index arrays as int32 where they fit: JAX without x64 would truncate int64 anyway (and warn)."""
+    return a.astype(np.int32) if a.size == 0 or int(a.max()) < 2 ** 31 - 1 else a
+
+
 def kernel(plan, chunk_size=None):
     """The kernel ``(backend, flat_f, leaves) -> ((), (values,), ())`` of a :class:`SparsePlan`."""
     mode, c, dtype = plan.mode, plan.coloring.n_colors, plan.dtype
@@ -47,9 +52,9 @@ def kernel(plan, chunk_size=None):
     def run(b, flat_f, leaves):
         xp = b.namespace()
         device = b.device(leaves[0])
-        index = b.asarray(plan.index, device=device)
+        index = b.asarray(_ints(plan.index), device=device)
         if mode == "rev":
-            groups = b.asarray(plan.groups, device=device)  # (c, g): the outputs of each colour, padded
+            groups = b.asarray(_ints(plan.groups), device=device)  # (c, g): the outputs of each colour, padded
 
             def weighted(*xs):
                 y = _ravel_concat(b, xp, flat_f(*xs), dtype)
@@ -61,9 +66,9 @@ def kernel(plan, chunk_size=None):
                                     for blk in jac[0]], axis=1)  # (c, n)
             return (), (xp.take(xp.reshape(compressed, (-1,)), index),), ()
         function = flat_f if mode == "fwd" else _gradient(b, flat_f)
-        seeds = [b.asarray(s, device=device) for s in plan.seeds]
+        seeds = [b.asarray(_ints(s), device=device) for s in plan.seeds]
         if b.capabilities.vmap:  # one JVP per colour, vectorised: each result a row of (c, m)
-            colours = b.asarray(np.arange(c).reshape(c, 1), device=device)
+            colours = b.asarray(_ints(np.arange(c).reshape(c, 1)), device=device)
 
             def rows(start, stop):  # the seed tangents of colours start:stop, one array per leaf
                 return tuple(xp.reshape(b.cast(xp.equal(colours[start:stop], xp.reshape(s, (1, -1))), b.dtype(x)),

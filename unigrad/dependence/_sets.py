@@ -101,8 +101,7 @@ class SetInterpreter:
 
     def _unknown(self, node, ins, reason):
         self.widen(reason + (f" at {node.site}" if node.site else "") + ": its outputs depend on all of its inputs")
-        union = _or([m.sum(axis=0, keepdims=True).astype(bool) if m.shape[0] else empty(1, self.n)
-                     for m in ins.values()], 1, self.n)
+        union = _or([_sp().csr_array(np.asarray(m.sum(axis=0)).reshape(1, -1) > 0) for m in ins.values()], 1, self.n)
         if self.hessian:
             self._pair(union, union)
         outs = []

@@ -27,6 +27,11 @@ import bench_bridge  # noqa: E402
 import bench_checkpoint  # noqa: E402
 import bench_tape  # noqa: E402
 
+try:
+    import bench_sparse  # noqa: E402  (needs scipy: the extra unigrad[sparse])
+except ImportError:
+    bench_sparse = None
+
 import unigrad  # noqa: E402
 
 #: A ratio is too noisy to read when its rounds spread over more than this fraction of the median.
@@ -67,6 +72,8 @@ def ratio_with_rounds(rounds, i, j):
 # that remembers the rounds, so it can judge noise without the modules knowing.
 bench_tape.ratio = ratio_with_rounds
 bench_batched_jacobian.ratio = ratio_with_rounds
+if bench_sparse is not None:
+    bench_sparse.ratio = ratio_with_rounds
 
 
 def ratios(results, path=()):
@@ -180,6 +187,10 @@ def main(argv=None) -> int:
         print("\n== bridge: a torch function inside a JAX transform ==")
         results["bridge"] = {str(n): r for n, r in bench_bridge.run(args.quick).items()}
         bench_bridge.report(results["bridge"])
+    if bench_sparse is not None:
+        print("\n== sparse Jacobians and Hessians (sparse_jacobian / sparse_hessian) against dense, and asdex on JAX ==")
+        results["sparse"] = bench_sparse.run(["numpy"] + names, args.quick)
+        bench_sparse.report(results["sparse"])
     results["noise"], warnings = noise_report(results)
     if warnings:
         print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "

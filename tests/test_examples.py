@@ -14,7 +14,8 @@ import unigrad
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 # Scripts whose main(backend) runs on one backend: run on each selected backend.
-PER_BACKEND = ["linear_regression.py", "scipy_minimize.py", "newton_cg_hvp.py", "custom_derivatives.py"]
+PER_BACKEND = ["linear_regression.py", "scipy_minimize.py", "newton_cg_hvp.py", "custom_derivatives.py",
+               "brusselator_newton.py"]
 # Scripts whose main() runs every installed backend itself.
 ALL_BACKENDS = ["mlp_loss.py", "per_example_jacobian.py"]
 

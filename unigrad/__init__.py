@@ -15,7 +15,9 @@ from ._registry import (backends, get_backend, register_backend, set_backend, un
                         use_device)
 from ._safe import safe_norm, safe_where
 from ._custom import custom_jvp, custom_vjp, stop_gradient
+from .sparse import sparse_hessian, sparse_jacobian
 from .backend import Backend, Capabilities
+from .dependence import SparsityWarning, hessian_sparsity, jacobian_sparsity
 
 __version__ = "0.1.0"
 
@@ -34,4 +36,5 @@ __all__ = [
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",
     "custom_vjp", "custom_jvp", "stop_gradient",
+    "jacobian_sparsity", "hessian_sparsity", "SparsityWarning", "sparse_jacobian", "sparse_hessian",
 ]

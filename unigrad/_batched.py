@@ -76,16 +76,21 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         raise TypeError(f"batched_jacobian: separable must be True or False; got {separable!r}")
     budget = _memory.parse_budget(memory_budget, "batched_jacobian") if chunk_size is None else None
     plans, shapes, settled, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64), BoundedCache(64)
+    proofs = BoundedCache(64)  # per signature: a code-level proof (a backend's program, or the tape's)
     programs = BoundedCache() if compile else None
 
-    def kernel_for(chosen, chunk):
+    def kernel_for(chosen, chunk, per_example, recorded=None):
         def kernel(b, flat_f, leaves):
-            method = b.per_example_jacobian if separable else b.batched_jacobian
-            outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
+            if recorded is not None:  # the tape's recording that the proof read: swept, not recorded again
+                outs, jac, aux = b.batched_jacobian(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux,
+                                                    recorded=recorded)
+            else:
+                method = b.per_example_jacobian if per_example else b.batched_jacobian
+                outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
             return outs, tuple(block for row in promoted_blocks(b, outs, leaves, jac) for block in row), aux
         return kernel
 
-    kernels = {"rev": kernel_for("rev", chunk_size), "fwd": kernel_for("fwd", chunk_size)}
+    kernels = {(m, p): kernel_for(m, chunk_size, p) for m in ("rev", "fwd") for p in (False, True)}
 
     def batched_jacobian_f(*args):
         call = prepare(plans, f, args, argnums, has_aux, backend, "batched_jacobian", device)
@@ -93,20 +98,133 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         if batch == 0:
             return _empty_batched_jacobian(call, has_aux)
         call.seen.batch = batch
-        if check_independence == "always" or (check_independence == "once" and settled.get(call.key) is None):
-            if _settle_independence(call, batch, has_aux):
+        verdict, recorded, per_example = "unknown", None, separable
+        if check_independence != "never" and batch >= 2:
+            verdict, detail, recorded, provable = prove_independence(call, batch, has_aux, argnums, proofs)
+            if verdict == "mixed":
+                raise _mixed_error(detail)
+            per_example = separable or (verdict == "row" and provable)
+        if verdict != "row" and (check_independence == "always" or (
+                check_independence == "once" and settled.get(call.key) is None)):
+            if _settle_independence(call, batch, has_aux):  # no proof: the probe
                 settled.put(call.key, True)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=True)
-        kernel, decision = kernels[chosen], chosen
+        if recorded is not None and chosen == "rev" and budget is None and programs is None:
+            kernel, decision = kernel_for(chosen, chunk_size, per_example, recorded), None
+        else:
+            kernel, decision = kernels[chosen, per_example], (chosen, per_example)
+        recorded = None  # (the kernel holds it until it has swept it)
         if budget is not None:
             chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")
-            kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
+            kernel, decision = kernel_for(chosen, chunk, per_example), (chosen, chunk, per_example)
         _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 
     _wraps(batched_jacobian_f, f, "batched_jacobian")
     return batched_jacobian_f
+
+
+def _mixed_error(detail):
+    error = ValueError(
+        f"batched_jacobian: the rows of f are not independent: {detail.describe()} mixes the examples of the "
+        f"batch; per-example Jacobians would be wrong. Use jacobian() for the full Jacobian (does f normalise "
+        f"over the batch, e.g. batch norm or x - x.mean(0)?), or pass check_independence='never' if this is "
+        f"intended")
+    error.dependent_rows = True
+    return error
+
+
+def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: BoundedCache):
+    """Prove from the traced program whether ``f``'s rows are independent.
+
+    Returns ``(verdict, detail, recorded, separable)``: verdict ``"row"`` (proved independent),
+    ``"mixed"`` (detail: the :class:`unigrad.dependence.Mixed` naming the operation and line) or
+    ``"unknown"`` (an operation without a row rule, or no program to read: the caller probes);
+    ``recorded`` the NumPy tape's recording of this call (swept by the caller, not recorded again);
+    ``separable`` whether a row may be computed alone (the backend's per-example path).
+
+    The NumPy tape: the recording of this call, read on every call (linear in its nodes), so values
+    that change the program (control flow) are always proved for the values given. A backend with
+    its own program (JAX's jaxpr): once per signature. Other backends: portable ``f`` traced on the
+    tape, once per signature when the recorded program does not change with the values (checked at a
+    random nearby point), else on every call.
+    """
+    from . import dependence
+    b = call.backend
+    if b.name == "numpy":
+        from .tape import _core
+        recorded = _core.record(call.flat_f, call.diff, has_aux)
+        trace, outs, out_idx, _ = recorded
+        program = dependence.from_tape(trace, len(call.diff), out_idx, call.diff, outs)
+        verdict, detail = dependence.prove_rows(program, batch)
+        if verdict == "mixed":
+            detail = _located(call.flat_f, call.diff, has_aux, batch) or detail
+        return verdict, detail, recorded, False
+    cached = proofs.get(call.key) if call.key is not None else None
+    if cached is not None:
+        return cached[0], cached[1], None, cached[2]
+    try:
+        got = b.batch_rows(call.flat_f, call.diff, has_aux=has_aux)
+    except Exception as exc:  # the backend could not trace f: portable code may still be read on the tape
+        got = None
+        failure = ("unknown", f"{b.name} could not trace f ({type(exc).__name__}: {exc})", False)
+    else:
+        failure = None
+    per_call = False
+    if got is None:
+        got, per_call = _tape_proof(call, batch, has_aux, argnums)
+        if got[0] == "unknown" and failure is not None:
+            got = failure
+    if not per_call and call.key is not None:
+        proofs.put(call.key, got)
+    return got[0], got[1], None, got[2]
+
+
+def _tape_proof(call: Call, batch, has_aux, argnums):
+    """Portable ``f`` traced on the NumPy tape with the call's values: ``((verdict, detail, False),
+    per_call)``, per_call when the program changes with the values (it must be proved on every call)."""
+    import optree
+
+    from . import dependence
+    b = call.backend
+    try:
+        host = optree.tree_map(lambda a: np.asarray(b.to_numpy(a)) if b.is_array(a) else a, list(call.args),
+                               none_is_leaf=True)
+        np_call = prepare(BoundedCache(0), call.f, tuple(host), argnums, has_aux, "numpy", "batched_jacobian")
+
+        def outputs(*leaves):
+            result = np_call.flat_f(*leaves)
+            return tuple(result[0]) if has_aux else tuple(result)
+
+        diff = [np.asarray(x) for x in np_call.diff]
+        program, _ = dependence.trace_tape(outputs, diff, sites=True)
+        per_call = bool(program.reasons)
+        if not per_call:
+            try:
+                other, _ = dependence.trace_tape(outputs, dependence.nearby(diff))
+                per_call = not dependence.same_structure(program, other)
+            except Exception:
+                per_call = True
+    except Exception as exc:  # not portable code (f calls its framework directly): the probe decides
+        return ("unknown", f"f could not be traced on the NumPy tape ({type(exc).__name__}: {exc})", False), False
+    verdict, detail = dependence.prove_rows(program, batch)
+    return (verdict, detail, False), per_call
+
+
+def _located(flat_f, leaves, has_aux, batch):
+    """The operation that mixes rows with the user's file and line: the call traced again with its
+    sites recorded (on the error path only). None when that cannot be done (nested transforms)."""
+    from . import dependence
+    try:
+        def outputs(*x):
+            result = flat_f(*x)
+            return tuple(result[0]) if has_aux else tuple(result)
+        program, _ = dependence.trace_tape(outputs, [np.asarray(x) for x in leaves], sites=True)
+        verdict, detail = dependence.prove_rows(program, batch)
+    except Exception:
+        return None
+    return detail if verdict == "mixed" else None
 
 
 def _empty_batched_jacobian(call: Call, has_aux):

@@ -44,6 +44,7 @@ method                     status    default / note
 ``jacrev`` / ``jacfwd``    optional  ``vjp`` / ``jvp`` over a unit basis, via ``map_chunks``
 ``batched_jacobian``       optional  the sum trick over the per-example basis
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
+``batch_rows``             optional  None (rows proved on the NumPy tape for portable ``f``)
 ``hessian`` / ``hvp``      optional  forward over reverse
 ``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
 ``apply_rule(rule, arrays)``  optional  a custom derivative (``unigrad._custom.Rule``); declare
@@ -293,6 +294,14 @@ class Backend(abc.ABC):
                 g = xp.permute_dims(g, (1, 0, *range(2, 2 + len(in_tail))))
                 jac[i][j] = xp.reshape(g, (self.shape(out)[0], *out_tail, *in_tail))
         return outputs, tuple(tuple(r) for r in jac), aux
+
+    def batch_rows(self, f, primals, *, has_aux=False):
+        """A proof about ``f``'s rows read from the backend's own traced program, once per signature:
+        ``(verdict, detail, separable)`` with verdict ``"row"`` (independent), ``"mixed"`` (detail: a
+        ``unigrad.dependence.Mixed`` naming the operation) or ``"unknown"``, and ``separable`` whether
+        each row may be computed alone (``per_example_jacobian``). None: no program to read (the core
+        then reads portable ``f`` on the NumPy tape, or probes)."""
+        return None
 
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """``batched_jacobian`` for an ``f`` that may also be evaluated one example at a time

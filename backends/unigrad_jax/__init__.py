@@ -435,6 +435,11 @@ class JaxBackend(Backend):
             outputs, jac = jax.vmap(jacobian_one)(*primals)
         return tuple(outputs), tuple(tuple(row) for row in jac), None
 
+    def batch_rows(self, f, primals, *, has_aux=False):
+        """Rows of ``f`` proved from its jaxpr: ``(verdict, detail, separable)`` (see ``_proof``)."""
+        from ._proof import batch_rows
+        return batch_rows(self, f, tuple(primals), has_aux)
+
     # ------------------------------------------------------------------ second order
     @_numpy_calls_rejected
     def hessian(self, f, primals, *, chunk_size=None):

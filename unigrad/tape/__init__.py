@@ -148,7 +148,9 @@ class NumpyBackend(Backend):
         jac = self._split_rows(columns.result(), primals, outs, rows_are_outputs=False)
         return outs, jac, (aux if has_aux else None)
 
-    def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
+    def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False, recorded=None):
+        """``recorded``: ``record(f, primals, has_aux)``'s result, when the caller has it already (the
+        proof of independent rows reads the same recording): reverse mode sweeps it instead of recording."""
         xp = namespace_module
         if mode == "fwd":
             outs = aux = None
@@ -177,7 +179,7 @@ class NumpyBackend(Backend):
                 jac_cols.append(blocks)
             jac = tuple(tuple(jac_cols[j][i] for j in range(len(primals))) for i in range(len(outs)))
             return outs, jac, (aux if has_aux else None)
-        trace, outs, out_idx, aux = record(f, primals, has_aux)
+        trace, outs, out_idx, aux = recorded if recorded is not None else record(f, primals, has_aux)
         jac = []
         for i, o in enumerate(outs):
             basis = self._example_basis(o)  # (m_i, *o.shape)

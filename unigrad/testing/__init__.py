@@ -8,9 +8,11 @@
 
 from ._check_grads import FD_SAFETY, TOLERANCES, FiniteDifferencesInconclusive, GradientCheckError, check_grads
 from ._programs import Program, ProgramCase, check_program, check_program_across, check_programs_across
+from ..sparse._testing import check_sparse_hessian, check_sparse_jacobian, check_sparsity_covers
 from ._compare import (AGREE, CONVENTION, DISAGREE, INCONCLUSIVE, PAIRWISE_TOLERANCES, BackendResult, Comparison,
                        assert_backends_agree, compare)
 
 __all__ = ["check_grads", "GradientCheckError", "FiniteDifferencesInconclusive", "FD_SAFETY", "INCONCLUSIVE", "TOLERANCES", "compare", "assert_backends_agree", "Comparison",
            "BackendResult", "PAIRWISE_TOLERANCES", "AGREE", "DISAGREE", "CONVENTION", "Program", "ProgramCase", "check_program",
-           "check_program_across", "check_programs_across"]
+           "check_program_across", "check_programs_across", "check_sparse_jacobian", "check_sparse_hessian",
+           "check_sparsity_covers"]

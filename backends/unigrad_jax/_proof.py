@@ -1,0 +1,74 @@
+"""Per-example Jacobians by proof on JAX: the rows of ``f`` read from its jaxpr.
+
+``batch_rows`` traces ``f`` once per signature (``jax.make_jaxpr``; the core caches the answer) and runs
+unigrad's row analysis over it (:mod:`unigrad.dependence`): MIXED names the operation that mixes rows,
+ROW proves them independent. When they are, ``f`` is traced a second time with a *symbolic* batch size
+(``jax.export.symbolic_shape``): if no value of the program is made from the batch size
+(``dim_as_value``: ``x / x.shape[0]``) or from positions in the batch (an ``iota`` over it), each row
+is computed by the same program whatever the batch size, so the per-example Jacobian may be taken of
+one row alone and vectorised over rows -- JAX's own ``vmap(jacrev(f_one))``, which XLA simplifies
+best. Otherwise the sum trick, exact for any ``f`` with independent rows, is used.
+"""
+
+from __future__ import annotations
+
+import jax
+
+
+def batch_rows(backend, f, primals, has_aux):
+    from unigrad.dependence import prove_rows
+    from unigrad.dependence._jaxpr import from_closed_jaxpr
+
+    from . import _x64
+
+    def outputs(*p):
+        result = f(*p)
+        return tuple(result[0]) if has_aux else tuple(result)
+
+    specs = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in primals]
+    with _x64(f, primals):
+        closed = jax.make_jaxpr(outputs)(*specs)
+        verdict, detail = prove_rows(from_closed_jaxpr(closed), primals[0].shape[0])
+        separable = verdict == "row" and _separable(outputs, primals)
+    return verdict, detail, separable
+
+
+def _separable(f, primals):
+    """Does every row of ``f`` come from the same program whatever the batch size (no value made from
+    the batch size or from positions in the batch)? False when that cannot be shown."""
+    from jax import export
+    try:
+        (b,) = export.symbolic_shape("b")
+        specs = [jax.ShapeDtypeStruct((b,) + tuple(p.shape[1:]), p.dtype) for p in primals]
+        closed = jax.make_jaxpr(f)(*specs)
+    except Exception:  # f reads the batch size as a number, or closes over batch-shaped arrays
+        return False
+    return _clean(closed.jaxpr)
+
+
+def _symbolic(shape):
+    return any(not isinstance(d, int) for d in shape)
+
+
+def _clean(jaxpr):
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dim_as_value":
+            return False
+        made = any(_symbolic(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+        given = any(_symbolic(getattr(getattr(v, "aval", None), "shape", ())) for v in eqn.invars)
+        if made and not given and name != "broadcast_in_dim":  # a batch-shaped value from nothing: iota, random
+            return False
+        for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+            inner = eqn.params.get(key)
+            inner = getattr(inner, "jaxpr", inner)
+            if inner is not None and hasattr(inner, "eqns") and not _clean(inner):
+                return False
+        for branch in eqn.params.get("branches", ()):
+            if not _clean(branch.jaxpr):
+                return False
+        for key in ("body_jaxpr", "cond_jaxpr"):
+            inner = eqn.params.get(key)
+            if inner is not None and not _clean(getattr(inner, "jaxpr", inner)):
+                return False
+    return True

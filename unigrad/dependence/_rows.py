@@ -1,0 +1,221 @@
+"""Batch rows: a proof that a program's rows are independent, or the operation that mixes them.
+
+Each value is FREE (absent from the environment: it does not depend on the batch), ROW along a negative
+axis d (an int: its row i, along d, depends on input row i only), :class:`Mixed` (rows combined, with
+the node that did it), or :class:`Unknown` (an operation without a row rule: the proof gives up). The
+walk is linear in the number of nodes; structural operations without a shortcut apply their own
+implementation to an array of row numbers, which is exact for all of them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._rules import einsum_spec, lane_axes, reduce_axes, rule_for
+
+
+class Mixed:
+    __slots__ = ("node", "why")
+
+    def __init__(self, node, why):
+        self.node, self.why = node, why
+
+    def describe(self):
+        where = f" at {self.node.site}" if self.node is not None and self.node.site else ""
+        return f"{self.why}{where}"
+
+
+class Unknown:
+    __slots__ = ("why",)
+
+    def __init__(self, why):
+        self.why = why
+
+
+def prove_rows(program, batch):
+    """``("row", None)``, ``("mixed", Mixed)`` or ``("unknown", why)`` for a program whose inputs all
+    have the batch (size ``batch``) on axis 0, and whose outputs must have it on axis 0."""
+    env = {}
+    for vid, shape in zip(program.inputs, program.input_shapes):
+        if len(shape) and shape[0] == batch:
+            env[vid] = -len(shape)
+    _walk(program, env, batch)
+    unknown = None
+    for k, (vid, shape) in enumerate(zip(program.outputs, program.output_shapes)):
+        s = env.get(vid) if vid is not None else None
+        if s is None:
+            continue
+        if isinstance(s, Mixed):
+            return "mixed", s
+        if isinstance(s, Unknown):
+            unknown = unknown or s
+            continue
+        if s != -len(shape):
+            return "mixed", Mixed(None, f"output {k} has the batch on axis {s + len(shape)}, not 0")
+    if unknown is not None:
+        return "unknown", unknown.why
+    return "row", None
+
+
+def _walk(program, env, batch):
+    for node in program.nodes:
+        ins = {pos: env[vid] for pos, vid in node.traced.items() if vid in env}
+        if not ins:
+            continue
+        bad = [s for s in ins.values() if isinstance(s, Mixed)] or [s for s in ins.values() if isinstance(s, Unknown)]
+        if bad:
+            out = bad[0]
+            for vid in node.outs:
+                env[vid] = out
+            continue
+        try:
+            outs = _apply(node, ins, batch)
+        except Exception as exc:  # a rule that cannot read this node: give up, never guess
+            outs = [Unknown(f"the row rule for {node.name!r} failed ({type(exc).__name__}: {exc})")] * len(node.outs)
+        for vid, s in zip(node.outs, outs):
+            if s is not None:
+                env[vid] = s
+
+
+def _name(node):
+    return node.name[4:] if node.name.startswith("lax.") else node.name
+
+
+def _apply(node, ins, batch):
+    rule = rule_for(node.name)
+    kind = rule.kind
+    n_out = len(node.outs)
+    if kind == "zero":
+        return [None] * n_out
+    if kind == "elementwise":
+        shape = node.out_shapes[0]
+        axes = set()
+        for pos, d in ins.items():
+            s = node.shape(pos)
+            if len(s) + d < 0 or s[d] != shape[d]:
+                return [Mixed(node, f"{_name(node)} broadcasts the batch axis")]
+            axes.add(d)
+        if len(axes) > 1:
+            return [Mixed(node, f"{_name(node)} combines rows along different axes")]
+        return [axes.pop()]
+    if kind == "reduce":
+        (pos, d), = ins.items()
+        axes, keep = reduce_axes(node, len(node.shape(pos)))
+        if d in axes:
+            return [Mixed(node, f"{_name(node)} over the batch axis")]
+        return [d if keep else d + sum(1 for a in axes if a > d)]
+    if kind in ("scan", "lane"):
+        outs = []
+        for pos, d in ins.items():
+            if d in lane_axes(node, len(node.shape(pos))):
+                return [Mixed(node, f"{_name(node)} along the batch axis")] * n_out
+            outs.append(d)
+        if len(set(outs)) > 1:
+            return [Mixed(node, f"{_name(node)} combines rows along different axes")] * n_out
+        return [outs[0]] * n_out
+    if kind == "structural":
+        return [_structural(node, ins, batch)]
+    if kind == "matmul":
+        found = set()
+        for pos, d in ins.items():
+            contracted, kept = (-1, -2) if pos == 0 else (-2, -1)
+            if d == contracted:
+                return [Mixed(node, "matmul contracts the batch axis")]
+            found.add(d)
+        if len(found) > 1:
+            return [Mixed(node, "matmul combines rows along different axes")]
+        return [found.pop()]
+    if kind == "einsum":
+        labels, out = einsum_spec(node)
+        found = set()
+        for pos, d in ins.items():
+            lab = labels[pos]
+            label = lab[d]
+            if lab.count(label) > 1:
+                return [Unknown(f"{_name(node)} takes a diagonal of the batch axis")]
+            if label not in out:
+                return [Mixed(node, f"{_name(node)} contracts the batch axis")]
+            found.add(label)
+        if len(found) > 1:
+            return [Mixed(node, f"{_name(node)} combines rows along different axes")]
+        return [out.index(found.pop()) - len(out)]
+    if kind == "core":
+        core_in = rule.extra.get("core_in", 2)
+        outs = []
+        for shape in node.out_shapes:
+            got = set()
+            for pos, d in ins.items():
+                s = node.shape(pos)
+                p = d + len(s)
+                if p >= len(s) - core_in or p >= len(shape) or shape[p] != batch:
+                    return [Mixed(node, f"{_name(node)} acts across the batch axis")] * n_out
+                got.add(p - len(shape))
+            if len(got) > 1:
+                return [Mixed(node, f"{_name(node)} combines rows along different axes")] * n_out
+            outs.append(got.pop())
+        return outs
+    if kind == "call" and node.inner is not None:
+        results = None
+        for sub in (node.inner if isinstance(node.inner, list) else [node.inner]):
+            env = {}
+            for pos, vid in zip(node.extra_positions, sub.inputs):
+                if pos in ins:
+                    env[vid] = ins[pos]
+            _walk(sub, env, batch)
+            got = [env.get(v) if v is not None else None for v in sub.outputs]
+            if results is None:
+                results = got
+            else:
+                results = [a if b is None or b == a else (b if a is None else
+                           (a if isinstance(a, Mixed) else b if isinstance(b, Mixed)
+                            else Mixed(node, f"{_name(node)} branches put the batch on different axes")))
+                           for a, b in zip(results, got)]
+        return results
+    return [Unknown(f"no row rule for the primitive {_name(node)!r}")] * n_out
+
+
+def _structural(node, ins, batch):
+    name = _name(node)
+    if name == "reshape":
+        (pos, d), = ins.items()
+        s, t = node.shape(pos), node.out_shapes[0]
+        prefix = math.prod(s[:d + len(s)])
+        for q in range(len(t)):
+            if math.prod(t[:q]) == prefix and t[q] == batch:
+                return q - len(t)
+        return Mixed(node, "reshape merges or splits the batch axis")
+    if name in ("permute_dims", "transpose"):
+        (pos, d), = ins.items()
+        axes = node.params.get("axes", node.params.get("permutation"))
+        nd = len(node.shape(pos))
+        return list(int(a) % nd for a in axes).index(d + nd) - nd
+    if name == "matrix_transpose":
+        (pos, d), = ins.items()
+        return {-1: -2, -2: -1}.get(d, d)
+    # every other structural operation: its own implementation applied to row numbers (0: not a row)
+    args = list(node.args)
+    for pos in sorted(node.data):
+        shape = node.shape(pos)
+        if pos in ins:
+            d = ins[pos]
+            rows = np.arange(1, shape[d] + 1, dtype=np.int64).reshape([-1 if k == d + len(shape) else 1
+                                                                       for k in range(len(shape))])
+            args[pos] = np.broadcast_to(rows, shape).copy()
+        else:
+            args[pos] = np.zeros(shape, dtype=np.int64)
+    for pos, a in enumerate(args):
+        if pos not in node.data and type(a).__name__ == "Aval":
+            return Unknown(f"{name}: an index operand is computed from the input")
+    out = np.asarray(node.fn(*args, **node.params))
+    if not out.any():
+        return None
+    nd = out.ndim
+    for q in range(nd):
+        if out.shape[q] != batch:
+            continue
+        expected = np.arange(1, batch + 1).reshape([-1 if k == q else 1 for k in range(nd)])
+        if np.all((out == expected) | (out == 0)):
+            return q - nd
+    return Mixed(node, f"{name} moves or combines rows of the batch")

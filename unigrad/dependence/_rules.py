@@ -1,0 +1,167 @@
+"""The rule table: for each primitive (the tape's names and JAX's), its class of dependence, which
+answers in both abstract domains.
+
+* Element index sets (:mod:`._sets`): which inputs each element of a value depends on, a boolean
+  ``scipy.sparse`` matrix (elements x inputs), and for Hessians the pairs of inputs that interact
+  non-linearly. Structural operations apply the primitive's own implementation to an integer array
+  of element codes (``1 + flat index``, 0 for "no element"), so one rule is exact for reshape,
+  transpose, slicing, gathers, concatenation, flips, rolls, broadcasts, pads...
+* Batch rows (:mod:`._rows`): each value is FREE (independent of the batch), ROW along a negative
+  axis d (its row i depends on input row i only), or MIXED (with the node that mixed rows).
+
+Every class is sound: where a rule cannot be exact it answers a larger set (never a smaller one); an
+unknown primitive answers "dense" (every output element depends on everything its inputs depend on)
+with a reason, and in the row domain "unknown" (the caller falls back to a probe).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------- classes
+# kind: "elementwise" | "structural" | "reduce" | "scan" | "lane" | "matmul" | "einsum" | "core"
+#       | "linear_probe" | "zero" | "call" | "unknown"
+# order: "linear" (no second derivative), "bilinear" (products of distinct operands), "divide",
+#        "nonlinear"
+
+
+class Rule:
+    __slots__ = ("kind", "order", "extra")
+
+    def __init__(self, kind, order="linear", **extra):
+        self.kind, self.order, self.extra = kind, order, extra
+
+    def __repr__(self):
+        return f"Rule({self.kind!r}, {self.order!r})"
+
+
+TABLE: dict = {}
+
+
+def _put(names, rule, ns=""):
+    for n in names.split():
+        TABLE[ns + n] = rule
+
+
+# the tape's primitives
+_put("negative positive add subtract real imag conj astype deg2rad rad2deg where clip abs fabs maximum "
+     "minimum fmax fmin copysign remainder", Rule("elementwise", "linear"))
+_put("multiply", Rule("elementwise", "bilinear"))
+_put("divide", Rule("elementwise", "divide"))
+_put("exp expm1 log log1p log2 log10 sqrt sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh square exp2 "
+     "sinc reciprocal sigmoid pow atan2 hypot logaddexp logaddexp2", Rule("elementwise", "nonlinear"))
+_put("sign floor ceil trunc round equal not_equal less less_equal greater greater_equal isnan isinf isfinite "
+     "signbit logical_and logical_or logical_xor logical_not floor_divide nextafter bitwise_and bitwise_or "
+     "bitwise_xor bitwise_invert bitwise_left_shift bitwise_right_shift", Rule("zero"))
+_put("reshape broadcast_to permute_dims matrix_transpose flip roll concat getitem take_along_axis",
+     Rule("structural"))
+_put("sum max min", Rule("reduce", "linear"))
+_put("prod", Rule("reduce", "nonlinear"))
+_put("cumsum", Rule("scan", "linear"))
+_put("fft rfft irfft", Rule("lane", "linear"))
+_put("matmul", Rule("matmul", "bilinear"))
+_put("einsum", Rule("einsum", "bilinear"))
+_put("inv det", Rule("core", "nonlinear", core_in=2, core_out=None))
+_put("solve", Rule("core", "nonlinear", core_in=2, core_out=None))
+_put("slogdet cholesky eigh eig svd qr pinv", Rule("core", "nonlinear", core_in=2, core_out=1))
+_put("scatter_add put_along_add", Rule("linear_probe", "linear"))
+
+# JAX's primitives (jaxpr), under "lax."
+_put("neg add_any sub convert_element_type copy copy_p real_ imag_ reduce_precision select_n clamp max min "
+     "add_jaxvals abs", Rule("elementwise", "linear"), "lax.")
+_put("add", Rule("elementwise", "linear"), "lax.")
+_put("mul", Rule("elementwise", "bilinear"), "lax.")
+_put("div", Rule("elementwise", "divide"), "lax.")
+_put("exp exp2 log log1p expm1 sqrt rsqrt cbrt sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh "
+     "logistic integer_pow pow atan2 erf erfc erf_inv lgamma digamma square tan", Rule("elementwise", "nonlinear"), "lax.")
+_put("sign floor ceil round is_finite eq ne lt le gt ge and or not xor iota argmax argmin stop_gradient "
+     "shift_left shift_right_logical shift_right_arithmetic population_count nextafter rem_int random_bits "
+     "random_seed random_wrap random_unwrap threefry2x32", Rule("zero"), "lax.")
+_put("reshape transpose broadcast_in_dim squeeze expand_dims slice dynamic_slice concatenate pad rev gather "
+     "dynamic_update_slice", Rule("structural"), "lax.")
+_put("reduce_sum reduce_max reduce_min", Rule("reduce", "linear"), "lax.")
+_put("reduce_prod", Rule("reduce", "nonlinear"), "lax.")
+_put("cumsum cummax cummin", Rule("scan", "linear"), "lax.")
+_put("cumprod cumlogsumexp", Rule("scan", "nonlinear"), "lax.")
+_put("sort", Rule("lane", "linear"), "lax.")
+_put("dot_general", Rule("einsum", "bilinear"), "lax.")
+_put("pjit closed_call core_call custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr remat checkpoint "
+     "custom_lin jit", Rule("call"), "lax.")
+_put("cond", Rule("call", branches=True), "lax.")
+
+_UNKNOWN = Rule("unknown", "nonlinear")
+
+
+def rule_for(name: str) -> Rule:
+    r = TABLE.get(name)
+    if r is None:
+        base = name.rstrip("0123456789")  # the tape's variadic primitives: concat2, einsum3
+        r = TABLE.get(base, _UNKNOWN)
+    return r
+
+
+# ------------------------------------------------------------------------------ shared helpers
+
+def codes(shape, start=1):
+    """Element codes ``start + flat index`` in ``shape`` (int64)."""
+    return np.arange(start, start + math.prod(shape), dtype=np.int64).reshape(shape)
+
+
+def neg_axes(axis, ndim):
+    if axis is None:
+        return tuple(range(-ndim, 0))
+    if isinstance(axis, (int, np.integer)):
+        axis = (axis,)
+    return tuple(sorted(int(a) - ndim if a >= 0 else int(a) for a in axis))
+
+
+def einsum_spec(node):
+    """(labels per operand, out labels) of a tape einsum or a jaxpr dot_general."""
+    if node.name.rstrip("0123456789") == "einsum":
+        return [tuple(lab) for lab in node.params["labels"]], tuple(node.params["out"])
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    ls, rs = node.shape(0), node.shape(1)
+    lab_l = [None] * len(ls)
+    lab_r = [None] * len(rs)
+    nxt = 0
+    out = []
+    for a, b in zip(lb, rb):
+        lab_l[a] = lab_r[b] = nxt
+        out.append(nxt)
+        nxt += 1
+    for a, b in zip(lc, rc):
+        lab_l[a] = lab_r[b] = nxt
+        nxt += 1
+    for k in range(len(ls)):
+        if lab_l[k] is None:
+            lab_l[k] = nxt
+            out.append(nxt)
+            nxt += 1
+    for k in range(len(rs)):
+        if lab_r[k] is None:
+            lab_r[k] = nxt
+            out.append(nxt)
+            nxt += 1
+    return [tuple(lab_l), tuple(lab_r)], tuple(out)
+
+
+def reduce_axes(node, ndim):
+    """Negative axes reduced, and keepdims, of a tape or jaxpr reduction."""
+    p = node.params
+    if "axes" in p:  # jaxpr
+        return neg_axes(p["axes"], ndim), False
+    return neg_axes(p.get("axis"), ndim), bool(p.get("keepdims", False))
+
+
+def lane_axes(node, ndim):
+    """Negative axes along which every output element depends on the whole lane."""
+    p = node.params
+    if "axis" in p:
+        return neg_axes(p["axis"], ndim)
+    if "dimension" in p:
+        return neg_axes(p["dimension"], ndim)
+    if "fft_lengths" in p:
+        return tuple(range(-len(p["fft_lengths"]), 0))
+    return tuple(range(-ndim, 0))

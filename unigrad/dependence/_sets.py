@@ -1,0 +1,339 @@
+"""Element index sets: which inputs each element depends on (first order), and which pairs of inputs
+interact non-linearly (second order), propagated through a :class:`~._program.Program` by the rule
+table. A value's set is a boolean ``scipy.sparse.csr_array`` (elements x inputs); the pairs are one
+global boolean matrix (inputs x inputs), the union over every operation, as SparseConnectivityTracer's
+global Hessian tracer keeps it (a superset of each output's own Hessian pattern)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._rules import codes, einsum_spec, lane_axes, reduce_axes, rule_for
+
+_PAIR_LIMIT = 20_000_000  # pairs a rule may enumerate before it answers a (sound) superset instead
+
+
+def _sp():
+    import scipy.sparse as sp
+    return sp
+
+
+def empty(rows, n):
+    return _sp().csr_array((rows, n), dtype=bool)
+
+
+def pattern(rows, cols, shape):
+    """A boolean csr_array with ones at (rows, cols) (duplicates allowed)."""
+    rows = np.asarray(rows, dtype=np.int64).ravel()
+    cols = np.asarray(cols, dtype=np.int64).ravel()
+    if rows.size:
+        key = np.unique(rows * shape[1] + cols)
+        rows, cols = key // shape[1], key % shape[1]
+    return _sp().csr_array((np.ones(rows.size, dtype=bool), (rows, cols)), shape=shape)
+
+
+def select(code, n_src):
+    """Rows picking source rows ``code - 1`` (code 0: an empty row)."""
+    code = np.asarray(code, dtype=np.int64).ravel()
+    rows = np.nonzero(code)[0]
+    return pattern(rows, code[rows] - 1, (code.size, n_src))
+
+
+def _or(parts, rows, n):
+    out = None
+    for p in parts:
+        out = p if out is None else out + p
+    return empty(rows, n) if out is None else out.astype(bool)
+
+
+class SetInterpreter:
+    """Runs a program over element index sets. ``hessian``: also collect the interacting pairs."""
+
+    def __init__(self, n_inputs: int, hessian: bool = False):
+        self.n = n_inputs
+        self.hessian = hessian
+        self.pairs = []  # (A, B): A.T @ B are interacting pairs
+        self.reasons = []
+
+    def widen(self, reason):
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+
+    def _pair(self, a, b):
+        if self.hessian and a.nnz and b.nnz:
+            self.pairs.append((a, b))
+
+    def hessian_pattern(self):
+        h = empty(self.n, self.n)
+        for a, b in self.pairs:
+            h = h + (a.T @ b).astype(bool)
+        return (h + h.T).astype(bool)
+
+    def run(self, program, env):
+        for node in program.nodes:
+            ins = {pos: env[vid] for pos, vid in node.traced.items() if vid in env}
+            ins = {pos: m for pos, m in ins.items() if m.nnz}
+            if not ins:
+                continue
+            outs = self.apply(node, ins)
+            for vid, m in zip(node.outs, outs):
+                if m is not None:
+                    env[vid] = m
+        return env
+
+    # ------------------------------------------------------------------------------- the rules
+    def apply(self, node, ins):
+        rule = rule_for(node.name)
+        kind = rule.kind
+        if kind == "zero":
+            return [None] * len(node.outs)
+        if kind == "call":
+            return self._call(node, ins, rule)
+        method = getattr(self, "_" + kind, None)
+        if method is None:
+            return self._unknown(node, ins, f"no rule for the primitive {node.name!r}")
+        try:
+            return method(node, ins, rule)
+        except Exception as exc:  # a rule that cannot read this node's parameters: widen, never guess
+            return self._unknown(node, ins, f"the rule for {node.name!r} failed ({type(exc).__name__}: {exc})")
+
+    def _unknown(self, node, ins, reason):
+        self.widen(reason + (f" at {node.site}" if node.site else "") + ": its outputs depend on all of its inputs")
+        union = _or([_sp().csr_array(np.asarray(m.sum(axis=0)).reshape(1, -1) > 0) for m in ins.values()], 1, self.n)
+        if self.hessian:
+            self._pair(union, union)
+        outs = []
+        for shape in node.out_shapes:
+            size = math.prod(shape)
+            outs.append(_sp().csr_array(np.ones((size, 1), dtype=bool)) @ union if size else empty(0, self.n))
+        return [o.astype(bool) for o in outs]
+
+    def _elementwise(self, node, ins, rule):
+        shape = node.out_shapes[0]
+        size = math.prod(shape)
+        parts = {}
+        for pos, m in ins.items():
+            c = np.broadcast_to(codes(node.shape(pos)), shape)
+            parts[pos] = (select(c, m.shape[0]) @ m).astype(bool)
+        out = _or(parts.values(), size, self.n)
+        if self.hessian:
+            if rule.order == "nonlinear":
+                self._pair(out, out)
+            elif rule.order == "bilinear":
+                ps = list(parts.values())
+                for i in range(len(ps)):
+                    for j in range(i + 1, len(ps)):
+                        self._pair(ps[i], ps[j])
+            elif rule.order == "divide" and 1 in parts:
+                self._pair(parts[1], parts[1])
+                if 0 in parts:
+                    self._pair(parts[0], parts[1])
+        return [out]
+
+    def _structural(self, node, ins, rule):
+        args = list(node.args)
+        offset, stack = 1, []
+        for pos in sorted(node.data):
+            shape = node.shape(pos)
+            if pos in ins:
+                args[pos] = codes(shape, offset)
+                offset += math.prod(shape)
+                stack.append(ins[pos])
+            else:
+                args[pos] = np.zeros(shape, dtype=np.int64)
+        for pos, a in enumerate(args):
+            if pos not in node.data and type(a).__name__ == "Aval":
+                raise ValueError("an index operand is computed from the input")
+        out = np.asarray(node.fn(*args, **node.params)).astype(np.int64)
+        src = _sp().vstack(stack, format="csr") if len(stack) > 1 else stack[0]
+        return [(select(out, src.shape[0]) @ src).astype(bool)]
+
+    def _reduce(self, node, ins, rule):
+        (pos, m), = ins.items()
+        in_shape = node.shape(pos)
+        axes, _ = reduce_axes(node, len(in_shape))
+        keep = tuple(1 if k - len(in_shape) in axes else s for k, s in enumerate(in_shape))
+        target = np.broadcast_to(codes(keep, 0), in_shape).ravel()
+        p = pattern(target, np.arange(target.size), (math.prod(keep), target.size))
+        out = (p @ m).astype(bool)
+        if self.hessian and rule.order == "nonlinear":
+            self._pair(out, out)
+        return [out]
+
+    def _scan(self, node, ins, rule):
+        (pos, m), = ins.items()
+        shape = node.shape(pos)
+        axis = node.params["axis"]
+        axis = axis if axis >= 0 else axis + len(shape)
+        reverse = bool(node.params.get("reverse", False))
+        n = shape[axis] if shape else 1
+        lanes = np.moveaxis(codes(shape, 0), axis, -1).reshape(-1, n) if shape else codes((1, 1), 0)
+        if lanes.shape[0] * n * (n + 1) // 2 > _PAIR_LIMIT:
+            return self._lane(node, ins, rule)
+        hi, lo = np.tril_indices(n)  # output position hi depends on inputs up to it
+        if reverse:
+            hi, lo = n - 1 - hi, n - 1 - lo
+        p = pattern(lanes[:, hi], lanes[:, lo], (m.shape[0], m.shape[0]))
+        out = (p @ m).astype(bool)
+        if self.hessian and rule.order == "nonlinear":
+            self._pair(out, out)
+        return [out]
+
+    def _lane(self, node, ins, rule):
+        outs = []
+        parts = []
+        for pos, m in ins.items():
+            in_shape = node.shape(pos)
+            axes = lane_axes(node, len(in_shape))
+            keep = tuple(1 if k - len(in_shape) in axes else s for k, s in enumerate(in_shape))
+            target = np.broadcast_to(codes(keep, 0), in_shape).ravel()
+            parts.append((keep, (pattern(target, np.arange(target.size), (math.prod(keep), target.size)) @ m)))
+        for shape in node.out_shapes:
+            got = []
+            for keep, r in parts:
+                c = np.broadcast_to(codes(keep), shape)
+                got.append(select(c, r.shape[0]) @ r)
+            out = _or(got, math.prod(shape), self.n)
+            if self.hessian and rule.order == "nonlinear":
+                self._pair(out, out)
+            outs.append(out)
+        return outs
+
+    def _matmul(self, node, ins, rule):
+        from ..tape._tracer import concrete
+        a_shape, b_shape = node.shape(0), node.shape(1)
+        batch = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+        m_, k_, n_ = a_shape[-2], a_shape[-1], b_shape[-1]
+        nb = math.prod(batch)
+        out_c = codes((nb, m_, n_), 0)
+        ac = np.broadcast_to(codes(a_shape, 0), batch + (m_, k_)).reshape(nb, m_, k_)
+        bc = np.broadcast_to(codes(b_shape, 0), batch + (k_, n_)).reshape(nb, k_, n_)
+        size = nb * m_ * n_
+        parts = []
+        if 0 in ins:  # out(b, i, j) <- a(b, i, k) where b(b, k, j) may be non-zero
+            bnz = (np.ones(b_shape, dtype=bool) if 1 in ins else np.asarray(concrete(node.args[1])) != 0)
+            bnz = np.broadcast_to(bnz, batch + (k_, n_)).reshape(nb, k_, n_)
+            beta, kk, j = np.nonzero(bnz)
+            if beta.size * m_ > _PAIR_LIMIT:
+                return self._einsum_like(node, ins, rule, [(0, 1, 2), (0, 2, 3)], (0, 1, 3), batch)
+            i = np.arange(m_)
+            rows = out_c[beta[:, None], i[None, :], j[:, None]]
+            cols = ac[beta[:, None], i[None, :], kk[:, None]]
+            parts.append((pattern(rows, cols, (size, ins[0].shape[0])) @ ins[0]).astype(bool))
+        if 1 in ins:
+            anz = (np.ones(a_shape, dtype=bool) if 0 in ins else np.asarray(concrete(node.args[0])) != 0)
+            anz = np.broadcast_to(anz, batch + (m_, k_)).reshape(nb, m_, k_)
+            beta, i, kk = np.nonzero(anz)
+            if beta.size * n_ > _PAIR_LIMIT:
+                return self._einsum_like(node, ins, rule, [(0, 1, 2), (0, 2, 3)], (0, 1, 3), batch)
+            j = np.arange(n_)
+            rows = out_c[beta[:, None], i[:, None], j[None, :]]
+            cols = bc[beta[:, None], kk[:, None], j[None, :]]
+            parts.append((pattern(rows, cols, (size, ins[1].shape[0])) @ ins[1]).astype(bool))
+        if self.hessian and 0 in ins and 1 in ins:  # bilinear: a(b, i, k) with b(b, k, j)
+            keys_a = (np.arange(nb)[:, None, None] * k_ + np.arange(k_)[None, None, :]) + 0 * ac
+            keys_b = (np.arange(nb)[:, None, None] * k_ + np.arange(k_)[None, :, None]) + 0 * bc
+            ra = pattern(keys_a, ac, (nb * k_, ins[0].shape[0])) @ ins[0]
+            rb = pattern(keys_b, bc, (nb * k_, ins[1].shape[0])) @ ins[1]
+            self._pair(ra.astype(bool), rb.astype(bool))
+        return [_or(parts, size, self.n)]
+
+    def _einsum(self, node, ins, rule):
+        labels, out = einsum_spec(node)
+        return self._einsum_like(node, ins, rule, labels, out, None)
+
+    def _einsum_like(self, node, ins, rule, labels, out_labels, batch):
+        """Every operand element whose labels shared with the output agree with an output element's
+        feeds it (the values of other operands are not looked at: a superset where they have zeros)."""
+        out_shape = node.out_shapes[0]
+        if batch is not None:  # matmul as an einsum over a flattened, broadcast batch
+            return self._unknown(node, ins, "matmul too large to enumerate")
+        sizes = {}
+        for pos, lab in enumerate(labels):
+            for ax, l in enumerate(lab):
+                sizes[l] = node.shape(pos)[ax]
+
+        def keys(shape, lab, wanted):
+            k = np.zeros(shape, dtype=np.int64)
+            for l in wanted:
+                ax = lab.index(l)
+                coord = np.arange(shape[ax]).reshape([-1 if d == ax else 1 for d in range(len(shape))])
+                k = k * sizes[l] + coord
+            return np.broadcast_to(k, shape)
+
+        size = math.prod(out_shape)
+        parts, grouped = [], {}
+        for pos, m in ins.items():
+            lab = labels[pos]
+            wanted = [l for l in dict.fromkeys(lab) if l in out_labels]
+            nkeys = math.prod(sizes[l] for l in wanted)
+            r = (pattern(keys(node.shape(pos), lab, wanted), np.arange(m.shape[0]), (nkeys, m.shape[0])) @ m)
+            b = pattern(np.arange(size), keys(out_shape, out_labels, wanted), (size, nkeys))
+            parts.append((b @ r).astype(bool))
+            grouped[pos] = m
+        if self.hessian:
+            pos = list(ins)
+            for i in range(len(pos)):
+                for j in range(i + 1, len(pos)):
+                    li, lj = labels[pos[i]], labels[pos[j]]
+                    shared = [l for l in dict.fromkeys(li) if l in lj]
+                    nk = math.prod(sizes[l] for l in shared)
+                    mi, mj = ins[pos[i]], ins[pos[j]]
+                    ri = pattern(keys(node.shape(pos[i]), li, shared), np.arange(mi.shape[0]), (nk, mi.shape[0])) @ mi
+                    rj = pattern(keys(node.shape(pos[j]), lj, shared), np.arange(mj.shape[0]), (nk, mj.shape[0])) @ mj
+                    self._pair(ri.astype(bool), rj.astype(bool))
+        return [_or(parts, size, self.n)]
+
+    def _core(self, node, ins, rule):
+        core_in = rule.extra.get("core_in", 2)
+        nbatch = max(0, len(node.shape(0)) - core_in)
+        outs = []
+        for shape in node.out_shapes:
+            got = []
+            for pos, m in ins.items():
+                s = node.shape(pos)
+                p = 0
+                while p < min(nbatch, len(s), len(shape)) and s[p] == shape[p]:
+                    p += 1
+                keep = s[:p]
+                target = np.broadcast_to(codes(keep, 0).reshape(keep + (1,) * (len(s) - p)), s).ravel()
+                r = pattern(target, np.arange(target.size), (math.prod(keep), target.size)) @ m
+                c = np.broadcast_to(codes(keep).reshape(keep + (1,) * (len(shape) - p)), shape)
+                got.append(select(c, r.shape[0]) @ r)
+            out = _or(got, math.prod(shape), self.n)
+            if self.hessian:
+                self._pair(out, out)
+            outs.append(out)
+        return outs
+
+    def _linear_probe(self, node, ins, rule):
+        (pos, m), = ins.items()
+        g_shape = node.shape(pos)
+        gsize = math.prod(g_shape)
+        out_shape = node.out_shapes[0]
+        if gsize * math.prod(out_shape) > _PAIR_LIMIT:
+            return self._unknown(node, ins, f"{node.name} too large to enumerate")
+        args = list(node.args)
+        args[pos] = np.eye(gsize, dtype=np.float64).reshape((gsize,) + g_shape)
+        params = dict(node.params)
+        if "nb" in params:
+            params["nb"] = params["nb"] + 1
+        res = np.asarray(node.fn(*args, **params)).reshape(gsize, -1)
+        src, dst = np.nonzero(res)
+        return [(pattern(dst, src, (res.shape[1], gsize)) @ m).astype(bool)]
+
+    def _call(self, node, ins, rule):
+        subs = node.inner if isinstance(node.inner, list) else [node.inner]
+        results = None
+        for sub in subs:
+            env = {}
+            for pos, vid in zip(node.extra_positions, sub.inputs):
+                if pos in ins:
+                    env[vid] = ins[pos]
+            self.run(sub, env)
+            got = [env.get(v) if v is not None else None for v in sub.outputs]
+            results = got if results is None else [
+                a if b is None else (b if a is None else (a + b).astype(bool)) for a, b in zip(results, got)]
+        return results

@@ -1,0 +1,47 @@
+"""The pattern a sparse transform uses: given by the user, or detected (the first of the four steps,
+detect, colour, compress, decompress; detection itself is ``unigrad.jacobian_sparsity`` /
+``unigrad.hessian_sparsity``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["as_pattern", "detect"]
+
+
+def as_pattern(matrix, shape, fname, symmetric=False):
+    """A user's pattern (``scipy.sparse``, a NumPy or any array-like; non-zero entries count) as a
+    canonical boolean CSR array of ``shape`` with sorted indices; symmetrised for a Hessian."""
+    from scipy import sparse
+
+    if isinstance(matrix, str) or matrix is None:
+        raise TypeError(f"{fname}: sparsity must be None, 'detect' or a matrix; got {matrix!r}")
+    if sparse.issparse(matrix):
+        a = sparse.csr_array(matrix)
+    else:
+        dense = np.asarray(matrix)
+        if dense.ndim != 2:
+            raise ValueError(f"{fname}: sparsity must be a 2-D matrix of shape {shape}; got an array of shape "
+                             f"{dense.shape}")
+        a = sparse.csr_array(dense)
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{fname}: sparsity has shape {tuple(a.shape)}; expected {tuple(shape)} "
+                         f"(outputs x inputs, each flattened and concatenated)")
+    a = sparse.csr_array((a.data != 0, a.indices, a.indptr), shape=a.shape) if a.nnz else a.astype(bool)
+    a.eliminate_zeros()
+    if symmetric:
+        a = sparse.csr_array(a + a.T, dtype=bool)
+    a.sum_duplicates()
+    a.sort_indices()
+    return sparse.csr_array(a, dtype=bool)
+
+
+def detect(kind, f, args, argnums, backend, fname):
+    """The pattern found by the detector (``kind``: ``"jacobian"`` or ``"hessian"``)."""
+    import unigrad  # at call time: the detector is a sibling public function of the package
+
+    detector = getattr(unigrad, f"{kind}_sparsity", None)
+    if detector is None:
+        raise ValueError(f"{fname}: sparsity detection is not available in this unigrad; pass the pattern "
+                         f"as sparsity=<matrix> (scipy.sparse or a boolean array)")
+    return detector(f, *args, argnums=argnums, backend=backend)

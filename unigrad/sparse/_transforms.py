@@ -1,0 +1,227 @@
+"""``sparse_jacobian`` and ``sparse_hessian``: detect (or take) the pattern, colour it, run the
+compressed passes, decompress -- the pattern and colouring once per signature (a :class:`SparsePlan`
+in a bounded cache, next to the call plan), the passes on every call, eagerly or compiled."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .._call import BoundedCache, execute, prepare
+from .._checks import check_chunk, promote, scalar_check
+from .._transform import _wraps
+from . import _coloring, _compress, _decompress, _pattern
+
+__all__ = ["SparsePlan", "sparse_jacobian", "sparse_hessian"]
+
+_MODES = ("auto", "fwd", "rev")
+
+
+@dataclass(frozen=True, eq=False)
+class SparsePlan:
+    """What a sparse transform derives once per signature: the pattern, its colouring and how to
+    read each non-zero out of the compressed passes.
+
+    Attributes:
+      pattern: the sparsity pattern, a boolean ``scipy.sparse.csr_array`` of shape ``(m, n)`` (outputs x
+        inputs, each flattened and concatenated in order); for a Hessian ``(n, n)``, symmetric.
+      coloring: the :class:`~unigrad.sparse.Coloring` used (``n_colors`` passes per call).
+      mode: ``"fwd"`` (one JVP per colour), ``"rev"`` (one VJP per colour) or ``"star"`` (one HVP per colour).
+      source: ``"given"`` (``sparsity=<matrix>``) or ``"detected"``.
+      reasons: why a detected pattern was widened (empty when exact by rule; see
+        :func:`unigrad.jacobian_sparsity`).
+      dtype: the dtype of the values (outputs' and inputs' dtypes promoted).
+      index, seeds, groups, structure: the compression and decompression index arrays (NumPy).
+    """
+
+    pattern: object
+    coloring: _coloring.Coloring
+    mode: str
+    source: str
+    reasons: tuple
+    dtype: str
+    index: np.ndarray
+    seeds: tuple
+    groups: np.ndarray | None
+    structure: _decompress.Structure
+
+    @property
+    def n_colors(self) -> int:
+        return self.coloring.n_colors
+
+    @property
+    def shape(self):
+        return self.structure.shape
+
+    @property
+    def nnz(self) -> int:
+        return self.structure.nnz
+
+    def __repr__(self):
+        return (f"SparsePlan(shape={self.shape}, nnz={self.nnz}, mode={self.mode!r}, n_colors={self.n_colors}, "
+                f"order={self.coloring.order!r}, source={self.source!r})")
+
+
+def _check_format(format, fname):
+    if format not in _decompress.FORMATS:
+        raise ValueError(f"{fname}: format must be one of {_decompress.FORMATS}; got {format!r}")
+
+
+def _pattern_for(call, sparsity, shape, kind, argnums, backend, fname):
+    if sparsity is None or (isinstance(sparsity, str) and sparsity == "detect"):
+        found = _pattern.detect(kind, call.f, call.args, argnums, backend, fname)
+        return (_pattern.as_pattern(found, shape, fname, symmetric=kind == "hessian"), "detected",
+                tuple(getattr(found, "reasons", ())))
+    return _pattern.as_pattern(sparsity, shape, fname, symmetric=kind == "hessian"), "given", ()
+
+
+def _make_plan(call, kind, sparsity, mode, argnums, backend, fname) -> SparsePlan:
+    b = call.backend
+    outputs = b.evaluate(call.flat_f, call.diff)
+    if kind == "hessian":
+        scalar_check(b, outputs, fname)
+    shapes = [b.shape(x) for x in call.diff]
+    n = sum(math.prod(s) for s in shapes)
+    m = n if kind == "hessian" else sum(math.prod(b.shape(o)) for o in outputs)
+    dtype = b.dtype(outputs[0])
+    for a in tuple(outputs) + tuple(call.diff):
+        dtype = promote(dtype, b.dtype(a))
+    pattern, source, reasons = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname)
+    if kind == "hessian":
+        coloring, chosen = _coloring.star_coloring(pattern), "star"
+    else:
+        candidates = []
+        if mode in ("auto", "fwd") and (mode == "fwd" or b.capabilities.forward_mode):
+            candidates.append((_coloring.column_coloring(pattern), "fwd"))
+        if mode in ("auto", "rev"):
+            candidates.append((_coloring.row_coloring(pattern), "rev"))
+        coloring, chosen = min(candidates, key=lambda c: c[0].n_colors)  # a tie keeps forward (listed first)
+    index = _decompress.recovery(pattern, coloring)
+    seeds = _compress.seeds_of(coloring.colors, shapes) if chosen != "rev" else ()
+    groups = _compress.groups_of(coloring.colors, coloring.n_colors, m) if chosen == "rev" else None
+    return SparsePlan(pattern, coloring, chosen, source, reasons, dtype, index, seeds, groups, _decompress.Structure(pattern))
+
+
+def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, compile, device, fname):
+    if mode not in _MODES:
+        raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
+    _check_format(format, fname)
+    check_chunk(chunk_size, fname)
+    plans, sparse_plans = BoundedCache(), BoundedCache(64)
+    programs = BoundedCache() if compile else None
+
+    def plan_of(call):
+        if not call.diff:
+            raise ValueError(f"{fname}: argnums selects no array to differentiate")
+        plan = sparse_plans.get(call.key)
+        if plan is None:
+            plan = sparse_plans.put(call.key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname))
+        return plan
+
+    def kernel_of(plan):
+        passes = _compress.kernel(plan, chunk_size)
+
+        def run(b, flat_f, leaves):
+            if plan.nnz == 0:  # nothing to compute: no pass at all
+                return (), (b.zeros((0,), plan.dtype, device=b.device(leaves[0])),), ()
+            return passes(b, flat_f, leaves)
+
+        return run
+
+    def transformed(*args):
+        call = prepare(plans, f, args, argnums, False, backend, fname, device)
+        plan = plan_of(call)
+        _, blocks, _ = execute(call, kernel_of(plan), programs, ("sparse", plan.mode), keep_outputs=False)
+        return _decompress.assemble(call.backend, blocks[0], plan.structure, format, fname)
+
+    def plan(*args) -> SparsePlan:
+        """The :class:`SparsePlan` (pattern, colouring, mode) for these arguments' signature."""
+        return plan_of(prepare(plans, f, args, argnums, False, backend, fname, device))
+
+    _wraps(transformed, f, fname)
+    transformed.plan = plan
+    return transformed
+
+
+def sparse_jacobian(f: Callable, argnums=0, *, sparsity=None, mode: str = "auto", format: str = "auto",
+                    chunk_size: int | None = None, backend=None, compile: bool = False, device=None) -> Callable:
+    """The Jacobian of ``f`` as a sparse matrix, from one JVP (or VJP) per colour of its pattern.
+
+    The outputs are flattened and concatenated (in the output pytree's order) into ``m`` rows, the
+    differentiated arguments likewise into ``n`` columns: the result is one ``m x n`` matrix. Once
+    per signature the pattern is detected (or taken from ``sparsity``) and coloured; every call then
+    costs one vectorised pass per colour, not one per row or column.
+
+    Args:
+      f: function returning an array or a pytree of arrays.
+      argnums: int or tuple of ints: the differentiated positional arguments.
+      sparsity: ``None`` or ``"detect"`` -- found by :func:`unigrad.jacobian_sparsity`; or the pattern
+        itself, an ``m x n`` ``scipy.sparse`` matrix or array-like (its non-zero entries). A given
+        pattern must cover every non-zero of the Jacobian (check one with
+        :func:`unigrad.testing.check_sparsity_covers`): a non-zero outside it is not computed.
+      mode: ``"fwd"`` (column colouring, JVPs), ``"rev"`` (row colouring, VJPs) or ``"auto"``: the
+        one with fewer colours (forward on a tie).
+      format: ``"auto"`` -- the backend's sparse type (NumPy: ``scipy.sparse.csr_array``; torch: a
+        sparse CSR tensor; JAX: ``jax.experimental.sparse.BCOO``; TensorFlow: ``tf.sparse.SparseTensor``);
+        ``"dense"``; ``"scipy"`` (a ``scipy.sparse.csr_array`` on any backend); ``"csr"``, ``"csc"``,
+        ``"coo"`` in the backend's type where it has that layout.
+      chunk_size: at most this many colours per vectorised pass.
+      backend: backend name or object.
+      compile: one compiled program per signature (``jax.jit``, ``tf.function``).
+      device: place the inputs on this device.
+
+    Returns:
+      A function of ``f``'s arguments returning the sparse Jacobian. Its ``plan(*args)`` returns the
+      :class:`SparsePlan` of those arguments' signature: ``pattern``, ``coloring``, ``mode``.
+
+    Example:
+      >>> import scipy.sparse
+      >>> def f(x):
+      ...     return x[1:] ** 2 - x[:-1]
+      >>> pattern = scipy.sparse.eye_array(3, 4) + scipy.sparse.eye_array(3, 4, k=1)  # 2 non-zeros a row
+      >>> jac = unigrad.sparse_jacobian(f, sparsity=pattern)
+      >>> jac(np.arange(4.0)).toarray()
+      array([[-1.,  2.,  0.,  0.],
+             [ 0., -1.,  4.,  0.],
+             [ 0.,  0., -1.,  6.]])
+      >>> jac.plan(np.arange(4.0)).n_colors
+      2
+    """
+    return _transform(f, "jacobian", argnums, sparsity, mode, format, chunk_size, backend, compile, device,
+                      "sparse_jacobian")
+
+
+def sparse_hessian(f: Callable, argnums=0, *, sparsity=None, format: str = "auto", chunk_size: int | None = None,
+                   backend=None, compile: bool = False, device=None) -> Callable:
+    """The Hessian of a scalar-valued ``f`` as a sparse matrix, from one HVP per colour of a star
+    colouring of its (symmetric) pattern.
+
+    Args:
+      f: function returning a real scalar.
+      argnums: int or tuple of ints; their elements, flattened and concatenated, index the ``n x n`` result.
+      sparsity: ``None`` / ``"detect"`` (:func:`unigrad.hessian_sparsity`) or an ``n x n`` pattern
+        (symmetrised: ``A | A^T``). A given pattern must cover every non-zero of the Hessian.
+      format: as for :func:`sparse_jacobian`.
+      chunk_size: at most this many colours per vectorised pass.
+      backend: backend name or object.
+      compile: one compiled program per signature.
+      device: place the inputs on this device.
+
+    Returns:
+      A function returning the sparse Hessian; ``plan(*args)`` gives its :class:`SparsePlan`.
+
+    Example:
+      >>> import scipy.sparse
+      >>> def rosenbrock(x):
+      ...     xp = unigrad.namespace(x)
+      ...     return xp.sum(100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
+      >>> tridiagonal = scipy.sparse.diags_array([1, 1, 1], offsets=[-1, 0, 1], shape=(1000, 1000), dtype=bool)
+      >>> hess = unigrad.sparse_hessian(rosenbrock, sparsity=tridiagonal)
+      >>> hess(np.zeros(1000)).nnz, hess.plan(np.zeros(1000)).n_colors
+      (2998, 3)
+    """
+    return _transform(f, "hessian", argnums, sparsity, "auto", format, chunk_size, backend, compile, device,
+                      "sparse_hessian")

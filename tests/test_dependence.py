@@ -187,6 +187,12 @@ def test_jax_native_function_is_read_from_its_jaxpr():
     g = lambda x: jax.lax.cond(x[0] > 0, lambda y: y * 2.0, lambda y: jnp.roll(y, 1), x)  # noqa: E731
     p = unigrad.jacobian_sparsity(g, jnp.asarray(np.ones(3))).toarray()
     np.testing.assert_array_equal(p, (np.eye(3) + np.roll(np.eye(3), 1, axis=0)) != 0)
+    # dot_general with a constant matrix: its zeros count (a stencil matrix gives its band)
+    a = np.diag(np.full(5, 2.0)) + np.diag(np.ones(4), 1)
+    for stencil, u in ((lambda u: jnp.asarray(a) @ u, np.ones(5)),
+                       (lambda u: jnp.einsum("ij,bj->bi", jnp.asarray(a), u), np.ones((2, 5)))):
+        p = unigrad.jacobian_sparsity(stencil, jnp.asarray(u)).toarray()
+        np.testing.assert_array_equal(p, np.asarray(jax.jacobian(stencil)(jnp.asarray(u))).reshape(p.shape) != 0)
     h = unigrad.hessian_sparsity(lambda x: jnp.sum(x[1:] * x[:-1]), jnp.asarray(np.ones(3))).toarray()
     np.testing.assert_array_equal(h, [[0, 1, 0], [1, 0, 1], [0, 1, 0]])
 

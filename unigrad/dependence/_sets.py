@@ -310,7 +310,7 @@ class SetInterpreter:
             return np.broadcast_to(k, shape)
 
         size = math.prod(out_shape)
-        parts, grouped = [], {}
+        parts = []
         for pos, m in ins.items():
             lab = labels[pos]
             wanted = [l for l in dict.fromkeys(lab) if l in out_labels]
@@ -318,7 +318,6 @@ class SetInterpreter:
             r = (pattern(keys(node.shape(pos), lab, wanted), np.arange(m.shape[0]), (nkeys, m.shape[0])) @ m)
             b = pattern(np.arange(size), keys(out_shape, out_labels, wanted), (size, nkeys))
             parts.append((b @ r).astype(bool))
-            grouped[pos] = m
         if self.hessian:
             pos = list(ins)
             for i in range(len(pos)):

@@ -103,10 +103,24 @@ def test_control_flow_on_values_widens_to_dense_and_says_where():
     assert p.toarray().all() and "test_dependence.py" in p.reasons[0]
 
 
-def test_value_dependent_indices_widen():
-    """sort reads the values to choose its permutation: the program differs at another point."""
+@pytest.mark.parametrize("f", [lambda x: xp(x).sort(x) * 1.0, lambda x: x[xp(x).argmax(x)] * x,
+                               lambda x: xp(x).take(x, xp(x).argsort(x)[:1]) + x], ids=["sort", "argmax", "argsort"])
+def test_value_dependent_indices_widen(f):
+    """sort, argmax, argsort read the values to choose indices: another input would pick others."""
+    with pytest.warns(unigrad.SparsityWarning, match="computed from the input"):
+        p = unigrad.jacobian_sparsity(f, np.array([3.0, 1.0, 2.0]))
+    assert p.toarray().all()
+
+
+def test_a_program_that_changes_at_another_point_widens():
+    """Values read outside the namespace (unigrad.to_numpy) are caught by tracing again at a random
+    point nearby: the recorded program differs there."""
+    def f(x):
+        k = 0 if unigrad.to_numpy(x)[0] == 3.0 else 1  # (a perturbed point takes the other index)
+        return x[k] * x
+
     with pytest.warns(unigrad.SparsityWarning, match="changes with the input"):
-        p = unigrad.jacobian_sparsity(lambda x: xp(x).sort(x) * 1.0, np.array([3.0, 1.0, 2.0]))
+        p = unigrad.jacobian_sparsity(f, np.array([3.0, 1.0, 2.0]))
     assert p.toarray().all()
 
 
@@ -173,6 +187,12 @@ def test_jax_native_function_is_read_from_its_jaxpr():
     g = lambda x: jax.lax.cond(x[0] > 0, lambda y: y * 2.0, lambda y: jnp.roll(y, 1), x)  # noqa: E731
     p = unigrad.jacobian_sparsity(g, jnp.asarray(np.ones(3))).toarray()
     np.testing.assert_array_equal(p, (np.eye(3) + np.roll(np.eye(3), 1, axis=0)) != 0)
+    # dot_general with a constant matrix: its zeros count (a stencil matrix gives its band)
+    a = np.diag(np.full(5, 2.0)) + np.diag(np.ones(4), 1)
+    for stencil, u in ((lambda u: jnp.asarray(a) @ u, np.ones(5)),
+                       (lambda u: jnp.einsum("ij,bj->bi", jnp.asarray(a), u), np.ones((2, 5)))):
+        p = unigrad.jacobian_sparsity(stencil, jnp.asarray(u)).toarray()
+        np.testing.assert_array_equal(p, np.asarray(jax.jacobian(stencil)(jnp.asarray(u))).reshape(p.shape) != 0)
     h = unigrad.hessian_sparsity(lambda x: jnp.sum(x[1:] * x[:-1]), jnp.asarray(np.ones(3))).toarray()
     np.testing.assert_array_equal(h, [[0, 1, 0], [1, 0, 1], [0, 1, 0]])
 

@@ -1,11 +1,14 @@
-"""Per-example Jacobians (``batched_jacobian``) and the probe that refuses dependent rows.
+"""Per-example Jacobians (``batched_jacobian``): rows proved independent from the traced program, or probed.
 
 The sum trick: for ``f`` mapping a batch to a batch with independent rows, pulling back the k-th unit
 cotangent of every example at once gives every example's row k in one VJP (forward mode: the k-th
 unit tangent of every example gives every column k). The work is vectorised over the per-example
 size, never a Python loop over the batch. It is exact only for independent rows, so the rows are
-probed (``check_independence``); a verdict is kept for a signature only when it was reached at a
-generic point (see :func:`_settle_independence`), never from values that may hide a coupling.
+proved independent from the traced program (:func:`prove_independence`, :mod:`unigrad.dependence`):
+the tape's recording of every call, a jaxpr once per signature, portable ``f`` on the tape for other
+backends. Only where no proof can be made are they probed (``check_independence``); a probe's verdict
+is kept for a signature only when it was reached at a generic point (see :func:`_settle_independence`),
+never from values that may hide a coupling.
 """
 
 from __future__ import annotations
@@ -40,18 +43,21 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       mode: ``"rev"``, ``"fwd"`` or ``"auto"`` (by per-example sizes).
       chunk_size: at most this many basis vectors at a time.
       has_aux: return ``(jacobians, aux)``.
-      check_independence: ``"once"`` (default) probes the rows on the first call of each
-        signature -- one JVP with a random tangent on one example, at the call's point and at a
-        random nearby point (so a coupling that vanishes at the call's values, such as a warm-up
-        call with zeros, is still found) -- and keeps the verdict only when both probes were
-        conclusive; ``"always"`` probes on every call; ``"never"`` trusts the caller. A dependent
-        ``f`` (batch norm, ``x - x.mean(0)``) raises ValueError instead of returning wrong
-        Jacobians; so does a probe that cannot decide (non-finite tangents).
+      check_independence: the rows are proved independent from the traced program (the tape's
+        recording of every call; a jaxpr once per signature; portable ``f`` on the tape for other
+        backends), and a dependent ``f`` (batch norm, ``x - x.mean(0)``) raises ValueError naming
+        the operation and line, on every call. Only where no proof can be made (an operation
+        without a row rule, ``f`` the tape cannot trace) the rows are probed -- one JVP with a
+        random tangent on one example, at the call's point and at a random nearby point: with
+        ``"once"`` (default) on the first call of each signature, the verdict kept only when both
+        probes were conclusive; with ``"always"`` on every call. ``"never"``: no proof and no probe
+        (the caller vouches). A probe that cannot decide (non-finite tangents) raises too.
       separable: the caller states that ``f`` may also be evaluated one example at a time,
         ``f(x)[b] == f(x[b:b+1])[0]`` (f uses neither the batch size nor positions in the batch).
         A backend may then vectorise batch-of-one Jacobians (``jax.vmap`` of ``jax.jacrev``), which
-        its compiler can simplify better. Not checked: this is a statement about every input, and no
-        sample of values can prove it. Default False.
+        its compiler can simplify better. Not checked. JAX takes that form by itself when it proves
+        it (rows independent, and no value made from the batch size or positions in a trace with a
+        symbolic batch size). Default False.
       backend: backend name or object.
       compile: one compiled program per signature (``jax.jit``, ``tf.function``).
       device: place the inputs on this device.
@@ -330,17 +336,18 @@ def _probe(call: Call, leaves, batch, has_aux, seed):
 
 
 def check_batch_independence(f: Callable, *args, argnums=0, backend=None, seed: int = 0) -> None:
-    """Probe whether ``f``'s rows (axis 0) are independent; raise ValueError if not.
+    """Check whether ``f``'s rows (axis 0) are independent; raise ValueError if not.
 
-    One JVP with a random tangent on one example, at the given point and at a random nearby point:
-    any change to another example's outputs means ``batched_jacobian`` would be wrong for ``f``.
+    As ``batched_jacobian`` does: a proof from the traced program (the operation that mixes rows is
+    named), and only where none can be made, a probe (one JVP with a random tangent on one example,
+    at the given point and at a random nearby point).
 
     Args:
       f: function from batched arrays to batched arrays.
       *args: the point.
-      argnums: int or tuple of ints: the batched arguments to probe.
+      argnums: int or tuple of ints: the batched arguments to check.
       backend: backend name or object.
-      seed: seed of the random tangents.
+      seed: seed of the probe's random tangents.
 
     Returns:
       None; raises ValueError for dependent rows or a probe that cannot decide.
@@ -353,4 +360,10 @@ def check_batch_independence(f: Callable, *args, argnums=0, backend=None, seed: 
     """
     call = prepare(BoundedCache(0), f, args, argnums, False, backend, "check_batch_independence")
     batch = _checks.batch_size(call.backend, call.diff, call.names, "check_batch_independence", "input")
+    if batch >= 2:
+        verdict, detail, _, _ = prove_independence(call, batch, False, argnums, BoundedCache(0))
+        if verdict == "mixed":
+            raise _mixed_error(detail)
+        if verdict == "row":
+            return
     _settle_independence(call, batch, False, seed)

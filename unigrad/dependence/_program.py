@@ -124,9 +124,22 @@ def trace_tape(f, args, sites=False):
 
 
 def _tracer_classes():
-    from ..tape._functions import where as _ns_where
+    from ..tape import _functions, _linalg
     from ..tape._tracer import RTracer, Trace, Tracer, concrete
-    exempt = {_ns_where.__code__}  # where's condition: both branches are counted, so its value is not needed
+    exempt = {_functions.where.__code__}  # where's condition: both branches are counted, its value is not needed
+    # namespace functions whose result is decided by the values they read (indices, counts, orders)
+    deciding = {getattr(_functions, n).__code__ for n in (
+        "argsort", "argmax", "argmin", "nonzero", "count_nonzero", "searchsorted", "all", "any", "unique_all",
+        "unique_counts", "unique_inverse", "unique_values", "repeat", "take", "take_along_axis", "_normalize_index")
+        if hasattr(getattr(_functions, n, None), "__code__")}
+    if hasattr(getattr(_linalg, "matrix_rank", None), "__code__"):
+        deciding.add(_linalg.matrix_rank.__code__)
+
+    def reader():
+        frame = sys._getframe(2)
+        if frame.f_code is concrete.__code__:
+            frame = frame.f_back
+        return frame.f_code if frame is not None else None
 
     class DetectTrace(Trace):
         __slots__ = ("nodes", "reasons", "ids", "sites")
@@ -177,6 +190,8 @@ def _tracer_classes():
 
         @property
         def value(self):
+            if reader() in deciding:
+                self.trace.note("indices or a count computed from the input's values")
             return self._v
 
         @value.setter
@@ -206,10 +221,7 @@ def _tracer_classes():
 
         @property
         def value(self):
-            frame = sys._getframe(1)
-            if frame.f_code is concrete.__code__:
-                frame = frame.f_back
-            if frame is not None and frame.f_code not in exempt:
+            if reader() not in exempt:
                 self.trace.note("a value computed from the input read as a constant (an index, a count, a branch)")
             return self._v
 

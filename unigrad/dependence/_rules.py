@@ -75,7 +75,8 @@ _put("add", Rule("elementwise", "linear"), "lax.")
 _put("mul", Rule("elementwise", "bilinear"), "lax.")
 _put("div", Rule("elementwise", "divide"), "lax.")
 _put("exp exp2 log log1p expm1 sqrt rsqrt cbrt sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh "
-     "logistic integer_pow pow atan2 erf erfc erf_inv lgamma digamma square tan", Rule("elementwise", "nonlinear"), "lax.")
+     "logistic integer_pow pow atan2 erf erfc erf_inv lgamma digamma square tan",
+     Rule("elementwise", "nonlinear"), "lax.")
 _put("sign floor ceil round is_finite eq ne lt le gt ge and or not xor iota argmax argmin stop_gradient "
      "shift_left shift_right_logical shift_right_arithmetic population_count nextafter rem_int random_bits "
      "random_seed random_wrap random_unwrap threefry2x32", Rule("zero"), "lax.")

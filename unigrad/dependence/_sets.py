@@ -242,7 +242,53 @@ class SetInterpreter:
 
     def _einsum(self, node, ins, rule):
         labels, out = einsum_spec(node)
+        if len(labels) == 2 and len(ins) == 1:  # one operand a constant: its zeros count
+            (pos, m), = ins.items()
+            const = node.args[1 - pos]
+            if type(const).__name__ != "Aval":
+                got = self._einsum_constant(node, m, pos, labels, out, const)
+                if got is not None:
+                    return [got]
         return self._einsum_like(node, ins, rule, labels, out, None)
+
+    def _einsum_constant(self, node, m, pos, labels, out_labels, const):
+        """Operand ``pos`` times a constant: out element <- operand element where the constant entry
+        joining them is non-zero (its non-zeros enumerated, the other labels ranging freely)."""
+        from ..tape._tracer import concrete
+        nz = np.asarray(concrete(const)) != 0
+        lab_c, lab_x = labels[1 - pos], labels[pos]
+        sizes = {}
+        for lab, shape in ((lab_c, nz.shape), (lab_x, node.shape(pos))):
+            for ax, l in enumerate(lab):
+                sizes[l] = shape[ax]
+        coords = np.nonzero(nz)
+        keep = np.ones(coords[0].shape, dtype=bool)
+        first = {}
+        for ax, l in enumerate(lab_c):  # a repeated label (a diagonal): its coordinates must agree
+            if l in first:
+                keep &= coords[ax] == coords[first[l]]
+            else:
+                first[l] = ax
+        fixed = {l: coords[ax][keep] for l, ax in first.items()}
+        free = [l for l in dict.fromkeys(lab_x + tuple(out_labels)) if l not in fixed]
+        n_nz = int(keep.sum())
+        n_free = math.prod(sizes[l] for l in free)
+        if n_nz * n_free > _PAIR_LIMIT:
+            return None
+        grid = np.indices([sizes[l] for l in free]).reshape(len(free), -1) if free else np.zeros((0, 1), np.int64)
+        value = {l: fixed[l][:, None] for l in fixed}
+        value.update({l: grid[k][None, :] for k, l in enumerate(free)})
+
+        def flat(lab, shape):
+            idx = np.zeros((n_nz, max(n_free, 1)), dtype=np.int64)
+            for ax, l in enumerate(lab):
+                idx = idx * shape[ax] + value[l]
+            return idx
+
+        rows = flat(tuple(out_labels), node.out_shapes[0])
+        cols = flat(lab_x, node.shape(pos))
+        size = math.prod(node.out_shapes[0])
+        return (pattern(rows, cols, (size, m.shape[0])) @ m).astype(bool)
 
     def _einsum_like(self, node, ins, rule, labels, out_labels, batch):
         """Every operand element whose labels shared with the output agree with an output element's
@@ -264,7 +310,7 @@ class SetInterpreter:
             return np.broadcast_to(k, shape)
 
         size = math.prod(out_shape)
-        parts, grouped = [], {}
+        parts = []
         for pos, m in ins.items():
             lab = labels[pos]
             wanted = [l for l in dict.fromkeys(lab) if l in out_labels]
@@ -272,7 +318,6 @@ class SetInterpreter:
             r = (pattern(keys(node.shape(pos), lab, wanted), np.arange(m.shape[0]), (nkeys, m.shape[0])) @ m)
             b = pattern(np.arange(size), keys(out_shape, out_labels, wanted), (size, nkeys))
             parts.append((b @ r).astype(bool))
-            grouped[pos] = m
         if self.hessian:
             pos = list(ins)
             for i in range(len(pos)):

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _checks, _memory
 from ._call import BoundedCache, Call, execute, prepare
-from ._transform import _wraps, budget_chunk, choose_mode, promoted_blocks
+from ._transform import _wraps, budget_chunk, choose_mode, promoted_blocks, static_arguments
 from ._dtypes import COMPLEX
 
 __all__ = ["batched_jacobian", "check_batch_independence"]
@@ -26,7 +26,8 @@ _INDEPENDENCE = ("once", "always", "never")
 
 def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
                      has_aux: bool = False, check_independence: str = "once", separable: bool = False,
-                     backend=None, compile: bool = False, device=None, memory_budget=None) -> Callable:
+                     backend=None, compile: bool = False, device=None, memory_budget=None,
+                     static_argnums=(), static_argnames=()) -> Callable:
     """Per-example Jacobians of ``f``, which maps a batch to a batch with independent rows.
 
     Every input and output has the batch on axis 0 (size B). The work is vectorised over B:
@@ -58,6 +59,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       memory_budget: bytes or a size (``"2GB"``) for the result and the work together; the chunk
         size is chosen from the measured peak of one VJP (or JVP) of the batch, once per signature.
         Ignored when ``chunk_size`` is given.
+      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are
+        static (see :func:`unigrad.value_and_grad`); other Python floats are dynamic inputs.
 
     Returns:
       A function; each block has shape ``(B, *out_shape[1:], *in_shape[1:])``.
@@ -77,6 +80,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     budget = _memory.parse_budget(memory_budget, "batched_jacobian") if chunk_size is None else None
     plans, shapes, settled, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64), BoundedCache(64)
     programs = BoundedCache() if compile else None
+    static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
 
     def kernel_for(chosen, chunk):
         def kernel(b, flat_f, leaves):
@@ -88,7 +92,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     kernels = {"rev": kernel_for("rev", chunk_size), "fwd": kernel_for("fwd", chunk_size)}
 
     def batched_jacobian_f(*args):
-        call = prepare(plans, f, args, argnums, has_aux, backend, "batched_jacobian", device)
+        call = prepare(plans, f, args, argnums, has_aux, backend, "batched_jacobian", device, static)
         batch = _checks.batch_size(call.backend, call.diff, call.names, "batched_jacobian", "input")
         if batch == 0:
             return _empty_batched_jacobian(call, has_aux)

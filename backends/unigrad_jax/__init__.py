@@ -465,10 +465,11 @@ class JaxBackend(Backend):
 
         return mapped
 
-    def compile(self, fn):
+    def compile(self, fn, weak_scalars=()):
         """``jax.jit(fn)``, traced and run under x64 by the module's rule: when a floating or complex
         argument is 64-bit (the compiled program receives every array of the call as an argument;
-        integer arguments never decide). jit caches per x64 state."""
+        integer arguments never decide; Python floats, ``weak_scalars``, never do either: jit traces
+        them as weakly typed scalars, so a new value reuses the program). jit caches per x64 state."""
         jitted = jax.jit(fn)
         closure = getattr(fn, "closure_arrays", ())
 

@@ -229,3 +229,32 @@ def test_jacobian_and_hessian_with_a_dynamic_float(bk):
         np.testing.assert_allclose(_np(h(x, c)), np.diag(c * c * np.exp(c * x)), rtol=1e-12)
         np.testing.assert_allclose(_np(j(x, c)), c * np.eye(2), rtol=1e-12)
     assert counted.calls <= 3  # the output shapes, once; the trace, once
+
+
+# ------------------------------------------------------------------------------ TensorFlow's eager pfor
+
+@pytest.mark.skipif(not HAVE["tensorflow"], reason="tensorflow not installed")
+def test_tensorflow_eager_batched_jacobian_traces_once_per_signature():
+    def mlp(w, x):
+        xp = unigrad.namespace(w, x)
+        return xp.tanh(x @ w)
+
+    counted = Counted(mlp)
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((3, 2)), rng.standard_normal((5, 3))
+    want = unigrad.batched_jacobian(mlp, argnums=1)(w, x)  # the tape
+    jac = unigrad.batched_jacobian(counted, argnums=1, backend="tensorflow", check_independence="never", mode="rev")
+    np.testing.assert_allclose(_np(jac(w, x)), want, rtol=1e-12)
+    after_first = counted.calls
+    for _ in range(3):
+        np.testing.assert_allclose(_np(jac(w, x)), want, rtol=1e-12)
+    assert counted.calls == after_first  # one trace for the signature, not one per call
+    x2 = rng.standard_normal((5, 3))
+    np.testing.assert_allclose(_np(jac(w, x2)), unigrad.batched_jacobian(mlp, argnums=1)(w, x2), rtol=1e-12)
+
+    def reads_a_value(w, x):  # cannot be traced: runs eagerly, as before
+        xp = unigrad.namespace(w, x)
+        return xp.tanh(x @ w) * float(unigrad.to_numpy(xp.sum(w * 0.0)) + 1.0)
+
+    np.testing.assert_allclose(_np(unigrad.batched_jacobian(reads_a_value, argnums=1, backend="tensorflow")(w, x)),
+                               want, rtol=1e-12)

@@ -80,6 +80,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     budget = _memory.parse_budget(memory_budget, "batched_jacobian") if chunk_size is None else None
     plans, shapes, settled, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64), BoundedCache(64)
     programs = BoundedCache() if compile else None
+    traced = BoundedCache()  # eager calls on a backend that traces its per-example Jacobian anyway (see below)
     static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
 
     def kernel_for(chosen, chunk):
@@ -105,12 +106,33 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         if budget is not None:
             chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")
             kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
-        _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
+        if programs is None and call.backend.traces_batched_jacobian:
+            _, blocks, aux = _traced_once(call, kernel, traced, decision)
+        else:
+            _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 
     _wraps(batched_jacobian_f, f, "batched_jacobian")
     return batched_jacobian_f
+
+
+_EAGER = object()  # a signature whose f could not be traced: it runs eagerly
+
+
+def _traced_once(call: Call, kernel, traced: BoundedCache, decision):
+    """An eager call on a backend whose vectorised per-example Jacobian traces a program on every
+    eager call (TensorFlow's pfor wraps its loop in a new ``tf.function`` each time: a trace per call,
+    and its "retracing" warnings): run it as one program per signature instead. An ``f`` that cannot
+    be traced (it reads values, ``x.numpy()``) runs eagerly, as before, for that signature."""
+    key = None if call.program_key is None else (call.program_key, decision)
+    if traced.get(key) is _EAGER:
+        return execute(call, kernel, None)
+    try:
+        return execute(call, kernel, traced, decision, keep_outputs=False)
+    except Exception:
+        traced.put(key, _EAGER)  # replaces the program that failed to trace
+        return execute(call, kernel, None)
 
 
 def _empty_batched_jacobian(call: Call, has_aux):

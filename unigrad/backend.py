@@ -106,6 +106,9 @@ class Backend(abc.ABC):
     capabilities: Capabilities = Capabilities()
     #: ``asarray`` takes other frameworks' arrays directly (objects with ``__dlpack__``, zero-copy).
     accepts_dlpack: bool = False
+    #: Its eager ``batched_jacobian`` would trace a program on every call anyway (TensorFlow's pfor):
+    #: the core then runs eager per-example Jacobians as one compiled program per signature.
+    traces_batched_jacobian: bool = False
 
     # ------------------------------------------------------------------ required
     @abc.abstractmethod

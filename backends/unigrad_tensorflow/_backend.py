@@ -50,6 +50,10 @@ class TensorflowBackend(Backend):
     capabilities = Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
                                 complex=True, float64=True)
     accepts_dlpack = True  # foreign arrays come through asarray, which tries DLPack first
+    # Eager tape.batch_jacobian wraps pfor's loop in a new tf.function on every call (a trace per call and
+    # "N out of the last N calls to pfor.<locals>.f triggered tf.function retracing"): one program per
+    # signature instead (measured: bench_batched_jacobian's eager TensorFlow row).
+    traces_batched_jacobian = True
 
     # ---------------------------------------------------------------- arrays
     def namespace(self):

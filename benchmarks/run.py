@@ -130,7 +130,7 @@ def plot(results, directory) -> list[pathlib.Path]:
     written = []
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 1]})
     bars(left, [("unigrad tape", ("tape", "mlp_ratio_unigrad_vs_hand")),
-                ("HIPS autograd", ("tape", "mlp_ratio_autograd_vs_hand"))], 1.25,
+                ("HIPS autograd", ("tape", "mlp_ratio_autograd_vs_hand"))], 1.10,
          "time / hand-written backprop")
     left.set_title("MLP gradient (784-256-256-10, batch 128, float64)", fontsize=10)
     bars(right, [("unigrad", ("tape", "tiny_ratio_unigrad_vs_autograd"))], 0.5, "time / HIPS autograd")

@@ -179,6 +179,12 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
       >>> unigrad.value_and_grad(lambda x: (x ** 2).sum())(np.arange(3.0))
       (array(5.), array([0., 2., 4.]))
     """
+    return _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnums, static_argnames, True)
+
+
+def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnums, static_argnames, keep_value):
+    """``value_and_grad`` (``keep_value``) or ``grad``: a compiled ``grad`` returns no value from its
+    program (one output array fewer to hand back on every call)."""
     plans = BoundedCache()
     programs = BoundedCache() if compile else None
     static = static_arguments(f, static_argnums, static_argnames, argnums, "grad") if compile else None
@@ -190,13 +196,16 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
     def value_and_grad_f(*args, **kwargs):
         g = f if not kwargs else (lambda *a: f(*a, **kwargs))
         call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device, static if not kwargs else None)
-        outputs, grads, aux = execute(call, kernel, programs if not kwargs else None)
+        outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value)
         if not call.diff:
             scalar_check(call.backend, outputs, "grad")
-        value, grads = call.output(outputs), call.inputs_like(grads)
+        grads = call.inputs_like(grads)
+        if not keep_value:
+            return (grads, call.aux(aux)) if has_aux else grads
+        value = call.output(outputs)
         return ((value, call.aux(aux)), grads) if has_aux else (value, grads)
 
-    _wraps(value_and_grad_f, f, "value_and_grad")
+    _wraps(value_and_grad_f, f, "value_and_grad" if keep_value else "grad")
     return value_and_grad_f
 
 
@@ -222,15 +231,7 @@ def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile
       >>> unigrad.grad(lambda x: (x ** 2).sum())(np.arange(3.0))
       array([0., 2., 4.])
     """
-    vg = value_and_grad(f, argnums, has_aux, backend, compile=compile, device=device,
-                        static_argnums=static_argnums, static_argnames=static_argnames)
-
-    def grad_f(*args, **kwargs):
-        (value, grads) = vg(*args, **kwargs)
-        return (grads, value[1]) if has_aux else grads
-
-    _wraps(grad_f, f, "grad")
-    return grad_f
+    return _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnums, static_argnames, False)
 
 
 # ---------------------------------------------------------------------------------------------

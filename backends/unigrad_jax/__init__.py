@@ -475,8 +475,8 @@ class JaxBackend(Backend):
 
         @_numpy_calls_rejected
         @functools.wraps(fn)
-        def compiled(*args):  # the hot path of every compiled call: no context manager unless needed
-            if not jax.config.jax_enable_x64 and (_wide(args) or _wide(closure)):
+        def compiled(*args):  # the hot path of every compiled call: no context manager (nor config read) unless needed
+            if (_wide(args) or _wide(closure)) and not jax.config.jax_enable_x64:
                 with jax.enable_x64(True):
                     return jitted(*args)
             return jitted(*args)

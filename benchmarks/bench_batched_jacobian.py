@@ -106,15 +106,20 @@ def run(backends, quick=False):
                 return out
             return call
 
-        ours_call, sep_call = caller(ours), caller(ours_sep)
-        for t in (ours, ours_sep):
+        # TensorFlow's eager call too (compile=False: one traced program per signature, as pfor needs)
+        eager = [unigrad.batched_jacobian(mlp, argnums=3, backend=name)] if name == "tensorflow" else []
+        calls = [caller(t) for t in [ours, ours_sep] + eager]
+        for t in [ours, ours_sep] + eager:
             np.testing.assert_allclose(unigrad.to_numpy(t(*args)), native_value(), rtol=2e-5, atol=2e-6)
-        native_call(), ours_call(), sep_call()  # warm up: compilation, caches, the independence probe
-        rounds = timed_rounds([native_call, ours_call, sep_call], number, repeat)
-        t_native, t_ours, t_sep = (min(col) for col in zip(*rounds))
+        for call in [native_call] + calls:  # warm up: compilation, caches, the independence probe
+            call()
+        rounds = timed_rounds([native_call] + calls, number, repeat)
+        t_native, t_ours, t_sep = (min(col) for col in list(zip(*rounds))[:3])
         results[name] = {"native_seconds": t_native, "unigrad_seconds": t_ours, "ratio": ratio(rounds, 1, 0),
                          "ratio_of_best": t_ours / t_native, "separable_seconds": t_sep,
                          "separable_ratio": ratio(rounds, 2, 0), "compiled": b.capabilities.compile}
+        if eager:
+            results[name]["eager_ratio"] = ratio(rounds, 3, 0)
     return results
 
 
@@ -183,7 +188,8 @@ def report(r):
         print(f"  {name:11s} native {v['native_seconds'] * 1e3:8.3f} ms   unigrad {v['unigrad_seconds'] * 1e3:8.3f} ms"
               f"   ratio {v['ratio']:.2f} (of the best rounds {v['ratio_of_best']:.2f});"
               f" separable=True {v['separable_seconds'] * 1e3:8.3f} ms ratio {v['separable_ratio']:.2f}"
-              f"{'' if v['compiled'] else '  (eager: backend compiles nothing)'}")
+              f"{'' if v['compiled'] else '  (eager: backend compiles nothing)'}"
+              + (f"; eager (compile=False) ratio {v['eager_ratio']:.2f}" if "eager_ratio" in v else ""))
     if fresh:
         hp = [t["hand_over_proved"] for t in fresh]
         hn = [t["hand_over_never"] for t in fresh]

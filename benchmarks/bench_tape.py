@@ -3,14 +3,16 @@
 Reports ratios (not absolute times; each the median over interleaved rounds of the per-round ratio,
 absolute times the best round):
   * gradient of an MLP loss (784-256-256-10, tanh, softmax cross-entropy, batch 128, float64):
-    unigrad.grad / hand-written forward+backprop   (target <= 1.25)
+    unigrad.grad / hand-written forward+backprop   (target <= 1.10)
     autograd.grad / hand-written forward+backprop  (for reference)
     unigrad.grad / forward alone
   * a tiny vjp (x of shape (3,), sum(sin(x)**2)): unigrad / autograd   (target <= 0.5)
   * per-example Jacobian d y_b / d x_b of y = tanh(tanh(x @ w1 + b1) @ w2), MLP 32-64-16, B = 256,
     float32: unigrad.batched_jacobian on the tape / a hand-written vectorised NumPy Jacobian
     (target <= 2), measured after the other work (warm) and, with --fresh N, as the first work of N
-    fresh processes (``--batched-only``: only this comparison, run first)
+    fresh processes (``--batched-only``: only this comparison, run first), and while two other
+    processes keep the cores busy (hand / tape, target >= 0.3: the tape's small products run on one
+    BLAS thread)
 
 Run: python benchmarks/bench_tape.py [--quick] [--json] [--fresh N] [--batched-only]
 """
@@ -148,6 +150,23 @@ def run_batched(number=20, repeat=15):
             "first_round": {"hand": rounds[0][0], "unigrad": rounds[0][1]}}
 
 
+def run_loaded(seconds=20.0, number=10, repeat=9):
+    """The batched comparison while two other processes keep the cores busy (a shared machine):
+    ``run_batched``'s result plus ``hand_over_tape`` (target >= 0.3). The busy processes stop by
+    themselves after ``seconds`` and are ended here as soon as the comparison is done."""
+    import subprocess
+    busy = [subprocess.Popen([sys.executable, "-c", f"import time\nend = time.time() + {seconds}\n"
+                              "while time.time() < end: pass"]) for _ in range(2)]
+    try:
+        result = run_batched(number, repeat)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    result["hand_over_tape"] = 1.0 / result["ratio"]
+    return result
+
+
 def run_fresh(n):
     """``--batched-only`` in ``n`` fresh processes: the comparison as each process's first work."""
     import subprocess
@@ -197,8 +216,10 @@ def run(quick=False):
     tiny_rounds = timed_rounds([ug_vjp, ag_vjp], tn, tr)
     t_tiny_ug, t_tiny_ag = (min(col) for col in zip(*tiny_rounds))
     batched = run_batched(*((10, 5) if quick else (20, 15)))
+    loaded = run_loaded(number=5 if quick else 10, repeat=5 if quick else 9)
     return {
         "batched_jacobian": batched,
+        "batched_jacobian_loaded": loaded,
         "mlp_grad_seconds": {"hand_backprop": t_hand, "forward_only": t_fwd, "unigrad": t_ug, "autograd": t_ag},
         "mlp_ratio_unigrad_vs_hand": ratio(mlp_rounds, 2, 0),
         "mlp_ratio_autograd_vs_hand": ratio(mlp_rounds, 3, 0),
@@ -206,8 +227,9 @@ def run(quick=False):
         "mlp_ratio_unigrad_vs_autograd": ratio(mlp_rounds, 2, 3),
         "tiny_vjp_seconds": {"unigrad": t_tiny_ug, "autograd": t_tiny_ag},
         "tiny_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 0, 1),
-        "targets": {"mlp_ratio_unigrad_vs_hand": 1.25, "tiny_ratio_unigrad_vs_autograd": 0.5,
-                    "batched_jacobian_ratio": 2.0},
+        "targets": {"mlp_ratio_unigrad_vs_hand": 1.10, "tiny_ratio_unigrad_vs_autograd": 0.5,
+                    "batched_jacobian_ratio": 2.0, "batched_jacobian_loaded_hand_over_tape": 0.3,
+                    "batched_jacobian_fresh_hand_over_tape": 0.5},
     }
 
 
@@ -243,13 +265,16 @@ def report(r):
     print("MLP 784-256-256-10, batch 128, float64 (gradient of the loss)")
     print(f"  hand-written backprop {s['hand_backprop'] * 1e3:8.2f} ms   forward alone {s['forward_only'] * 1e3:.2f} ms")
     print(f"  unigrad tape          {s['unigrad'] * 1e3:8.2f} ms   {r['mlp_ratio_unigrad_vs_hand']:.2f}x hand "
-          f"(target <= 1.25), {r['mlp_ratio_unigrad_vs_forward']:.1f}x forward")
+          f"(target <= 1.10), {r['mlp_ratio_unigrad_vs_forward']:.1f}x forward")
     print(f"  HIPS autograd         {s['autograd'] * 1e3:8.2f} ms   {r['mlp_ratio_autograd_vs_hand']:.2f}x hand")
     print("tiny vjp: x of shape (3,), sum(sin(x)**2)")
     print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
           f"ratio {r['tiny_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
     print("per-example Jacobian, MLP 32-64-16, B = 256, float32 (tape batched_jacobian / hand-written NumPy)")
     report_batched(r["batched_jacobian"], "after other work")
+    if "batched_jacobian_loaded" in r:
+        report_batched(r["batched_jacobian_loaded"], "two other busy processes")
+        print(f"    hand / tape under load {r['batched_jacobian_loaded']['hand_over_tape']:.2f} (target >= 0.3)")
     fresh = r.get("batched_jacobian_fresh")
     if fresh:
         ratios = [f["ratio"] for f in fresh]
@@ -257,7 +282,8 @@ def report(r):
         firsts = [f["first_round"]["unigrad"] / f["first_round"]["hand"] for f in fresh]
         print(f"  first work of {len(fresh)} fresh processes: unigrad {min(times):.3f}-{max(times):.3f} ms, "
               f"ratio {min(ratios):.2f}-{max(ratios):.2f} (target <= 2); first round alone "
-              f"{min(firsts):.2f}-{max(firsts):.2f}")
+              f"{min(firsts):.2f}-{max(firsts):.2f}; hand / tape {1 / max(ratios):.2f}-{1 / min(ratios):.2f} "
+              f"(target >= 0.5)")
 
 
 def report_batched(b, when="first work of this process"):

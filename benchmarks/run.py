@@ -25,6 +25,7 @@ sys.path.insert(0, str(HERE))
 import bench_batched_jacobian  # noqa: E402
 import bench_bridge  # noqa: E402
 import bench_checkpoint  # noqa: E402
+import bench_calls  # noqa: E402
 import bench_tape  # noqa: E402
 
 try:
@@ -74,6 +75,7 @@ bench_tape.ratio = ratio_with_rounds
 bench_batched_jacobian.ratio = ratio_with_rounds
 if bench_sparse is not None:
     bench_sparse.ratio = ratio_with_rounds
+bench_calls.ratio = ratio_with_rounds
 
 
 def ratios(results, path=()):
@@ -137,7 +139,7 @@ def plot(results, directory) -> list[pathlib.Path]:
     written = []
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 1]})
     bars(left, [("unigrad tape", ("tape", "mlp_ratio_unigrad_vs_hand")),
-                ("HIPS autograd", ("tape", "mlp_ratio_autograd_vs_hand"))], 1.25,
+                ("HIPS autograd", ("tape", "mlp_ratio_autograd_vs_hand"))], 1.10,
          "time / hand-written backprop")
     left.set_title("MLP gradient (784-256-256-10, batch 128, float64)", fontsize=10)
     bars(right, [("unigrad", ("tape", "tiny_ratio_unigrad_vs_autograd"))], 0.5, "time / HIPS autograd")
@@ -191,6 +193,9 @@ def main(argv=None) -> int:
         print("\n== sparse Jacobians and Hessians (sparse_jacobian / sparse_hessian) against dense, and asdex on JAX ==")
         results["sparse"] = bench_sparse.run(["numpy"] + names, args.quick)
         bench_sparse.report(results["sparse"])
+    print("\n== compiled calls with a new Python float every call (grad, compile=True) against native ==")
+    results["calls"] = bench_calls.run([n for n in ("jax", "tensorflow") if n in results["versions"]], args.quick)
+    bench_calls.report(results["calls"])
     results["noise"], warnings = noise_report(results)
     if warnings:
         print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "

@@ -21,7 +21,7 @@ from ._arrays import asarray, evaluate, namespace, to_numpy
 from ._call import _LEAF, BoundedCache, Call, execute, prepare, reject_lazy, unflatten
 from . import _memory
 from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
-                         promoted_blocks)
+                         promoted_blocks, static_arguments)
 from ._checks import check_chunk, check_mode, scalar_check
 
 __all__ = [
@@ -152,7 +152,7 @@ def jvp(f: Callable, primals, tangents, has_aux: bool = False, backend=None):
 # ---------------------------------------------------------------------------------------------
 
 def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile: bool = False,
-                   device=None) -> Callable:
+                   device=None, static_argnums=(), static_argnames=()) -> Callable:
     """A function returning ``(f(*args), gradient)`` of a scalar-valued ``f``.
 
     Args:
@@ -162,8 +162,14 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
       backend: backend name or object.
       compile: run the whole transform as one compiled program (``jax.jit``, ``tf.function``) on
         backends that compile (elsewhere it runs eagerly), built once per signature: the argument
-        structure, each array's shape and dtype, and each non-array argument's exact value.
+        structure, each array's shape and dtype, and the exact value of each non-array argument that
+        is static. As in ``jax.jit``, Python floats and complex numbers are dynamic, weakly typed
+        inputs of the program (``x32 * c`` stays float32; a new value does not recompile); ints,
+        bools, strings and other values are static.
       device: place the inputs on this device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"gpu"``).
+      static_argnums: with ``compile=True``, the arguments whose Python floats are static too
+        (``f`` uses their values in Python: a branch, ``math.exp``); one program per value.
+      static_argnames: the same, by ``f``'s parameter names.
 
     Returns:
       A function of the same arguments; the gradient has the structure of
@@ -173,8 +179,15 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
       >>> unigrad.value_and_grad(lambda x: (x ** 2).sum())(np.arange(3.0))
       (array(5.), array([0., 2., 4.]))
     """
+    return _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnums, static_argnames, True)
+
+
+def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnums, static_argnames, keep_value):
+    """``value_and_grad`` (``keep_value``) or ``grad``: a compiled ``grad`` returns no value from its
+    program (one output array fewer to hand back on every call)."""
     plans = BoundedCache()
     programs = BoundedCache() if compile else None
+    static = static_arguments(f, static_argnums, static_argnames, argnums, "grad") if compile else None
 
     def kernel(b, flat_f, leaves):
         return b.value_and_grad(flat_f, leaves, has_aux=has_aux,
@@ -182,19 +195,22 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
 
     def value_and_grad_f(*args, **kwargs):
         g = f if not kwargs else (lambda *a: f(*a, **kwargs))
-        call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device)
-        outputs, grads, aux = execute(call, kernel, programs if not kwargs else None)
+        call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device, static if not kwargs else None)
+        outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value)
         if not call.diff:
             scalar_check(call.backend, outputs, "grad")
-        value, grads = call.output(outputs), call.inputs_like(grads)
+        grads = call.inputs_like(grads)
+        if not keep_value:
+            return (grads, call.aux(aux)) if has_aux else grads
+        value = call.output(outputs)
         return ((value, call.aux(aux)), grads) if has_aux else (value, grads)
 
-    _wraps(value_and_grad_f, f, "value_and_grad")
+    _wraps(value_and_grad_f, f, "value_and_grad" if keep_value else "grad")
     return value_and_grad_f
 
 
 def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile: bool = False,
-         device=None) -> Callable:
+         device=None, static_argnums=(), static_argnames=()) -> Callable:
     """The gradient of a scalar-valued ``f`` (reverse mode, one backward pass).
 
     Args:
@@ -204,6 +220,8 @@ def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile
       backend: backend name or object.
       compile: one compiled program per signature (see :func:`value_and_grad`).
       device: place the inputs on this device.
+      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are
+        static (see :func:`value_and_grad`).
 
     Returns:
       A function of the same arguments returning the gradient, shaped like ``args[argnums]``
@@ -213,14 +231,7 @@ def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile
       >>> unigrad.grad(lambda x: (x ** 2).sum())(np.arange(3.0))
       array([0., 2., 4.])
     """
-    vg = value_and_grad(f, argnums, has_aux, backend, compile=compile, device=device)
-
-    def grad_f(*args, **kwargs):
-        (value, grads) = vg(*args, **kwargs)
-        return (grads, value[1]) if has_aux else grads
-
-    _wraps(grad_f, f, "grad")
-    return grad_f
+    return _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnums, static_argnames, False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +240,7 @@ def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile
 
 def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
              has_aux: bool = False, backend=None, compile: bool = False, device=None,
-             memory_budget=None) -> Callable:
+             memory_budget=None, static_argnums=(), static_argnames=()) -> Callable:
     """The Jacobian of ``f`` with respect to ``args[argnums]``.
 
     Args:
@@ -241,11 +252,14 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
       chunk_size: at most this many basis vectors at a time, to bound memory.
       has_aux: return ``(jacobian, aux)``.
       backend: backend name or object.
-      compile: one compiled program per signature (``jax.jit``, ``tf.function``).
+      compile: one compiled program per signature (``jax.jit``, ``tf.function``; Python floats are
+        dynamic inputs, see :func:`value_and_grad`).
       device: place the inputs on this device.
       memory_budget: bytes (``2e9``) or a size (``"2GB"``, ``"512MiB"``) for the result and the work
         together; the chunk size is chosen from it, from the measured peak of one VJP (or JVP), once
         per signature. Ignored when ``chunk_size`` is given.
+      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are
+        static (see :func:`value_and_grad`).
 
     Returns:
       A function; for an output of shape ``O`` and an input of shape ``I`` the block has shape
@@ -262,6 +276,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     budget = _memory.parse_budget(memory_budget, "jacobian") if chunk_size is None else None
     plans, shapes, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64)
     programs = BoundedCache() if compile else None
+    static = static_arguments(f, static_argnums, static_argnames, argnums, "jacobian") if compile else None
 
     def kernel_for(chosen, chunk):
         def kernel(b, flat_f, leaves):
@@ -273,7 +288,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     kernels = {"rev": kernel_for("rev", chunk_size), "fwd": kernel_for("fwd", chunk_size)}
 
     def jacobian_f(*args):
-        call = prepare(plans, f, args, argnums, has_aux, backend, "jacobian", device)
+        call = prepare(plans, f, args, argnums, has_aux, backend, "jacobian", device, static)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=False) if call.diff else "rev"
         kernel, decision = kernels[chosen], chosen
         if budget is not None and call.diff:
@@ -288,7 +303,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
 
 
 def jacrev(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None, compile=False,
-           device=None) -> Callable:
+           device=None, static_argnums=(), static_argnames=()) -> Callable:
     """``jacobian(f, argnums, mode="rev")``: best when outputs have fewer elements than inputs.
 
     Example:
@@ -296,11 +311,11 @@ def jacrev(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=No
       array([0., 2., 4.])
     """
     return jacobian(f, argnums, mode="rev", chunk_size=chunk_size, has_aux=has_aux, backend=backend,
-                    compile=compile, device=device)
+                    compile=compile, device=device, static_argnums=static_argnums, static_argnames=static_argnames)
 
 
 def jacfwd(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None, compile=False,
-           device=None) -> Callable:
+           device=None, static_argnums=(), static_argnames=()) -> Callable:
     """``jacobian(f, argnums, mode="fwd")``: best when inputs have fewer elements than outputs.
 
     Example:
@@ -308,7 +323,7 @@ def jacfwd(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=No
       array([1., 2.])
     """
     return jacobian(f, argnums, mode="fwd", chunk_size=chunk_size, has_aux=has_aux, backend=backend,
-                    compile=compile, device=device)
+                    compile=compile, device=device, static_argnums=static_argnums, static_argnames=static_argnames)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +331,7 @@ def jacfwd(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=No
 # ---------------------------------------------------------------------------------------------
 
 def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=None, compile: bool = False,
-            device=None) -> Callable:
+            device=None, static_argnums=(), static_argnames=()) -> Callable:
     """The Hessian of ``f`` (forward over reverse: ``jacfwd(jacrev(f))``).
 
     Args:
@@ -325,8 +340,10 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
       argnums: int or tuple of ints.
       chunk_size: bound on the tangents pushed at a time.
       backend: backend name or object.
-      compile: one compiled program per signature.
+      compile: one compiled program per signature (Python floats are dynamic inputs, see
+        :func:`value_and_grad`).
       device: place the inputs on this device.
+      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are static.
 
     Returns:
       A function returning the Hessian blocks, nested as output structure, then input, then input.
@@ -339,6 +356,7 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
     check_chunk(chunk_size, "hessian")
     plans, shapes = BoundedCache(), BoundedCache(64)
     programs = BoundedCache() if compile else None
+    static = static_arguments(f, static_argnums, static_argnames, argnums, "hessian") if compile else None
 
     def nested(b, flat_f, leaves):
         def gradient(*p):  # the outputs ride along as aux: no value escapes the transform by side effect
@@ -352,7 +370,7 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
         return (), _flatten_blocks(b.hessian(flat_f, leaves, chunk_size=chunk_size)), ()
 
     def hessian_f(*args):
-        call = prepare(plans, f, args, argnums, False, backend, "hessian", device)
+        call = prepare(plans, f, args, argnums, False, backend, "hessian", device, static)
         if not call.backend.capabilities.higher_order:
             raise _checks.not_nestable(call.backend, "hessian")
         # Scalar or not is decided from the signature's output shapes, and re-checked on what f returned

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _checks, _memory
 from ._call import BoundedCache, Call, execute, prepare
-from ._transform import _wraps, budget_chunk, choose_mode, promoted_blocks
+from ._transform import _wraps, budget_chunk, choose_mode, promoted_blocks, static_arguments
 from ._dtypes import COMPLEX
 
 __all__ = ["batched_jacobian", "check_batch_independence"]
@@ -29,7 +29,8 @@ _INDEPENDENCE = ("once", "always", "never")
 
 def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
                      has_aux: bool = False, check_independence: str = "once", separable: bool = False,
-                     backend=None, compile: bool = False, device=None, memory_budget=None) -> Callable:
+                     backend=None, compile: bool = False, device=None, memory_budget=None,
+                     static_argnums=(), static_argnames=()) -> Callable:
     """Per-example Jacobians of ``f``, which maps a batch to a batch with independent rows.
 
     Every input and output has the batch on axis 0 (size B). The work is vectorised over B:
@@ -64,6 +65,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       memory_budget: bytes or a size (``"2GB"``) for the result and the work together; the chunk
         size is chosen from the measured peak of one VJP (or JVP) of the batch, once per signature.
         Ignored when ``chunk_size`` is given.
+      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are
+        static (see :func:`unigrad.value_and_grad`); other Python floats are dynamic inputs.
 
     Returns:
       A function; each block has shape ``(B, *out_shape[1:], *in_shape[1:])``.
@@ -84,6 +87,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     plans, shapes, settled, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64), BoundedCache(64)
     proofs = BoundedCache(64)  # per signature: a code-level proof (a backend's program, or the tape's)
     programs = BoundedCache() if compile else None
+    traced = BoundedCache()  # eager calls on a backend that traces its per-example Jacobian anyway (see below)
+    static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
 
     def kernel_for(chosen, chunk, per_example, recorded=None):
         def kernel(b, flat_f, leaves):
@@ -99,7 +104,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     kernels = {(m, p): kernel_for(m, chunk_size, p) for m in ("rev", "fwd") for p in (False, True)}
 
     def batched_jacobian_f(*args):
-        call = prepare(plans, f, args, argnums, has_aux, backend, "batched_jacobian", device)
+        call = prepare(plans, f, args, argnums, has_aux, backend, "batched_jacobian", device, static)
         batch = _checks.batch_size(call.backend, call.diff, call.names, "batched_jacobian", "input")
         if batch == 0:
             return _empty_batched_jacobian(call, has_aux)
@@ -123,7 +128,10 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         if budget is not None:
             chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")
             kernel, decision = kernel_for(chosen, chunk, per_example), (chosen, chunk, per_example)
-        _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
+        if programs is None and call.backend.traces_batched_jacobian:
+            _, blocks, aux = _traced_once(call, kernel, traced, decision)
+        else:
+            _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 
@@ -231,6 +239,22 @@ def _located(flat_f, leaves, has_aux, batch):
     except Exception:
         return None
     return detail if verdict == "mixed" else None
+_EAGER = object()  # a signature whose f could not be traced: it runs eagerly
+
+
+def _traced_once(call: Call, kernel, traced: BoundedCache, decision):
+    """An eager call on a backend whose vectorised per-example Jacobian traces a program on every
+    eager call (TensorFlow's pfor wraps its loop in a new ``tf.function`` each time: a trace per call,
+    and its "retracing" warnings): run it as one program per signature instead. An ``f`` that cannot
+    be traced (it reads values, ``x.numpy()``) runs eagerly, as before, for that signature."""
+    key = None if call.program_key is None else (call.program_key, decision)
+    if traced.get(key) is _EAGER:
+        return execute(call, kernel, None)
+    try:
+        return execute(call, kernel, traced, decision, keep_outputs=False)
+    except Exception:
+        traced.put(key, _EAGER)  # replaces the program that failed to trace
+        return execute(call, kernel, None)
 
 
 def _empty_batched_jacobian(call: Call, has_aux):

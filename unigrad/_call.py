@@ -24,6 +24,8 @@ must give the same results (the test suite runs both ways).
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,11 +54,13 @@ class BoundedCache:
     (``UNIGRAD_NO_CACHE``, read when the cache is made) it stores nothing.
     """
 
-    __slots__ = ("entries", "maxsize")
+    __slots__ = ("entries", "maxsize", "values_seen", "warned")
 
     def __init__(self, maxsize: int = 32):
         self.entries: dict = {}
         self.maxsize = maxsize if caches_enabled() else 0
+        self.values_seen: dict = {}  # a cache of programs: argument position -> the static values that built one
+        self.warned = False
 
     def get(self, key):
         return None if key is None else self.entries.get(key)
@@ -136,38 +140,88 @@ def reject_lazy(leaves, args, fname):
 def arguments(args, fname="transform"):
     """``(leaves, treedef, signature)`` of a tuple of positional arguments.
 
-    ``treedef`` is None when every argument is one array of a type met before (the common case: no
-    pytree machinery). ``signature`` is None when a leaf cannot be hashed (then nothing is cached).
+    ``treedef`` is None when every argument is an array of a type met before, or a number (the
+    common case: no pytree machinery). ``signature`` is None when a leaf cannot be hashed (then
+    nothing is cached).
     """
-    sig = []
-    for a in args:
+    return signature(args, fname)[:3]
+
+
+def _is_weak(x) -> bool:
+    """A Python float or complex (not a subclass such as NumPy's float64, which is an array scalar)."""
+    t = type(x)
+    return t is float or t is complex
+
+
+def signature(args, fname="transform", static_args=None):
+    """``(leaves, treedef, signature, weak)``: :func:`arguments`, for compiled calls too.
+
+    ``static_args`` is None for an eager call: every non-array leaf is part of the signature by its
+    exact value. For a compiled call it is the set of argument positions whose Python scalars stay
+    static (``static_argnums``); every other Python float or complex leaf is a *dynamic*, weakly typed
+    input of the program (as in ``jax.jit``): the signature keeps only its type, and ``weak`` lists
+    those leaves' positions, so a new step size finds the same program (:func:`exact_key` adds
+    their values back, for what may depend on values).
+    """
+    sig, weak = [], []
+    for p, a in enumerate(args):  # the common case: arrays and numbers, no pytree machinery
         t = type(a)
-        if t not in _LEAF_ARRAYS:
+        if t in _LEAF_ARRAYS:
+            sig.append(t)
+            sig.append(a.shape)
+            sig.append(a.dtype)
+        elif static_args is not None and (t is float or t is complex) and p not in static_args:
+            weak.append(p)
+            sig.append(t)
+        elif len(_LEAF_ARRAYS) < 64 and not isinstance(a, (tuple, list, dict)) and _registry._array_owner(a):
+            _LEAF_ARRAYS.add(t)  # an array type met for the first time: a leaf (the next call takes this path)
+            sig.append(t)
+            sig.append(a.shape)
+            sig.append(a.dtype)
+        else:
             break
-        sig.append(t)
-        sig.append(a.shape)
-        sig.append(a.dtype)
     else:
-        return args, None, tuple(sig)
+        return args, None, tuple(sig), weak
     leaves, treedef = optree.tree_flatten(args)
     reject_lazy(leaves, args, fname)
     sig = [treedef]  # not a type: no flat signature equals a pytree one
     if "{" in repr(treedef):  # optree structures of dicts compare equal whatever the key order
         sig.append(_dict_orders(args))
-    for a in leaves:
+    weak, owner = [], None
+    for p, a in enumerate(leaves):
         t = type(a)
         if t in _LEAF_ARRAYS or _is_dynamic(a):
             sig.append(t)
             sig.append(getattr(a, "shape", ()))
             sig.append(getattr(a, "dtype", None))
-        else:
-            sig.append(_static_token(a))
+            continue
+        if static_args is not None and (t is float or t is complex):
+            if static_args:
+                owner = owner or _leaf_owners(treedef)
+            if not static_args or owner[p] not in static_args:
+                weak.append(p)
+                sig.append(t)
+                continue
+        sig.append(_static_token(a))
     sig = tuple(sig)
     try:
         hash(sig)
     except TypeError:
         sig = None
-    return leaves, treedef, sig
+    return leaves, treedef, sig, weak
+
+
+def exact_key(key, leaves, weak):
+    """``key`` (a program's signature) with the values of the dynamic scalars at ``weak`` added."""
+    return None if key is None else Key(key.items + (tuple([_static_token(leaves[p]) for p in weak]),))
+
+
+def _leaf_owners(treedef):
+    """The argument position of each leaf of a tuple of arguments."""
+    owner = []
+    for a, child in enumerate(treedef.children()):
+        owner.extend([a] * child.num_leaves)
+    return owner
 
 
 def _dict_orders(tree):
@@ -202,6 +256,8 @@ class Plan:
       convert: positions of leaves to convert or place (not already arrays of the backend, where wanted).
       dtypes: the differentiated leaves' dtype names.
       list_hint: a differentiated argument is a list or tuple of Python scalars (for error messages).
+      weak: which of the dynamic leaves (indices into ``dynamic_positions``) are Python floats or
+        complex numbers passed to a compiled program as weakly typed scalars (see :func:`signature`).
     """
 
     backend: Backend
@@ -214,9 +270,10 @@ class Plan:
     convert: frozenset
     dtypes: tuple
     list_hint: str | None
+    weak: tuple = ()
 
 
-def make_plan(b: Backend, device, args, leaves, treedef, argnums, fname) -> Plan:
+def make_plan(b: Backend, device, args, leaves, treedef, argnums, fname, weak=()) -> Plan:
     """The plan of a call (see :class:`Plan`). Raises for arguments that cannot be differentiated."""
     n_args = len(args)
     if argnums is None:
@@ -249,6 +306,7 @@ def make_plan(b: Backend, device, args, leaves, treedef, argnums, fname) -> Plan
                 f"{fname}: {names[k]} has dtype {name}; only floating-point or complex inputs can be "
                 f"differentiated (cast it, e.g. to float64, or leave it out of argnums)")
         dtypes.append(name)
+    weak_dynamic = []
     for a in rest:
         for p in range(starts[a], starts[a + 1]):
             x = leaves[p]
@@ -259,6 +317,9 @@ def make_plan(b: Backend, device, args, leaves, treedef, argnums, fname) -> Plan
             elif _is_dynamic(x):
                 dynamic.append(p)
                 convert.add(p)
+            elif weak and p in weak:  # a Python float: handed to the program as it is (weakly typed)
+                weak_dynamic.append(len(dynamic))
+                dynamic.append(p)
     list_hint = None
     for a in which:
         x = args[a]
@@ -268,7 +329,7 @@ def make_plan(b: Backend, device, args, leaves, treedef, argnums, fname) -> Plan
                          f"differentiate with respect to one array, pass np.asarray({'[...]' if isinstance(x, list) else '(...)'})")
             break
     return Plan(b, device, n_args, None if argnums is None else which, single, diff_positions,
-                tuple(dynamic), frozenset(convert), tuple(dtypes), list_hint)
+                tuple(dynamic), frozenset(convert), tuple(dtypes), list_hint, tuple(weak_dynamic))
 
 
 def _diff_names(args, which, all_args):
@@ -395,11 +456,14 @@ def unflatten(treedef, leaves):
 class Call:
     """One call of a transform: its plan, its leaves (converted and placed) and its structures."""
 
-    __slots__ = ("plan", "key", "args", "treedef", "template", "diff", "dynamic", "f", "has_aux", "fname",
-                 "seen", "_flat_f")
+    __slots__ = ("plan", "program_key", "_key", "_weak", "args", "treedef", "template", "diff", "dynamic", "f", "has_aux",
+                 "fname", "seen", "_flat_f")
 
-    def __init__(self, plan: Plan, key, f, args, leaves, treedef, has_aux, fname):
-        self.plan, self.key, self.f, self.args, self.treedef = plan, key, f, args, treedef
+    def __init__(self, plan: Plan, program_key, f, args, leaves, treedef, has_aux, fname, weak=()):
+        # program_key: the signature, dynamic scalars (``weak``) keyed by type (plans, programs, output
+        # shapes); key (made when asked): with their values too, for what may depend on values.
+        self.plan, self.program_key, self.f, self.args, self.treedef = plan, program_key, f, args, treedef
+        self._key, self._weak = (None, (leaves, weak)) if weak else (program_key, None)
         self.has_aux, self.fname = has_aux, fname
         self.seen, self._flat_f = Seen(), None
         b, convert = plan.backend, plan.convert
@@ -420,6 +484,13 @@ class Call:
     @property
     def backend(self) -> Backend:
         return self.plan.backend
+
+    @property
+    def key(self):
+        """The signature with the value of every non-array leaf (see :func:`signature`)."""
+        if self._weak is not None:
+            self._key, self._weak = exact_key(self.program_key, *self._weak), None
+        return self._key
 
     @property
     def flat_f(self):
@@ -473,9 +544,18 @@ class Call:
         return self.jacobian_tree([blocks[i:i + n] for i in range(0, len(blocks), n)])
 
 
-def prepare(plans: BoundedCache, f, args, argnums, has_aux, backend, fname, device=None) -> Call:
-    """The call of ``f`` on ``args``, with the plan of its signature (from ``plans`` or made anew)."""
-    leaves, treedef, sig = arguments(args, fname)
+def prepare(plans: BoundedCache, f, args, argnums, has_aux, backend, fname, device=None,
+            static_args=None) -> Call:
+    """The call of ``f`` on ``args``, with the plan of its signature (from ``plans`` or made anew).
+
+    ``static_args`` is None for an eager transform; for a compiled one (``compile=True``), the set of
+    argument positions whose Python scalars stay static (``static_argnums``): on a backend that
+    compiles, its other Python floats and complex numbers are dynamic inputs of the program (see
+    :func:`signature`).
+    """
+    if static_args and min(static_args) < 0:  # counted from the end of this call's arguments
+        static_args = frozenset(a % len(args) for a in static_args if -len(args) <= a < len(args))
+    leaves, treedef, sig, weak = signature(args, fname, static_args)
     b = _registry.resolve(backend, leaves)
     active = _registry.active_backend.get()  # inside another transform's f: a nested transform
     if active is not None and not b.capabilities.higher_order and active.name == b.name:
@@ -483,10 +563,12 @@ def prepare(plans: BoundedCache, f, args, argnums, has_aux, backend, fname, devi
     if device is None:
         device = _registry.current_device()
     key = None if sig is None else Key((b, device, sig))
+    if weak and not b.capabilities.compile:  # runs eagerly: scalars reach f as they are, keyed by value
+        key, weak = exact_key(key, leaves, weak), ()
     plan = plans.get(key)
     if plan is None:
-        plan = plans.put(key, make_plan(b, device, args, leaves, treedef, argnums, fname))
-    return Call(plan, key, f, args, leaves, treedef, has_aux, fname)
+        plan = plans.put(key, make_plan(b, device, args, leaves, treedef, argnums, fname, weak))
+    return Call(plan, key, f, args, leaves, treedef, has_aux, fname, weak)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,7 +585,7 @@ class Program:
     that built it.
     """
 
-    __slots__ = ("compiled", "out_tree", "aux_tree", "n_out", "n_blocks", "aux_static")
+    __slots__ = ("compiled", "out_tree", "aux_tree", "n_out", "n_blocks", "aux_static", "weak")
 
     def __init__(self, f, call: Call, kernel, keep_outputs: bool):
         plan = call.plan
@@ -526,10 +608,17 @@ class Program:
             self.out_tree, self.aux_tree, self.n_out, self.n_blocks = seen.out_tree, seen.aux_tree, len(outs), len(blocks)
             return outs + tuple(blocks) + tuple(a for a in aux if b.is_array(a))
 
-        self.compiled = b.compile(program)
+        # Python floats among the dynamic leaves are traced as weakly typed scalars (x32 * c stays float32)
+        self.weak = tuple(n + i for i in plan.weak)
+        self.compiled = b.compile(program, weak_scalars=self.weak) if self.weak else b.compile(program)
 
     def __call__(self, call: Call):
-        flat = self.compiled(*call.diff, *call.dynamic)
+        try:
+            flat = self.compiled(*call.diff, *call.dynamic)
+        except Exception as exc:
+            if self.weak and _uses_value(exc):
+                raise TypeError(_weak_hint(call, exc)) from exc
+            raise
         seen = call.seen
         seen.out_tree, seen.aux_tree = self.out_tree, self.aux_tree
         end = self.n_out + self.n_blocks
@@ -548,11 +637,87 @@ def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=N
     if programs is None or not b.capabilities.compile:
         outs, blocks, aux = kernel(b, call.flat_f, call.diff)
         return outs, blocks, (aux or ())
-    key = None if call.key is None else (call.key, decision)
+    key = None if call.program_key is None else (call.program_key, decision)
     program = programs.get(key)
     if program is None:
         program = programs.put(key, Program(call.f, call, kernel, keep_outputs))
+        _count_program(programs, call)
     return program(call)
+
+
+#: Programs one argument may force (one per static value) before a warning says how to avoid it.
+MANY_PROGRAMS = 8
+
+
+def _count_program(programs: BoundedCache, call: Call):
+    """Note the static values of each argument that built a new program; warn (once per transform)
+    when one argument has forced more than :data:`MANY_PROGRAMS` of them."""
+    if programs.warned or call.treedef is None:  # no treedef: every argument is an array
+        return
+    plan = call.plan
+    dynamic = set(plan.diff_positions).union(plan.dynamic_positions)
+    static = {}
+    for p, (k, leaf) in enumerate(zip(_leaf_owners(call.treedef), call.template)):
+        if p not in dynamic:
+            token = _static_token(leaf)
+            try:
+                hash(token)
+            except TypeError:
+                token = id(leaf)
+            static.setdefault(k, []).append(token)
+    for k, tokens in static.items():
+        values = programs.values_seen.setdefault(k, set())
+        values.add(tuple(tokens))
+        if len(values) > MANY_PROGRAMS:
+            programs.warned, programs.values_seen = True, {}
+            warnings.warn(_many_programs_message(call, k, len(values)), stacklevel=4)
+            return
+
+
+def _argument_name(call: Call, k: int) -> str:
+    """``argument k`` with f's parameter name where it has one (``argument 1 ('lr')``)."""
+    try:
+        params = [p for p in inspect.signature(call.f).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return f"argument {k} ({params[k].name!r})"
+    except (TypeError, ValueError, IndexError):
+        return f"argument {k}"
+
+
+def _many_programs_message(call: Call, k: int, n: int) -> str:
+    arg = call.args[k]
+    kind = type(arg).__name__
+    if isinstance(arg, (float, complex)):
+        how = ("it is named in static_argnums / static_argnames, so each value is compiled into its own program; "
+               "leave it out of them to make it a dynamic input")
+    elif isinstance(arg, (bool, int)):
+        how = ("Python ints and bools are static (they may set shapes or select code); if this one is only a "
+               "number, pass it as a 0-d array (np.asarray(value)) to make it a dynamic input")
+    else:
+        how = ("its non-array values are static; pass the numbers in it that change as arrays "
+               "(np.asarray(value)) or Python floats to make them dynamic inputs")
+    article = "an" if kind[:1] in "aeiou" else "a"
+    return (f"{call.fname}(compile=True): {_argument_name(call, k)}, {article} {kind}, has forced {n} compiled "
+            f"programs, one per value: {how}")
+
+
+def _uses_value(exc) -> bool:
+    """An error of a compiled program's trace from using a traced scalar as a Python value."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
+                         "OperatorNotAllowedInGraphError"}) or (
+        isinstance(exc, TypeError) and "symbolic" in str(exc) and "no value yet" in str(exc))  # TensorFlow's Array
+
+
+def _weak_hint(call: Call, exc) -> str:
+    positions = [call.plan.dynamic_positions[i] for i in call.plan.weak]
+    owners = sorted({_leaf_owners(optree.tree_structure(tuple(call.args)))[p] for p in positions})
+    names = ", ".join(_argument_name(call, k) for k in owners)
+    return (f"{call.fname}(compile=True): f used the value of a Python float as a Python value (a branch, "
+            f"math.exp, an int); with compile=True Python floats and complex numbers are dynamic inputs of the "
+            f"compiled program (traced scalars, as in jax.jit): here {names}. Name it in static_argnums (or "
+            f"static_argnames) to compile one program per value, or compute with the namespace's functions "
+            f"({type(exc).__name__}: {exc})")
 
 
 def _no_inputs(call: Call):

@@ -5,6 +5,8 @@ result blocks in their promoted dtype, and the wrapper's name.
 
 from __future__ import annotations
 
+import inspect
+
 from . import _checks, _memory
 from ._call import BoundedCache, Call
 
@@ -29,14 +31,15 @@ def promoted_blocks(b, outputs, leaves, jac):
 
 def output_shapes(shapes: BoundedCache, call: Call):
     """The shapes of ``f``'s outputs for this call's signature: one plain forward evaluation per
-    signature (shapes follow from the signature: array shapes and exact non-array values)."""
-    known = shapes.get(call.key)
+    signature (shapes follow from the signature: array shapes and exact non-array values; a compiled
+    program's dynamic scalars are traced, so shapes cannot depend on them: its key leaves them out)."""
+    known = shapes.get(call.program_key)
     if known is None:
         b = call.backend
         outputs = b.evaluate(call.flat_f, call.diff)
         if call.has_aux:
             outputs = outputs[0]
-        known = shapes.put(call.key, tuple(b.shape(o) for o in outputs))
+        known = shapes.put(call.program_key, tuple(b.shape(o) for o in outputs))
     return known
 
 
@@ -68,7 +71,7 @@ def budget_chunk(chunks: BoundedCache, shapes: BoundedCache, call: Call, chosen:
     """The chunk size that keeps a Jacobian within ``budget`` bytes, once per signature and mode: the
     peak of one VJP (rev) or JVP (fwd) of the whole call, measured on the backend, is what each basis
     vector of a chunk costs; the result itself is set aside first (see ``_memory.py``)."""
-    key = None if call.key is None else (call.key, chosen)
+    key = None if call.program_key is None else (call.program_key, chosen)
     known = chunks.get(key)
     if known is not None:
         return known
@@ -97,3 +100,47 @@ def _wraps(wrapper, f, kind):
     wrapper.__qualname__ = wrapper.__name__
     wrapper.__doc__ = getattr(f, "__doc__", None)
     wrapper.__wrapped__ = f
+
+
+def static_arguments(f, static_argnums, static_argnames, argnums, fname) -> frozenset:
+    """The positions of ``f``'s arguments whose Python scalars a compiled program keeps static
+    (``static_argnums`` and the positional parameters named in ``static_argnames``, as in ``jax.jit``).
+
+    Negative positions count from the end of each call's arguments (resolved by the call). An
+    argument both differentiated and static is a ValueError, and so is a name ``f`` has no
+    positional parameter for.
+    """
+    nums = _int_tuple(static_argnums, "static_argnums", fname)
+    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames or ())
+    if names:
+        try:
+            params = [p.name for p in inspect.signature(f).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            params = []
+        for name in names:
+            if not isinstance(name, str) or name not in params:
+                raise ValueError(f"{fname}: static_argnames names {name!r}, which is not a positional parameter of "
+                                 f"f (its positional parameters: {params})")
+            nums += (params.index(name),)
+    if argnums is not None:
+        diff = _int_tuple(argnums, "argnums", fname)
+        both = sorted(set(diff) & set(nums))
+        if both:
+            raise ValueError(f"{fname}: argument {both[0]} is both differentiated (argnums={argnums!r}) and static "
+                             f"(static_argnums / static_argnames); a static argument is a constant of the program")
+    return frozenset(nums)
+
+
+def _int_tuple(value, name, fname):
+    if value is None:
+        return ()
+    values = (value,) if isinstance(value, int) else value
+    try:
+        values = tuple(values)
+    except TypeError:
+        values = (value,)
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{fname}: {name} must be an int or a tuple of ints; got {value!r}")
+    return values

@@ -114,6 +114,9 @@ class Backend(abc.ABC):
     capabilities: Capabilities = Capabilities()
     #: ``asarray`` takes other frameworks' arrays directly (objects with ``__dlpack__``, zero-copy).
     accepts_dlpack: bool = False
+    #: Its eager ``batched_jacobian`` would trace a program on every call anyway (TensorFlow's pfor):
+    #: the core then runs eager per-example Jacobians as one compiled program per signature.
+    traces_batched_jacobian: bool = False
 
     # ------------------------------------------------------------------ required
     @abc.abstractmethod
@@ -349,8 +352,14 @@ class Backend(abc.ABC):
         _, hv, _ = self.jvp(gradient, primals, tangents, has_aux=False)
         return hv
 
-    def compile(self, fn: Callable) -> Callable:
-        """A compiled version of ``fn`` (same signature); the default compiles nothing."""
+    def compile(self, fn: Callable, weak_scalars: tuple = ()) -> Callable:
+        """A compiled version of ``fn`` (same signature); the default compiles nothing.
+
+        ``weak_scalars`` (passed only when not empty) are the positions of arguments that are Python
+        floats or complex numbers: each call may bring a new value, which must not build a new
+        program. They are weakly typed, as in ``jax.jit``: ``fn`` must compute ``x32 * c`` in float32,
+        as an eager call with the Python number would.
+        """
         return fn
 
     def apply_rule(self, rule, arrays):

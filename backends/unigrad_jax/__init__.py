@@ -482,17 +482,18 @@ class JaxBackend(Backend):
 
         return mapped
 
-    def compile(self, fn):
+    def compile(self, fn, weak_scalars=()):
         """``jax.jit(fn)``, traced and run under x64 by the module's rule: when a floating or complex
         argument is 64-bit (the compiled program receives every array of the call as an argument;
-        integer arguments never decide). jit caches per x64 state."""
+        integer arguments never decide; Python floats, ``weak_scalars``, never do either: jit traces
+        them as weakly typed scalars, so a new value reuses the program). jit caches per x64 state."""
         jitted = jax.jit(fn)
         closure = getattr(fn, "closure_arrays", ())
 
         @_numpy_calls_rejected
         @functools.wraps(fn)
-        def compiled(*args):  # the hot path of every compiled call: no context manager unless needed
-            if not jax.config.jax_enable_x64 and (_wide(args) or _wide(closure)):
+        def compiled(*args):  # the hot path of every compiled call: no context manager (nor config read) unless needed
+            if (_wide(args) or _wide(closure)) and not jax.config.jax_enable_x64:
                 with jax.enable_x64(True):
                     return jitted(*args)
             return jitted(*args)

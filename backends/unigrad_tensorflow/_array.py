@@ -83,8 +83,8 @@ def _ns():
 
 
 def plain(x):
-    """The tensor an :class:`Array` holds (anything else as it is)."""
-    return x._t if type(x) is Array else x
+    """The tensor an :class:`Array` (or a :class:`WeakScalar`) holds (anything else as it is)."""
+    return x._t if type(x) is Array or type(x) is WeakScalar else x
 
 
 def wrap(x):
@@ -120,6 +120,8 @@ _DEFERRED = contextvars.ContextVar("unigrad_tensorflow_deferred", default=None)
 
 def _binary(fname, reflected=False):
     def op(self, other):
+        if type(other) is WeakScalar:  # a Python float of a compiled program: it takes this array's dtype
+            other = other._against(self._t.dtype)
         other = _operand(other)
         if other is NotImplemented:
             return NotImplemented
@@ -328,6 +330,8 @@ def _unwrap_arg(a):
     t = type(a)
     if t is Array:
         return a._t
+    if t is WeakScalar:
+        return a  # resolved against the other arguments by the boundary
     if t is list or t is tuple:
         for v in a:
             if type(v) is Array:
@@ -351,7 +355,10 @@ def _boundary(fn):
     def public(*args, **kwargs):
         if kwargs:
             kwargs = {k: _unwrap_arg(v) for k, v in kwargs.items()}
-        out = fn(*[_unwrap_arg(a) for a in args], **kwargs)
+        args = [_unwrap_arg(a) for a in args]
+        if WeakScalar in map(type, args) or (kwargs and WeakScalar in map(type, kwargs.values())):
+            args, kwargs = _resolve_weak(args, kwargs)
+        out = fn(*args, **kwargs)
         return wrap_result(out) if _INSIDE.get() else out
     public.__name__ = public.__qualname__ = fn.__name__
     public.__doc__ = fn.__doc__
@@ -385,3 +392,90 @@ def public_module(raw, name):
             value = public_module(value, f"{name}.{key}")
         mod.__dict__[key] = value
     return mod
+
+
+# -------------------------------------------------------------------- weak scalars of compiled programs
+
+class WeakScalar(Array):
+    """A Python float (or complex) that is a dynamic input of a compiled program (``compile=True``).
+
+    ``jax.jit`` traces a Python float as a *weakly typed* scalar: ``x32 * c`` stays float32, as in
+    an eager call with the number, and a new value reuses the program. ``tf.function`` has no such
+    thing (it would retrace for every value), so the program takes the number as a float64 (or
+    complex128) tensor and ``f`` receives it as this array, which follows the eager rules of a Python
+    number: combined with an array it takes the array's dtype (the namespace's weak-scalar rule);
+    combined with numbers it stays a weak number; a namespace function of it alone gives what the
+    function gives for the Python number (a float64 array).
+    """
+
+    __slots__ = ()
+
+    def _against(self, dtype):
+        """The tensor as a Python number combined with an array of ``dtype`` would be converted."""
+        want = _ns()._weak(0j if self._t.dtype.is_complex else 0.0, dtype)
+        return self._t if want == self._t.dtype else tf.cast(self._t, want)
+
+    def __repr__(self):
+        return f"unigrad_tensorflow.WeakScalar({self._t!r})"
+
+    __str__ = __repr__
+
+    def __neg__(self):
+        return WeakScalar(-self._t)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return WeakScalar(tf.abs(self._t)) if not self._t.dtype.is_complex else Array(tf.abs(self._t))
+
+
+_NUMBERS = (bool, int, float, complex)
+_COMPARISONS = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
+
+
+def _weak_binary(fname, reflected=False):
+    def op(self, other):
+        fn = getattr(_ns(), fname)
+        if isinstance(other, _NUMBERS) or type(other) is WeakScalar:
+            # number with number: computed as Python would (float64 / complex128), still a weak number
+            o = other._t if type(other) is WeakScalar else other
+            out = fn(o, self._t) if reflected else fn(self._t, o)
+            return Array(out) if fname in _COMPARISONS or out.dtype.is_integer or out.dtype.is_bool \
+                else WeakScalar(out)
+        if type(other) is Array or isinstance(other, (tf.Tensor, tf.Variable)):
+            o = plain(other)
+            mine = self._against(o.dtype)
+        else:
+            o, mine = _operand(other), self._t
+            if o is NotImplemented:
+                return NotImplemented
+        return Array(fn(o, mine) if reflected else fn(mine, o))
+    op.__name__ = f"__{'r' if reflected else ''}{fname}__"
+    return op
+
+
+for _name in ("add", "subtract", "multiply", "divide", "floor_divide", "remainder", "pow", "matmul",
+              "less", "less_equal", "greater", "greater_equal", "equal", "not_equal"):
+    _dunder = {"subtract": "sub", "multiply": "mul", "divide": "truediv", "floor_divide": "floordiv",
+               "remainder": "mod", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge",
+               "equal": "eq", "not_equal": "ne"}.get(_name, _name)
+    setattr(WeakScalar, f"__{_dunder}__", _weak_binary(_name))
+    if _name not in _COMPARISONS:
+        setattr(WeakScalar, f"__r{_dunder}__", _weak_binary(_name, True))
+del _name, _dunder
+
+
+def _resolve_weak(args, kwargs):
+    """A namespace function's arguments with each :class:`WeakScalar` converted as the Python number
+    would be: to the promoted dtype of the other arrays among them, or float64 / complex128 alone."""
+    arrays = [plain(a) for a in list(args) + list(kwargs.values())
+              if type(a) is not WeakScalar and isinstance(plain(a), (tf.Tensor, tf.Variable))]
+    dtype = _ns().result_type(*arrays) if arrays else None
+
+    def resolve(a):
+        if type(a) is not WeakScalar:
+            return a
+        return a._t if dtype is None else a._against(dtype)
+
+    return [resolve(a) for a in args], {k: resolve(v) for k, v in kwargs.items()}

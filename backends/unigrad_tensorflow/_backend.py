@@ -50,6 +50,10 @@ class TensorflowBackend(Backend):
     capabilities = Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
                                 complex=True, float64=True, custom_rules=True)
     accepts_dlpack = True  # foreign arrays come through asarray, which tries DLPack first
+    # Eager tape.batch_jacobian wraps pfor's loop in a new tf.function on every call (a trace per call and
+    # "N out of the last N calls to pfor.<locals>.f triggered tf.function retracing"): one program per
+    # signature instead (measured: bench_batched_jacobian's eager TensorFlow row).
+    traces_batched_jacobian = True
 
     # ---------------------------------------------------------------- arrays
     def namespace(self):
@@ -304,8 +308,13 @@ class TensorflowBackend(Backend):
 
         return mapped
 
-    def compile(self, fn):
+    def compile(self, fn, weak_scalars=()):
         """``tf.function`` without autograph, called through its concrete function per input signature.
+
+        ``weak_scalars``: arguments that are Python floats (or complex). ``tf.function`` would trace anew
+        for every value; they enter the program as float64 (complex128) tensors, and ``fn`` receives
+        them as :class:`WeakScalar` s, which keep a Python number's weak dtype rule (``x32 * c`` stays
+        float32, as in the eager call).
 
         Autograph is off: unigrad's transforms are plain Python over static shapes. Shapes are never
         relaxed (no ``reduce_retracing``): the core keeps one compiled function per static signature,
@@ -313,10 +322,24 @@ class TensorflowBackend(Backend):
         directly skips ``tf.function``'s per-call argument binding: measured 175 us against 350 us per
         call on a tiny gradient (``reduce_retracing=True``: 323 us, an ``input_signature``: 368 us).
         """
+        weak = tuple(weak_scalars)
+        if weak:
+            inner = fn
+
+            def fn(*arrays):
+                arrays = list(arrays)
+                for i in weak:
+                    arrays[i] = _array.WeakScalar(arrays[i])
+                return inner(*arrays)
+
         function = tf.function(fn, autograph=False)
         concrete = {}
 
         def compiled(*arrays):
+            if weak:
+                arrays = list(arrays)
+                for i in weak:
+                    arrays[i] = _weak_tensor(arrays[i])
             for a in arrays:
                 if not isinstance(a, tf.Tensor):
                     # A tf.Variable is read (a concrete function traced for a Variable takes a resource
@@ -352,8 +375,17 @@ def _split(result, has_aux):
             tuple(tf.stop_gradient(a) if isinstance(a, (tf.Tensor, tf.Variable)) else a for a in aux))
 
 
+def _weak_tensor(c):
+    """A Python float (complex) as a float64 (complex128) tensor. TensorFlow's eager scalar cache
+    matches values by equality, so ``tf.constant(-0.0)`` may return a cached ``0.0``: a value with a
+    zero part goes through NumPy."""
+    if type(c) is complex:
+        return tf.constant(c, tf.complex128) if c.real and c.imag else tf.constant(np.array(c, np.complex128))
+    return tf.constant(c, tf.float64) if c else tf.constant(np.array(c, np.float64))
+
+
 def _plain(x):
-    return x._t if type(x) is Array else x
+    return x._t if type(x) is Array or type(x) is _array.WeakScalar else x
 
 
 def _tree_plain(tree):

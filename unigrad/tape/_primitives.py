@@ -41,6 +41,7 @@ import math
 
 import numpy as np
 
+from . import _blas
 from ._core import backward, record, unbroadcast
 from ._tracer import PRIMITIVES, Primitive, Tracer, _ndim, _shape, concrete, reads
 
@@ -709,8 +710,9 @@ def _matmul_vjp_b(g, ans, a, b):
     return _real_like(matmul(matrix_transpose(a), g), b)
 
 
-# Operands are at least 2-D here; the namespace turns vectors into matrices and back.
-matmul = defprim("matmul", np.matmul, elementwise=False, ufunc=False, vjp=(_matmul_vjp_a, _matmul_vjp_b),
+# Operands are at least 2-D here; the namespace turns vectors into matrices and back. Small products run
+# on one BLAS thread (_blas.py: a busy machine stalls a multithreaded BLAS's many small calls).
+matmul = defprim("matmul", _blas.matmul, elementwise=False, ufunc=False, vjp=(_matmul_vjp_a, _matmul_vjp_b),
                  jvp=(lambda t, ans, a, b: matmul(t, b), lambda t, ans, a, b: matmul(a, t)), broadcasts=True)
 
 

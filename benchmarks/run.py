@@ -23,6 +23,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_batched_jacobian  # noqa: E402
+import bench_per_example  # noqa: E402
 import bench_tape  # noqa: E402
 
 import unigrad  # noqa: E402
@@ -65,6 +66,7 @@ def ratio_with_rounds(rounds, i, j):
 # that remembers the rounds, so it can judge noise without the modules knowing.
 bench_tape.ratio = ratio_with_rounds
 bench_batched_jacobian.ratio = ratio_with_rounds
+bench_per_example.ratio = ratio_with_rounds
 
 
 def ratios(results, path=()):
@@ -171,6 +173,10 @@ def main(argv=None) -> int:
     names = [n for n in ("jax", "torch", "tensorflow") if n in results["versions"]]
     results["batched_jacobian"] = bench_batched_jacobian.run(names, args.quick)
     bench_batched_jacobian.report(results["batched_jacobian"])
+    if "torch" in results["versions"]:
+        print("\n== per-example gradient norms against torch.func (and Opacus, BackPACK where installed) ==")
+        results["per_example"] = bench_per_example.run(args.quick)
+        bench_per_example.report(results["per_example"])
     results["noise"], warnings = noise_report(results)
     if warnings:
         print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "

@@ -29,17 +29,14 @@ from typing import Callable
 import numpy as np
 
 from . import _checks
+from . import _per_example_jaxpr as _jaxpr
+from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
+from ._per_example_common import check_losses as _check_losses
 from ._call import BoundedCache, execute, prepare
 from ._transform import _wraps, promoted_blocks
 
 __all__ = ["per_example_grad", "per_example_grad_norms"]
 
-MATERIALISED = "materialised"
-DENSE_OUTER = "dense: |x|^2 |g|^2"
-DENSE_GHOST = "dense: ghost (X X^T) * (G G^T)"
-DENSE = "dense: X^T G"
-BIAS = "bias: G summed"
-SCALE = "scale: G * Z summed"
 
 
 def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, compile: bool = False,
@@ -124,7 +121,7 @@ class _PerExample:
             raise ValueError(f"{self.fname}: argument {both[0]} is both a parameter (argnums={argnums!r}) and "
                              f"the batch (batch_argnum={batch_argnum!r}); the parameters are shared by all examples")
         self.f, self.backend, self.device, self.norms = f, backend, device, norms
-        self.plans = BoundedCache()
+        self.plans, self.paths = BoundedCache(), BoundedCache(64)
         self.programs = BoundedCache() if compile else None
 
     def function(self):
@@ -149,6 +146,18 @@ class _PerExample:
             outs, blocks, paths = _tape_rows(call.flat_f, call.diff, batch, self.norms, fname)
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))
+        elif call.diff and _jaxpr.is_jax_backend(b):
+            norms, found = self.norms, {}
+
+            def kernel(b, flat_f, leaves):
+                outs, blocks, found["paths"] = _jaxpr.jax_rows(b, flat_f, leaves, batch, norms, fname)
+                return outs, blocks, ()
+
+            _, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
+            # (a compiled program traced its kernel once, for its signature: its paths are the signature's)
+            paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
+            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
+                b, (call.diff[0],), call.diff, self.norms)))
         else:
             norms = self.norms
 
@@ -164,7 +173,7 @@ class _PerExample:
             outs, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
             paths = [MATERIALISED] * len(call.diff)
         names = call.names() if call.diff else []
-        wrapper.paths = dict(zip(names, paths))
+        wrapper.paths = dict(zip(names, paths or [MATERIALISED] * len(names)))
         if self.norms:
             if not call.diff:
                 return b.zeros((batch,), "float32")
@@ -203,18 +212,6 @@ def _batch_size(b, batch_args, argnums, fname):
         raise ValueError(f"{fname}: the batch arguments' leading axes differ: "
                          + ", ".join(f"argument {k} has {n} examples" for n, k in sizes.items()))
     return next(iter(sizes))
-
-
-def _check_losses(b, outs, batch, fname):
-    if len(outs) != 1 or b.shape(outs[0]) != (batch,):
-        got = ", ".join(f"shape {b.shape(o)}" for o in outs) if len(outs) != 1 else f"shape {b.shape(outs[0])}"
-        hint = (" (a loss summed or averaged over the batch cannot be split into examples by its value: "
-                "return the per-example losses, without the final sum or mean)") if (
-            len(outs) == 1 and b.shape(outs[0]) == ()) else ""
-        raise ValueError(f"{fname}: f must return one loss per example, an array of shape ({batch},); got "
-                         f"{got}{hint}")
-    if b.dtype(outs[0]) not in ("float16", "bfloat16", "float32", "float64"):
-        raise TypeError(f"{fname}: f must return real floating losses; got dtype {b.dtype(outs[0])}")
 
 
 def _norm_of_rows(b, rows, batch):

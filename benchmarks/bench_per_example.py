@@ -9,7 +9,8 @@ example's gradient norm over all parameters. Reported as ratios to ``torch.func`
   * Opacus (GradSampleModule, hooks) and BackPACK (BatchL2Grad), when installed (``pip install
     unigrad[bench]``); skipped when absent.
 
-Every contestant's norms are checked against torch.func's before timing.
+Every contestant's norms are checked against torch.func's before timing. torch runs with one thread
+here (restored afterwards): on a loaded machine its spinning worker threads distort the ratios.
 
 Run: python benchmarks/bench_per_example.py [--quick] [--json]
 """
@@ -140,6 +141,19 @@ def contestants(params, x, labels):
 
 
 def run(quick=False):
+    import torch
+
+    # One torch thread while this runs (restored after): on a loaded machine torch's spinning worker
+    # threads cost it far more than the other engines, and the ratios would measure that instead.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(quick):
     params, x, labels = problem()
     found = contestants(params, x, labels)
     names = list(found)

@@ -50,6 +50,8 @@ def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, co
     ``vmap(grad(loss), in_axes=(None, 0))(params, x)``, computed without a Python loop over examples.
     A scalar loss (summed or averaged over the batch) is refused: its split into examples is not
     defined by its value; return the per-example losses instead (drop the final sum or mean).
+    (``unigrad.dask.per_example_grad``, over Dask arrays, takes the loss of *one* example and maps
+    it; a loss written for one example that also works on a batch gives the same values here.)
 
     On the NumPy tape, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``, ``* s``)
     get their rows from one ordinary backward pass, where the program proves that rows of the losses

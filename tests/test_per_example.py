@@ -202,3 +202,14 @@ def test_batched_jacobian_on_parameters_points_to_per_example_grad():
     w, x = np.ones((3, 2)), np.ones((4, 3))
     with pytest.raises(ValueError, match=r"expected 3.*unigrad\.per_example_grad.*in_axes=\(None, 0\)"):
         unigrad.batched_jacobian(lambda w, x: (x @ w).sum(1))(w, x)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_no_examples_gives_empty_rows(name):
+    backend = fast_backend(name)
+    params = make_params(np.random.default_rng(5))
+    x, labels = np.zeros((0, 4)), np.zeros((0,), dtype=np.int64)
+    got = unigrad.per_example_grad(mlp_losses, batch_argnum=(1, 2), backend=backend)(params, x, labels)
+    assert {k: unigrad.to_numpy(v).shape for k, v in got.items()} == {k: (0, *v.shape) for k, v in params.items()}
+    norms = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend)(params, x, labels)
+    assert unigrad.to_numpy(norms).shape == (0,)

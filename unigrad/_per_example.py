@@ -143,6 +143,11 @@ class _PerExample:
         call = prepare(self.plans, self.f, args, self.argnums, False, self.backend, fname, self.device)
         b = call.backend
         batch = _batch_size(b, [args[k] for k in self.batch_argnums], self.batch_argnums, fname)
+        if batch == 0 and call.diff:  # no example: empty rows (vmap and jacrev of zero rows are refused by some engines)
+            wrapper.paths = dict(zip(call.names(), [MATERIALISED] * len(call.diff)))
+            if self.norms:
+                return b.zeros((0,), b.dtype(call.diff[0]), device=b.device(call.diff[0]))
+            return call.inputs_like([b.zeros((0, *b.shape(x)), b.dtype(x), device=b.device(x)) for x in call.diff])
         tape = _tape_backend(b)
         if tape is not None and call.diff:
             outs, blocks, paths = _tape_rows(call.flat_f, call.diff, batch, self.norms, fname)

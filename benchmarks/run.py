@@ -26,6 +26,7 @@ import bench_batched_jacobian  # noqa: E402
 import bench_bridge  # noqa: E402
 import bench_checkpoint  # noqa: E402
 import bench_calls  # noqa: E402
+import bench_per_example  # noqa: E402
 import bench_tape  # noqa: E402
 
 try:
@@ -76,6 +77,7 @@ bench_batched_jacobian.ratio = ratio_with_rounds
 if bench_sparse is not None:
     bench_sparse.ratio = ratio_with_rounds
 bench_calls.ratio = ratio_with_rounds
+bench_per_example.ratio = ratio_with_rounds
 
 
 def ratios(results, path=()):
@@ -196,6 +198,10 @@ def main(argv=None) -> int:
     print("\n== compiled calls with a new Python float every call (grad, compile=True) against native ==")
     results["calls"] = bench_calls.run([n for n in ("jax", "tensorflow") if n in results["versions"]], args.quick)
     bench_calls.report(results["calls"])
+    if "torch" in results["versions"]:
+        print("\n== per-example gradient norms against torch.func (and Opacus, BackPACK where installed) ==")
+        results["per_example"] = bench_per_example.run(args.quick)
+        bench_per_example.report(results["per_example"])
     results["noise"], warnings = noise_report(results)
     if warnings:
         print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "

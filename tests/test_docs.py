@@ -35,9 +35,34 @@ def test_the_site_builds_strictly(tmp_path):
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
-    for name in ("unigrad.batched_jacobian", "unigrad.testing.compare", "unigrad.Backend"):
+    for name in ("unigrad.batched_jacobian", "unigrad.testing.compare", "unigrad.per_example_grad"):
         assert name in api  # the reference was generated from the docstrings, not left empty
+    assert "unigrad.Backend" in (tmp_path / "site" / "api-backend" / "index.html").read_text()
     assert (tmp_path / "site" / "performance" / "index.html").is_file()
+    _check_examples_render_as_code(api)
+    _check_search_ranks_the_public_api_first(tmp_path / "site" / "search" / "search_index.json")
+
+
+def _check_examples_render_as_code(api_html):
+    """The docstrings' ``Example:`` doctests are code blocks, one line per ``>>>`` line (not a
+    paragraph that runs the lines together)."""
+    start = api_html.index('id="unigrad.vjp"')
+    vjp = api_html[start:api_html.index('id="unigrad.jvp"')]
+    code = re.search(r"<pre>(.*?)</pre>", vjp, flags=re.S)
+    assert code, "unigrad.vjp's example is not rendered as a code block"
+    lines = [line for line in re.sub(r"<[^>]+>", "", code.group(1)).splitlines() if line.strip()]
+    assert lines[0].startswith("&gt;&gt;&gt; out, vjp_fn = unigrad.vjp(") and len(lines) == 3, lines
+    assert "<blockquote>" not in vjp
+
+
+def _check_search_ranks_the_public_api_first(index_path):
+    """Searching "batched_jacobian" should find unigrad.batched_jacobian before the plugin contract's
+    Backend.batched_jacobian: the API page's search boost is above the contract page's."""
+    import json
+
+    boosts = {d["location"]: d.get("boost", 1) for d in json.loads(index_path.read_text())["docs"]}
+    public, contract = boosts["api/#unigrad.batched_jacobian"], boosts["api-backend/#unigrad.Backend.batched_jacobian"]
+    assert public > 1 > contract, (public, contract)
 
 
 def _nav_pages():
@@ -54,7 +79,7 @@ def test_every_page_is_in_the_navigation():
 
 
 def test_the_api_reference_covers_every_public_name():
-    text = (DOCS / "api.md").read_text()
+    text = (DOCS / "api.md").read_text() + (DOCS / "api-backend.md").read_text()
     documented = set(re.findall(r"^::: ([\w.]+)", text, flags=re.M))
     for name in unigrad.__all__:
         assert f"unigrad.{name}" in documented, f"docs/api.md lacks ::: unigrad.{name}"
@@ -132,3 +157,34 @@ def test_the_pages_python_runs(page, capsys):
         if f'backend="{framework}"' in code:
             skip_unless(framework)
     exec(compile(code, str(DOCS / page), "exec"), {"__name__": f"docs_{page[:-3]}"})
+
+
+# ------------------------------------------------------------------ what the plugin guide and the models page claim
+
+def test_registering_a_class_under_a_second_name_names_the_new_backend():
+    """docs/plugins.md's example, line by line: each ``expression  # "value"`` holds."""
+    pytest.importorskip("unigrad_autograd")
+    from unigrad_autograd import AutogradBackend
+
+    text = (DOCS / "plugins.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "hips2" in b)
+    unigrad.register_backend("hips2", AutogradBackend)
+    try:
+        claims = re.findall(r"^(\S.*?)\s+#\s*\"(\w+)\"", block, flags=re.M)
+        assert len(claims) == 3
+        for expression, value in claims:
+            assert eval(expression, {"unigrad": unigrad, "AutogradBackend": AutogradBackend}) == value, expression
+    finally:
+        unigrad.unregister_backend("hips2")
+
+
+def test_the_models_page_shows_the_tested_example():
+    """Every Python block of docs/models.md is an excerpt of examples/using_models.py (which
+    tests/test_examples.py runs), so the page cannot drift from code that works."""
+    import textwrap
+
+    example = (ROOT / "examples" / "using_models.py").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS / "models.md").read_text(), flags=re.S)
+    assert len(blocks) >= 10
+    for block in blocks:
+        assert block in example or textwrap.dedent(block) in example, block

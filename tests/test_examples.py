@@ -22,7 +22,8 @@ ALL_BACKENDS = ["mlp_loss.py", "per_example_jacobian.py"]
 
 def test_every_example_is_run_here():
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
-    assert scripts == set(PER_BACKEND + ALL_BACKENDS + ["native_torch_and_tensorflow.py", "torch_model_in_jax_loss.py"])
+    assert scripts == set(PER_BACKEND + ALL_BACKENDS + ["native_torch_and_tensorflow.py", "torch_model_in_jax_loss.py",
+                                                        "using_models.py"])
 
 
 def _main(script):
@@ -78,3 +79,11 @@ def test_the_comparison_would_catch_a_mis_ported_model(monkeypatch):
     namespace["main"].__globals__["tensorflow_model"] = mis_ported
     with pytest.raises(AssertionError, match="differ"):
         namespace["main"]()
+
+
+def test_models_of_each_framework_agree_with_the_framework(capsys):
+    # using_models.py's main asserts grad, jacobian, hvp and per_example_grad against each framework's own
+    results = _main("using_models.py")()
+    installed = {name for name, info in unigrad.backends().items() if info["available"]}
+    assert set(results) == {"torch", "jax", "tensorflow"} & installed
+    assert len(capsys.readouterr().out.splitlines()) == len(results)

@@ -11,6 +11,7 @@ from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate
                    jacobian, jacrev, jvp, namespace, to_numpy, value_and_grad, vjp, vmap)
 from ._bridge import bridge
 from ._checkpoint import checkpoint
+from ._per_example import per_example_grad, per_example_grad_norms
 from ._registry import (backends, get_backend, register_backend, set_backend, unregister_backend, use_backend,
                         use_device)
 from ._safe import safe_norm, safe_where
@@ -31,7 +32,8 @@ def __getattr__(name):
 
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
-    "check_batch_independence", "hessian", "hvp", "vmap", "evaluate", "checkpoint", "bridge",
+    "check_batch_independence", "hessian", "hvp", "vmap", "evaluate", "per_example_grad", "per_example_grad_norms",
+    "checkpoint", "bridge",
     "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",

@@ -136,6 +136,30 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         return (jac, call.aux(aux)) if has_aux else jac
 
     _wraps(batched_jacobian_f, f, "batched_jacobian")
+    return _with_parameter_hint(batched_jacobian_f, f, argnums)
+
+
+_BATCH_AXIS_ERRORS = ("batch size", "leading batch axis", "leading (batch) axes differ")
+
+
+def _with_parameter_hint(run, f, argnums):
+    """``run`` whose batch-axis errors also say where per-example gradients with respect to shared
+    parameters are (the usual reason an argument has no batch axis)."""
+    def batched_jacobian_f(*args):
+        try:
+            return run(*args)
+        except ValueError as exc:
+            text = str(exc)
+            if not text.startswith("batched_jacobian:") or not any(k in text for k in _BATCH_AXIS_ERRORS):
+                raise
+            raise ValueError(
+                f"{text}. batched_jacobian differentiates batched arguments (argnums={argnums!r}): every one needs "
+                f"the examples on axis 0. For per-example gradients with respect to parameters shared by all "
+                f"examples, use unigrad.per_example_grad(f, argnums=..., batch_argnum=...) (f returning one loss "
+                f"per example), or unigrad.vmap(unigrad.grad(loss), in_axes=(None, 0)) with the loss of one "
+                f"example") from None
+
+    _wraps(batched_jacobian_f, f, "batched_jacobian")
     return batched_jacobian_f
 
 

@@ -1,0 +1,215 @@
+"""per_example_grad and per_example_grad_norms: the same values as materialised per-example gradients on
+every backend, the dense-layer paths of the tape (and the proof that keeps them exact), and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import unigrad
+from unigrad import _per_example
+
+B = 5
+
+
+def make_params(rng, d_in=4, hidden=6, n_out=3, dtype=np.float64):
+    return {"W1": rng.standard_normal((d_in, hidden)).astype(dtype),
+            "b1": rng.standard_normal(hidden).astype(dtype),
+            "W2": rng.standard_normal((n_out, hidden)).astype(dtype),  # used transposed
+            "b2": rng.standard_normal(n_out).astype(dtype)}
+
+
+def mlp_losses(p, x, labels):
+    """Per-example cross-entropy of a 2-layer MLP; x of shape (B, d) or (B, T, d) (then summed over T)."""
+    xp = unigrad.namespace(p["W1"], x)
+    h = xp.tanh(x @ p["W1"] + p["b1"])
+    z = h @ p["W2"].T + p["b2"]
+    logp = z - xp.log(xp.sum(xp.exp(z), axis=-1, keepdims=True))
+    if x.ndim == 3:
+        return -xp.sum(logp[..., 0], axis=1)
+    return -xp.take_along_axis(logp, xp.reshape(xp.asarray(labels), (-1, 1)), axis=1)[:, 0]
+
+
+def mixing_losses(p, x, labels):
+    """Rows are mixed after the first layer (centred over the batch): W1 and b1 need materialising;
+    after the second layer rows stay apart again."""
+    xp = unigrad.namespace(p["W1"], x)
+    h = xp.tanh(x @ p["W1"] + p["b1"])
+    h = h - xp.mean(h, axis=0)
+    z = h @ p["W2"].T + p["b2"]
+    return xp.sum(z * z, axis=1)
+
+
+def reference_rows(f, params, x, labels):
+    """Materialised per-example gradients: one grad of each example's loss, a loop (the oracle)."""
+    rows = []
+    for i in range(x.shape[0]):
+        def one(p):
+            return f(p, x, labels)[i]
+        rows.append(unigrad.grad(one)(params))
+    return {k: np.stack([r[k] for r in rows]) for k in params}
+
+
+def reference_norms(rows):
+    return np.sqrt(sum(np.sum(v.reshape(v.shape[0], -1) ** 2, axis=1) for v in rows.values()))
+
+
+def to_backend(tree, backend):
+    return {k: unigrad.asarray(v, backend=backend) for k, v in tree.items()}
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_equals_materialised_per_example_gradients_on_every_backend(backend, compile):
+    check_against_materialised(backend, compile, "rows")
+
+
+@pytest.mark.parametrize("case", ["sequence", "mixing"])
+def test_equals_materialised_per_example_gradients_on_the_tape(case):
+    check_against_materialised("numpy", False, case)
+
+
+def check_against_materialised(backend, compile, case):
+    rng = np.random.default_rng(0)
+    params = make_params(rng)
+    x = rng.standard_normal((B, 3, 4) if case == "sequence" else (B, 4))
+    labels = rng.integers(3, size=B)
+    f = mixing_losses if case == "mixing" else mlp_losses
+    want = reference_rows(f, params, x, labels)
+    args = (to_backend(params, backend), unigrad.asarray(x, backend=backend), labels)
+    pe = unigrad.per_example_grad(f, batch_argnum=(1, 2), backend=backend, compile=compile)
+    got = pe(*args)
+    assert set(got) == set(params)
+    for k in params:
+        g = unigrad.to_numpy(got[k])
+        assert g.shape == (B, *params[k].shape) and g.dtype == params[k].dtype, k
+        np.testing.assert_allclose(g, want[k], rtol=1e-9, atol=1e-12, err_msg=k)
+    norms = unigrad.per_example_grad_norms(f, batch_argnum=(1, 2), backend=backend, compile=compile)(*args)
+    np.testing.assert_allclose(unigrad.to_numpy(norms), reference_norms(want), rtol=1e-9)
+    assert set(pe.paths) == {f"argument 0['{k}']" for k in params}
+
+
+FAST = ["numpy", "jax"]  # the backends whose programs per_example_grad reads (the tape's record, the jaxpr)
+
+
+def fast_backend(name):
+    if name != "numpy" and not unigrad.backends().get(name, {}).get("available"):
+        pytest.skip(f"{name} is not installed")
+    return name
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_dense_layers_from_one_backward_pass(name):
+    backend = fast_backend(name)
+    rng = np.random.default_rng(1)
+    params = make_params(rng)
+    x, labels = rng.standard_normal((B, 4)), rng.integers(3, size=B)
+    pe = unigrad.per_example_grad(mlp_losses, batch_argnum=(1, 2), backend=backend)
+    pe(params, x, labels)
+    assert pe.paths == {"argument 0['W1']": _per_example.DENSE, "argument 0['b1']": _per_example.BIAS,
+                        "argument 0['W2']": _per_example.DENSE, "argument 0['b2']": _per_example.BIAS}
+    pn = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend)
+    pn(params, x, labels)
+    assert pn.paths["argument 0['W1']"] == _per_example.DENSE_OUTER  # |x|^2 |g|^2: one position per example
+    seq = rng.standard_normal((B, 3, 4))
+    pn(params, seq, labels)
+    assert pn.paths["argument 0['W1']"] == _per_example.DENSE_GHOST  # 3 positions: (X X^T) * (G G^T)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_proof_materialises_what_rows_mix_after(name):
+    backend = fast_backend(name)
+    rng = np.random.default_rng(2)
+    params = make_params(rng)
+    x, labels = rng.standard_normal((B, 4)), rng.integers(3, size=B)
+    pe = unigrad.per_example_grad(mixing_losses, batch_argnum=(1, 2), backend=backend)
+    got = {k: unigrad.to_numpy(v) for k, v in pe(params, x, labels).items()}
+    assert pe.paths["argument 0['W1']"] == pe.paths["argument 0['b1']"] == _per_example.MATERIALISED
+    assert pe.paths["argument 0['W2']"] == _per_example.DENSE
+    # the one-backward-pass rows would be wrong for W1 here: the proof is what keeps the result exact
+    want = reference_rows(mixing_losses, params, x, labels)
+    wrong = np.einsum("bd,bk->bdk", x, _layer_cotangent(params, x))
+    assert np.abs(wrong - want["W1"]).max() > 1e-3
+    for k in params:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-10, atol=1e-12)
+
+
+def _layer_cotangent(params, x):
+    """d sum(mixing_losses) / d (x @ W1): what the dense path would have used for W1."""
+    def of_layer(y):
+        xp = unigrad.namespace(y)
+        h = xp.tanh(y + params["b1"])
+        h = h - xp.mean(h, axis=0)
+        z = h @ params["W2"].T + params["b2"]
+        return xp.sum(z * z)
+    return unigrad.grad(of_layer)(x @ params["W1"])
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_parameter_used_twice_is_materialised(name):
+    backend = fast_backend(name)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 4))
+    x = rng.standard_normal((B, 4))
+
+    def f(w, x):
+        xp = unigrad.namespace(w, x)
+        return xp.sum(xp.tanh(xp.tanh(x @ w) @ w), axis=1)
+
+    pe = unigrad.per_example_grad(f, backend=backend)
+    got = pe(w, x)
+    assert pe.paths == {"argument 0": _per_example.MATERIALISED}
+    np.testing.assert_allclose(unigrad.to_numpy(got), unigrad.jacobian(f)(w, x), rtol=1e-12)
+
+
+def test_matches_vmap_of_grad_of_one_example():
+    rng = np.random.default_rng(4)
+    params = make_params(rng, dtype=np.float32)
+    x, labels = rng.standard_normal((B, 4)).astype(np.float32), rng.integers(3, size=B)
+
+    def one(p, xi, yi):
+        return mlp_losses(p, xi[None], yi[None])[0]
+
+    want = unigrad.vmap(unigrad.grad(one), in_axes=(None, 0, 0))(params, x, labels)
+    got = unigrad.per_example_grad(mlp_losses, batch_argnum=(1, 2))(params, x, labels)
+    for k in params:
+        assert got[k].dtype == np.float32
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-6)
+
+
+def test_scalar_loss_is_refused_with_the_reason():
+    w, x = np.ones(3), np.ones((4, 3))
+    for backend in ("numpy", "jax"):
+        if backend not in unigrad.backends() or not unigrad.backends()[backend]["available"]:
+            continue
+        with pytest.raises(ValueError, match=r"one loss per example, an array of shape \(4,\); got shape \(\)"
+                                             r".*without the final sum or mean"):
+            unigrad.per_example_grad(lambda w, x: (x @ w).sum(), backend=backend)(w, x)
+
+
+def test_argument_errors():
+    w, x = np.ones(3), np.ones((4, 3))
+    with pytest.raises(ValueError, match="argument 0 is both a parameter"):
+        unigrad.per_example_grad(lambda w, x: x @ w, argnums=0, batch_argnum=0)
+    with pytest.raises(ValueError, match="argument 1 has 2 examples|argument 2 has 2 examples"):
+        unigrad.per_example_grad(lambda w, x, y: x @ w + y, batch_argnum=(1, 2))(w, x, np.ones(2))
+    with pytest.raises(ValueError, match="batch_argnum 3 is out of range"):
+        unigrad.per_example_grad(lambda w, x: x @ w, batch_argnum=3)(w, x)
+    with pytest.raises(TypeError, match="batch_argnum must be an int"):
+        unigrad.per_example_grad(lambda w, x: x @ w, batch_argnum="x")
+
+
+def test_batched_jacobian_on_parameters_points_to_per_example_grad():
+    w, x = np.ones((3, 2)), np.ones((4, 3))
+    with pytest.raises(ValueError, match=r"expected 3.*unigrad\.per_example_grad.*in_axes=\(None, 0\)"):
+        unigrad.batched_jacobian(lambda w, x: (x @ w).sum(1))(w, x)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_no_examples_gives_empty_rows(name):
+    backend = fast_backend(name)
+    params = make_params(np.random.default_rng(5))
+    x, labels = np.zeros((0, 4)), np.zeros((0,), dtype=np.int64)
+    got = unigrad.per_example_grad(mlp_losses, batch_argnum=(1, 2), backend=backend)(params, x, labels)
+    assert {k: unigrad.to_numpy(v).shape for k, v in got.items()} == {k: (0, *v.shape) for k, v in params.items()}
+    norms = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend)(params, x, labels)
+    assert unigrad.to_numpy(norms).shape == (0,)

@@ -1,0 +1,530 @@
+"""Per-example gradients with respect to shared parameters, and their norms.
+
+``per_example_grad(f)(params, batch)`` is row i of the Jacobian of ``f``'s per-example losses with
+respect to the parameters: ``d f(params, batch)[i] / d params``. Two ways to get it:
+
+* **Materialised** (every backend): the Jacobian rows themselves, ``jacrev`` of the loss vector
+  (vectorised over the examples' unit cotangents: a batch of cotangents on the tape, ``vmap`` of the
+  VJP on torch and JAX, ``pfor`` on TensorFlow). Exact for any ``f``; it costs about B backward
+  passes of the batch.
+* **Dense layers** (the tape): ``f`` is recorded once, and each parameter whose one use is a matrix
+  product ``Y = X @ W`` (``W`` directly or through a transpose) or a bias ``Y = Z + b`` (or a scale
+  ``Z * s``) gets its rows from one ordinary backward pass: with ``G`` the cotangent of ``Y`` for the
+  cotangent ``ones(B)``, example i's gradient is ``X_i^T G_i`` (``G_i`` summed over the bias's
+  broadcast axes). That is exact when row i of the losses depends on ``Y`` through ``Y_i`` alone,
+  which is *proved* from the recorded program (see :func:`_rows_stay_apart`: every operation from
+  ``Y`` to the losses keeps rows apart); where the proof fails, or the parameter is used another way,
+  that parameter is materialised. Norms of dense layers never form ``X_i^T G_i``: for one position
+  per example its squared norm is ``|x_i|^2 |g_i|^2`` (Goodfellow 2015), for P positions
+  ``sum((X_i X_i^T) * (G_i G_i^T))`` when ``P^2`` is below the layer's size ("ghost clipping",
+  Li et al. 2022).
+
+Which way each parameter took is kept on the returned function as ``.paths`` (its last call).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from . import _checks
+from . import _per_example_jaxpr as _jaxpr
+from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
+from ._per_example_common import check_losses as _check_losses
+from ._call import BoundedCache, execute, prepare
+from ._transform import _wraps, promoted_blocks
+
+__all__ = ["per_example_grad", "per_example_grad_norms"]
+
+
+
+def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, compile: bool = False,
+                     device=None) -> Callable:
+    """Per-example gradients of ``f``'s per-example losses with respect to shared parameters.
+
+    ``f(*args)`` runs on the whole batch and returns one loss per example, shape ``(B,)``, where B is
+    the leading axis of every array in ``args[batch_argnum]``. Example i's gradient is
+    ``d f(*args)[i] / d args[argnums]``: row i of the Jacobian of the losses. When the losses are
+    computed example by example (``f(params, x)[i] == loss(params, x[i])``) this is exactly
+    ``vmap(grad(loss), in_axes=(None, 0))(params, x)``, computed without a Python loop over examples.
+    A scalar loss (summed or averaged over the batch) is refused: its split into examples is not
+    defined by its value; return the per-example losses instead (drop the final sum or mean).
+    (``unigrad.dask.per_example_grad``, over Dask arrays, takes the loss of *one* example and maps
+    it; a loss written for one example that also works on a batch gives the same values here.)
+
+    On the NumPy tape, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``, ``* s``)
+    get their rows from one ordinary backward pass, where the program proves that rows of the losses
+    stay apart after the layer; others are materialised as Jacobian rows (about B backward passes;
+    every parameter on the other backends). The returned function's ``.paths`` maps each parameter
+    leaf to the way it took on the last call.
+
+    Args:
+      f: ``f(*args)`` returning the per-example losses, a real array of shape ``(B,)``.
+      argnums: int or tuple of ints: the parameters (pytrees allowed), shared by all examples.
+      batch_argnum: int or tuple of ints: the arguments holding the batch on axis 0 (pytrees allowed;
+        integer arrays such as labels too). Not differentiated.
+      backend: backend name or object.
+      compile: one compiled program per signature on backends that compile (``jax.jit``,
+        ``tf.function``).
+      device: place the inputs on this device.
+
+    Returns:
+      A function of the same arguments returning the gradients in the structure of
+      ``args[argnums]``, each leaf of shape ``(B, *leaf.shape)``.
+
+    Example:
+      >>> loss = lambda w, x: (x @ w) ** 2          # one loss per row of x
+      >>> unigrad.per_example_grad(loss)(np.ones(2), np.array([[1.0, 0.0], [1.0, 2.0]]))
+      array([[ 2.,  0.],
+             [ 6., 12.]])
+    """
+    return _PerExample(f, argnums, batch_argnum, backend, compile, device, norms=False).function()
+
+
+def per_example_grad_norms(f: Callable, argnums=0, batch_argnum=1, *, backend=None, compile: bool = False,
+                           device=None) -> Callable:
+    """The Euclidean norm of each example's gradient over all parameters, as differential privacy needs.
+
+    The same gradients as :func:`per_example_grad` (the same ``f``, arguments and rules), reduced to
+    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, dense layers' norms come from
+    one backward pass without forming the per-example gradients (``|x_i|^2 |g_i|^2``; for sequences
+    ``sum((X_i X_i^T) * (G_i G_i^T))``); see ``.paths`` on the returned function.
+
+    Args:
+      f: ``f(*args)`` returning the per-example losses, shape ``(B,)``.
+      argnums: the parameters.
+      batch_argnum: the arguments holding the batch on axis 0.
+      backend: backend name or object.
+      compile: one compiled program per signature on backends that compile.
+      device: place the inputs on this device.
+
+    Returns:
+      A function of the same arguments returning an array of shape ``(B,)``.
+
+    Example:
+      >>> loss = lambda w, x: (x @ w) ** 2
+      >>> unigrad.per_example_grad_norms(loss)(np.ones(2), np.array([[1.0, 0.0], [0.0, 2.0]]))
+      array([2., 8.])
+    """
+    return _PerExample(f, argnums, batch_argnum, backend, compile, device, norms=True).function()
+
+
+class _PerExample:
+    """One per-example transform: its options, its caches, and the function it returns."""
+
+    def __init__(self, f, argnums, batch_argnum, backend, compile, device, norms):
+        self.fname = "per_example_grad_norms" if norms else "per_example_grad"
+        self.batch_argnums = _argnum_tuple(batch_argnum, "batch_argnum", self.fname)
+        self.argnums = argnums
+        own = _argnum_tuple(argnums, "argnums", self.fname)
+        both = sorted(set(own) & set(self.batch_argnums))
+        if both:
+            raise ValueError(f"{self.fname}: argument {both[0]} is both a parameter (argnums={argnums!r}) and "
+                             f"the batch (batch_argnum={batch_argnum!r}); the parameters are shared by all examples")
+        self.f, self.backend, self.device, self.norms = f, backend, device, norms
+        self.plans, self.paths = BoundedCache(), BoundedCache(64)
+        self.programs = BoundedCache() if compile else None
+
+    def function(self):
+        def per_example_f(*args):
+            return self(per_example_f, args)
+
+        per_example_f.paths = {}
+        _wraps(per_example_f, self.f, self.fname)
+        return per_example_f
+
+    def __call__(self, wrapper, args):
+        fname = self.fname
+        for k in self.batch_argnums:
+            if not -len(args) <= k < len(args):
+                raise ValueError(f"{fname}: batch_argnum {k} is out of range for a call with {len(args)} "
+                                 f"positional arguments")
+        call = prepare(self.plans, self.f, args, self.argnums, False, self.backend, fname, self.device)
+        b = call.backend
+        batch = _batch_size(b, [args[k] for k in self.batch_argnums], self.batch_argnums, fname)
+        if batch == 0 and call.diff:  # no example: empty rows (vmap and jacrev of zero rows are refused by some engines)
+            wrapper.paths = dict(zip(call.names(), [MATERIALISED] * len(call.diff)))
+            if self.norms:
+                return b.zeros((0,), b.dtype(call.diff[0]), device=b.device(call.diff[0]))
+            return call.inputs_like([b.zeros((0, *b.shape(x)), b.dtype(x), device=b.device(x)) for x in call.diff])
+        tape = _tape_backend(b)
+        if tape is not None and call.diff:
+            outs, blocks, paths = _tape_rows(call.flat_f, call.diff, batch, self.norms, fname)
+            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
+                b, outs, call.diff, self.norms)))
+        elif call.diff and _jaxpr.is_jax_backend(b):
+            norms, found = self.norms, {}
+
+            def kernel(b, flat_f, leaves):
+                outs, blocks, found["paths"] = _jaxpr.jax_rows(b, flat_f, leaves, batch, norms, fname)
+                return outs, blocks, ()
+
+            _, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
+            # (a compiled program traced its kernel once, for its signature: its paths are the signature's)
+            paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
+            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
+                b, (call.diff[0],), call.diff, self.norms)))
+        else:
+            norms = self.norms
+
+            def kernel(b, flat_f, leaves):
+                outs, jac, _ = b.jacrev(flat_f, leaves)
+                _check_losses(b, outs, batch, fname)
+                rows = promoted_blocks(b, outs, leaves, jac)[0]
+                if not norms:
+                    return outs, tuple(rows), ()
+                # (through evaluate: the backend's scope for its arrays, such as JAX's 64-bit mode)
+                return outs, (b.evaluate(lambda *r: _norm_of_rows(b, r, batch), rows),), ()
+
+            outs, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
+            paths = [MATERIALISED] * len(call.diff)
+        names = call.names() if call.diff else []
+        wrapper.paths = dict(zip(names, paths or [MATERIALISED] * len(names)))
+        if self.norms:
+            if not call.diff:
+                return b.zeros((batch,), "float32")
+            return blocks[0]
+        if not call.diff:
+            return call.inputs_like(())
+        return call.inputs_like(list(blocks))
+
+
+def _argnum_tuple(value, what, fname):
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    for k in items:
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise TypeError(f"{fname}: {what} must be an int or a tuple of ints; got {value!r}")
+    return tuple(items)
+
+
+def _batch_size(b, batch_args, argnums, fname):
+    """B: the common leading axis of every array leaf of the batch arguments."""
+    import optree
+
+    sizes = {}
+    for k, a in zip(argnums, batch_args):
+        for leaf in optree.tree_leaves(a):
+            shape = np.shape(leaf) if not b.is_array(leaf) else b.shape(leaf)
+            if not hasattr(leaf, "shape") and not b.is_array(leaf):
+                continue  # a Python number or a string: not part of the batch
+            if not shape:
+                raise ValueError(f"{fname}: argument {k} (batch_argnum) has a 0-d array; every array of the "
+                                 f"batch needs the examples on axis 0")
+            sizes.setdefault(shape[0], k)
+    if not sizes:
+        raise ValueError(f"{fname}: the batch arguments {argnums} hold no array; batch_argnum names the "
+                         f"arguments with the examples on axis 0")
+    if len(sizes) > 1:
+        raise ValueError(f"{fname}: the batch arguments' leading axes differ: "
+                         + ", ".join(f"argument {k} has {n} examples" for n, k in sizes.items()))
+    return next(iter(sizes))
+
+
+def _norm_of_rows(b, rows, batch):
+    """sqrt(sum over leaves of the squared entries of each example's row), in the widest dtype."""
+    xp = b.namespace()
+    total = None
+    for r in rows:
+        sq = xp.sum(xp.reshape(r * r, (batch, -1)), axis=1)
+        total = sq if total is None else total + sq
+    return xp.sqrt(total)
+
+
+def _result_dtypes(b, outs, leaves, norms):
+    want = [_checks.promote(b.dtype(outs[0]), b.dtype(x)) for x in leaves]
+    if norms:
+        return [max(want, key=lambda d: np.dtype(d).itemsize)]
+    return want
+
+
+def _tape_backend(b):
+    from .tape import NumpyBackend  # (only here: the core imports the tape through the registry)
+
+    return b if isinstance(b, NumpyBackend) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The tape: dense layers found in the recorded program
+# ---------------------------------------------------------------------------------------------
+
+def _tape_rows(flat_f, leaves, batch, norms, fname):
+    """``(outputs, blocks, paths)``: per-example gradient rows (or one block of norms) on the tape."""
+    from .tape._core import backward, record
+    from .tape._tracer import Tracer
+
+    trace, outs, out_idx, _ = record(flat_f, leaves, False)
+    _check_losses(_NumpyShapes, outs, batch, fname)
+    out_index = out_idx[0]
+    n = len(leaves)
+    nested = any(isinstance(x, Tracer) for x in leaves)
+    plans = [None] * n if nested or out_index is None else _dense_plans(trace.tape, n, out_index, batch)
+    fast = {k: p for k, p in enumerate(plans) if p is not None}
+    rows = [None] * n
+    sq_norms = [None] * n
+    paths = [MATERIALISED] * n
+    if fast:
+        cts = _cotangents_at(trace, out_index, np.ones((batch,), dtype=outs[0].dtype),
+                             {p[1] for p in fast.values()})
+        for k, (kind, idx, detail) in fast.items():
+            entry = trace.tape[idx]
+            g = cts.get(idx)
+            if g is None:
+                g = np.zeros(np.shape(entry[3]), dtype=entry[3].dtype)
+            rows[k], sq_norms[k], paths[k] = _dense_rows(kind, entry, detail, g, leaves[k], batch, norms)
+    slow = [k for k in range(n) if k not in fast]
+    if slow:
+        if out_index is None:  # the losses do not depend on the parameters
+            full = [np.zeros((batch, *np.shape(x)), dtype=x.dtype) for x in leaves]
+        else:
+            basis = np.eye(batch, dtype=outs[0].dtype)
+            full = backward(trace, [out_index], (basis,), n, leaves, batch_shape=(batch,))
+        for k in slow:
+            rows[k] = full[k]
+    if not norms:
+        return outs, tuple(rows), paths
+    total = None
+    for k in range(n):
+        sq = sq_norms[k]
+        if sq is None:
+            r = rows[k]
+            sq = np.sum(np.reshape(r * r, (batch, -1)), axis=1)
+        total = sq if total is None else total + sq
+    return outs, (np.sqrt(total),), paths
+
+
+class _NumpyShapes:
+    """What ``_check_losses`` reads of a backend, for plain NumPy values."""
+
+    @staticmethod
+    def shape(x):
+        return tuple(np.shape(x))
+
+    @staticmethod
+    def dtype(x):
+        return np.dtype(x.dtype).name
+
+
+def _dense_plans(tape, n, out_index, batch):
+    """For each of the first ``n`` tape entries (the parameters): None, or ``(kind, consumer index,
+    detail)`` when the parameter's one use is a dense layer whose rows stay apart up to the losses."""
+    uses: dict = {}
+    for idx in range(n, len(tape)):
+        entry = tape[idx]
+        if entry is None:
+            continue
+        for i, p in entry[1]:
+            uses.setdefault(p, []).append((idx, i))
+    proved: dict = {}
+    plans = []
+    for k in range(n):
+        plan = _dense_plan(tape, uses, k, batch)
+        if plan is not None:
+            consumer = plan[1]
+            if consumer not in proved:
+                proved[consumer] = _rows_stay_apart(tape, consumer, out_index, batch)
+            if not proved[consumer]:
+                plan = None
+        plans.append(plan)
+    return plans
+
+
+def _dense_plan(tape, uses, k, batch):
+    mine = uses.get(k, [])
+    if len(mine) != 1:
+        return None
+    idx, i = mine[0]
+    prim, parents, vals, ans, params = tape[idx]
+    x = vals[i]
+    if np.dtype(x.dtype).kind != "f" or np.dtype(ans.dtype).kind != "f":
+        return None
+    transposed = False
+    if prim.name in ("matrix_transpose", "permute_dims") and np.ndim(x) == 2:
+        if prim.name == "permute_dims" and tuple(a % 2 for a in params["axes"]) != (1, 0):
+            return None
+        onward = uses.get(idx, [])
+        if len(onward) != 1:
+            return None
+        idx, i = onward[0]
+        prim, parents, vals, ans, params = tape[idx]
+        transposed = True
+    ash = np.shape(ans)
+    if not ash or ash[0] != batch:
+        return None
+    if prim.name == "matmul":
+        other = vals[0]
+        if i != 1 or np.ndim(vals[1]) != 2 or np.ndim(other) < 2 or len(ash) != np.ndim(other) \
+                or np.shape(other)[0] != batch:
+            return None
+        return "matmul", idx, transposed
+    if transposed:
+        return None
+    if prim.name in ("add", "subtract", "multiply"):
+        shape = np.shape(x)
+        if len(shape) > len(ash) or (len(shape) == len(ash) and shape[0] != 1):
+            return None  # the parameter has an axis along the batch: not shared by rows
+        sign = -1.0 if (prim.name == "subtract" and i == 1) else 1.0
+        return ("scale" if prim.name == "multiply" else "bias"), idx, (i, sign)
+    return None
+
+
+def _cotangents_at(trace, out_index, cotangent, wanted):
+    """One reverse sweep from the losses with ``cotangent``; the cotangents of the entries ``wanted``
+    (each complete when the sweep reaches it: the tape is in execution order)."""
+    from .tape._core import _like_dtype, unbroadcast
+
+    tape = trace.tape
+    cts = {out_index: cotangent}
+    found = {}
+    stop = min(wanted)
+    for idx in range(out_index, stop - 1, -1):
+        g = cts.pop(idx, None)
+        if g is None:
+            continue
+        if idx in wanted:
+            found[idx] = g
+            if idx == stop:
+                break
+        entry = tape[idx]
+        if entry is None:
+            continue
+        prim, parents, vals, ans, params = entry
+        for i, p in parents:
+            if p < stop:
+                continue
+            c = prim.vjps[i](g, ans, *vals, **params) if params else prim.vjps[i](g, ans, *vals)
+            if prim.broadcasts:
+                v = vals[i]
+                if c.shape != v.shape:
+                    c = unbroadcast(c, np.shape(v), 0)
+                if c.dtype != v.dtype:
+                    c = _like_dtype(c, v)
+            old = cts.get(p)
+            cts[p] = c if old is None else old + c
+    return found
+
+
+def _dense_rows(kind, entry, detail, g, param, batch, norms):
+    """``(rows or None, squared norms or None, path)`` of one parameter from its layer's cotangent."""
+    prim, parents, vals, ans, params = entry
+    dtype = param.dtype
+    if kind == "matmul":
+        x = np.asarray(vals[0])
+        d, k = x.shape[-1], g.shape[-1]
+        xs = np.reshape(x, (batch, -1, d))
+        gs = np.reshape(np.asarray(g), (batch, -1, k))
+        positions = xs.shape[1]
+        if norms and positions == 1:
+            sq = np.sum(xs[:, 0] ** 2, axis=1) * np.sum(gs[:, 0] ** 2, axis=1)
+            return None, sq.astype(dtype, copy=False), DENSE_OUTER
+        if norms and positions * positions <= d * k:
+            xx = np.matmul(xs, np.swapaxes(xs, 1, 2))
+            gg = np.matmul(gs, np.swapaxes(gs, 1, 2))
+            sq = np.sum(np.reshape(xx * gg, (batch, -1)), axis=1)
+            return None, sq.astype(dtype, copy=False), DENSE_GHOST
+        rows = np.matmul(np.swapaxes(xs, 1, 2), gs)  # (B, d, k): X_i^T G_i
+        if detail:  # the parameter was used transposed
+            rows = np.swapaxes(rows, 1, 2)
+        return np.ascontiguousarray(rows, dtype=dtype), None, DENSE
+    i, sign = detail
+    shape = np.shape(param)
+    nd = np.ndim(ans)
+    contribution = np.asarray(g) if kind == "bias" else np.asarray(g) * np.asarray(vals[1 - i])
+    padded = (1,) * (nd - len(shape)) + tuple(shape)
+    axes = tuple(a for a in range(1, nd) if padded[a] == 1 and np.shape(ans)[a] != 1)
+    if axes:
+        contribution = np.sum(contribution, axis=axes, keepdims=True)
+    rows = np.reshape(contribution, (batch, *shape)).astype(dtype, copy=False)
+    if sign != 1.0:
+        rows = -rows
+    return rows, None, BIAS if kind == "bias" else SCALE
+
+
+# ---------------------------------------------------------------------------------------------
+# The proof that rows stay apart
+# ---------------------------------------------------------------------------------------------
+
+_ROW, _MIXED = 1, 2
+_REDUCTIONS = frozenset({"sum", "max", "min", "prod"})
+_ELEMENTWISE_TOO = frozenset({"astype", "clip", "where"})
+
+
+def _rows_stay_apart(tape, seed, out_index, batch) -> bool:
+    """Whether row i of the losses (entry ``out_index``) depends on entry ``seed`` through its row i
+    alone, for every i: abstract interpretation of the recorded entries after ``seed``, each value
+    ROW (row i depends on row i of the seed only, rows on axis 0) or MIXED, from a rule per primitive.
+    Values that do not depend on the seed are constants here. An operation without a rule, or one
+    that moves or reduces the batch axis, is MIXED: the proof gives up (the caller then materialises).
+    """
+    state = {seed: _ROW}
+    for idx in range(seed + 1, out_index + 1):
+        entry = tape[idx]
+        if entry is None:
+            continue
+        got = [(i, state[p]) for i, p in entry[1] if p in state]
+        if not got:
+            continue
+        if any(s == _MIXED for _, s in got):  # (a MIXED value refuses only if it reaches the losses)
+            state[idx] = _MIXED
+            continue
+        state[idx] = _ROW if _keeps_rows(entry, [i for i, _ in got], batch) else _MIXED
+    return state.get(out_index, _ROW) == _ROW
+
+
+def _keeps_rows(entry, rows, batch) -> bool:
+    """The rule of one primitive: given that the operands at positions ``rows`` are ROW (the others
+    constant), is its output ROW?"""
+    prim, parents, vals, ans, params = entry
+    ash = np.shape(ans)
+    if not ash or ash[0] != batch:
+        return False
+    name = prim.name
+    shapes = [np.shape(vals[i]) for i in rows]
+    if prim.elementwise or name in _ELEMENTWISE_TOO:
+        return all(len(s) == len(ash) and s[0] == batch for s in shapes)
+    x_shape = shapes[0]
+    nd = len(x_shape)
+    if name in _REDUCTIONS or name == "cumsum":
+        axis = params.get("axis")
+        if axis is None or nd == 0:
+            return False
+        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+        return all(a % nd != 0 for a in axes)
+    if name == "reshape":
+        return nd >= 1 and x_shape[0] == batch
+    if name == "broadcast_to":
+        return nd == len(ash)
+    if name == "permute_dims":
+        return nd >= 1 and params["axes"][0] % nd == 0
+    if name == "matrix_transpose":
+        return nd >= 3
+    if name == "matmul":
+        na, nb = np.ndim(vals[0]), np.ndim(vals[1])
+        if rows == [0]:
+            return na >= 2 and (nb == 2 or nb == na) and len(ash) == na
+        return na == nb >= 3 and len(ash) == na  # batched products: row i of one with row i of the other
+    if name == "getitem":
+        return _index_keeps_rows(params.get("index"), x_shape, batch)
+    if name == "take_along_axis":
+        return rows == [0] and params["axis"] % nd != 0
+    if name == "concat":
+        return params["axis"] % len(ash) != 0 and all(len(s) == len(ash) for s in shapes)
+    return False
+
+
+def _index_keeps_rows(index, shape, batch) -> bool:
+    """``x[index]`` keeps the batch axis in place: a full slice first, then ints and slices (or one
+    integer array, which NumPy leaves where it stands)."""
+    if not isinstance(index, tuple) or not index:
+        return False
+    first = index[0]
+    if not isinstance(first, slice) or first.step not in (None, 1) or first.start not in (None, 0) or (
+            first.stop is not None and first.stop < batch):
+        return False
+    arrays = [i for i in index[1:] if isinstance(i, np.ndarray)]
+    plain = all(isinstance(i, (int, np.integer, slice)) or i is None for i in index[1:] if not isinstance(i, np.ndarray))
+    if not plain:
+        return False
+    if arrays:
+        return len(arrays) == 1 and not any(isinstance(i, (int, np.integer)) or i is None for i in index[1:])
+    return True

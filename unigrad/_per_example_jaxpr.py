@@ -1,0 +1,358 @@
+"""Per-example gradients on JAX: dense layers found in the jaxpr of the per-example losses.
+
+The same method as the tape's (``_per_example.py``), on the program JAX traces: a parameter whose
+one use is ``dot_general`` with a batched left operand (``x @ W``, or ``x @ W.T`` through a
+``transpose``), or ``add``/``sub``/``mul`` after a chain of ``broadcast_in_dim``/``reshape`` (a bias,
+a scale), gets its rows from one backward pass -- the jaxpr is evaluated with a zero added to each
+such layer's output, and the gradient with respect to those zeros is ``G`` -- wherever the jaxpr
+proves that rows of the losses depend on the layer's output through their own row alone (a rule
+per primitive; nested ``jit``/``custom_jvp`` calls are read inside; anything else gives up). Other
+parameters are materialised with ``jax.jacrev``. Everything is traced, so ``compile=True`` makes
+one XLA program of it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _per_example_common as pe
+
+_ROW, _MIXED = 1, 2
+
+_ELEMENTWISE = frozenset({
+    "add", "sub", "mul", "div", "neg", "max", "min", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt",
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan",
+    "sinh", "cosh", "asinh", "acosh", "atanh", "atan2", "abs", "sign", "floor", "ceil", "round", "erf", "erfc",
+    "erf_inv", "lgamma", "digamma", "select_n", "convert_element_type", "copy", "copy_p", "clamp", "nextafter",
+    "rem", "real", "imag", "conj", "reduce_precision", "is_finite"})
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin",
+                         "reduce_and", "reduce_or"})
+_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
+_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+          "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr"}
+_BIAS_CHAIN = frozenset({"broadcast_in_dim", "reshape", "convert_element_type", "squeeze"})
+
+
+def is_jax_backend(b) -> bool:
+    import sys
+
+    module = sys.modules.get("unigrad_jax")
+    return module is not None and isinstance(b, getattr(module, "JaxBackend", ()))
+
+
+def jax_rows(b, flat_f, leaves, batch, norms, fname):
+    """``(outputs, blocks, paths)`` as ``_per_example._tape_rows`` gives them, on JAX."""
+    import jax
+
+    paths_seen = {}
+
+    def body(*leaves):
+        closed = jax.make_jaxpr(flat_f)(*leaves)
+        jaxpr, consts = closed.jaxpr, closed.consts
+        avals = [v.aval for v in jaxpr.outvars]
+        pe.check_losses(_Avals, avals, batch, fname)
+        outs, blocks, paths = _rows(jaxpr, consts, leaves, batch, norms)
+        paths_seen["paths"] = paths
+        return outs, blocks
+
+    body.closure_arrays = getattr(flat_f, "closure_arrays", ())  # (the backend's 64-bit rule reads them)
+    outs, blocks = b.evaluate(body, tuple(leaves))
+    return outs, blocks, paths_seen["paths"]
+
+
+class _Avals:
+    @staticmethod
+    def shape(a):
+        return tuple(a.shape)
+
+    @staticmethod
+    def dtype(a):
+        return np.dtype(a.dtype).name
+
+
+def _is_var(v):
+    return type(v).__name__ != "Literal"
+
+
+def _rows(jaxpr, consts, leaves, batch, norms):
+    import jax
+    import jax.numpy as jnp
+
+    eqns = jaxpr.eqns
+    uses: dict = {}
+    for idx, eqn in enumerate(eqns):
+        for pos, v in enumerate(eqn.invars):
+            if _is_var(v):
+                uses.setdefault(v, []).append((idx, pos))
+    for v in jaxpr.outvars:
+        if _is_var(v):
+            uses.setdefault(v, []).append((None, None))
+    out_var = jaxpr.outvars[0]
+    plans, proved = [], {}
+    for p in jaxpr.invars:
+        plan = _plan(eqns, uses, p, batch)
+        if plan is not None:
+            consumer = plan[1]
+            if consumer not in proved:
+                proved[consumer] = _rows_stay_apart(jaxpr, eqns[consumer].outvars[0], out_var, batch)
+            if not proved[consumer]:
+                plan = None
+        plans.append(plan)
+    fast = {k: plan for k, plan in enumerate(plans) if plan is not None}
+    n = len(leaves)
+    rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
+    out = None
+    if fast:
+        zeros = {plan[1]: jnp.zeros(eqns[plan[1]].outvars[0].aval.shape, eqns[plan[1]].outvars[0].aval.dtype)
+                 for plan in fast.values()}
+
+        def tapped(zs):
+            return _evaluate(jaxpr, consts, leaves, zs)
+
+        out, vjp_fn, taps = jax.vjp(tapped, zeros, has_aux=True)
+        (cotangents,) = vjp_fn(jnp.ones_like(out))
+        for k, (kind, idx, detail, chain) in fast.items():
+            rows[k], squares[k], paths[k] = _dense_rows(kind, eqns[idx], detail, chain, cotangents[idx], taps[idx],
+                                                        leaves[k], batch, norms)
+    slow = [k for k in range(n) if k not in fast]
+    if slow:
+        def losses_of(slow_leaves):
+            merged = list(leaves)
+            for k, v in zip(slow, slow_leaves):
+                merged[k] = v
+            return _evaluate(jaxpr, consts, merged, {})[0]
+
+        jac = jax.jacrev(losses_of)([leaves[k] for k in slow])
+        for k, r in zip(slow, jac):
+            rows[k] = r
+        if out is None:
+            out = losses_of([leaves[k] for k in slow])
+    if out is None:
+        out = _evaluate(jaxpr, consts, leaves, {})[0]
+    if not norms:
+        return (out,), tuple(rows), paths
+    total = None
+    for k in range(n):
+        sq = squares[k]
+        if sq is None:
+            sq = jnp.sum(jnp.reshape(rows[k] * rows[k], (batch, -1)), axis=1)
+        total = sq if total is None else total + sq
+    return (out,), (jnp.sqrt(total),), paths
+
+
+def _evaluate(jaxpr, consts, args, zs):
+    """The jaxpr's output, with ``zs[i]`` added to the output of equation i; and the operands of
+    those equations (what their per-example gradients read)."""
+    env = {}
+
+    def read(v):
+        return v.val if not _is_var(v) else env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    taps = {}
+    for idx, eqn in enumerate(jaxpr.eqns):
+        invals = [read(v) for v in eqn.invars]
+        ans = _bind(eqn, invals)
+        outs = list(ans) if eqn.primitive.multiple_results else [ans]
+        if idx in zs:
+            taps[idx] = invals
+            outs[0] = outs[0] + zs[idx]
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return read(jaxpr.outvars[0]), taps
+
+
+def _bind(eqn, invals):
+    """Run one equation (as ``jax.core.eval_jaxpr`` does; older JAX returns sub-functions too)."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns = ()
+    if isinstance(params, tuple):
+        subfuns, params = params
+    return eqn.primitive.bind(*subfuns, *invals, **params)
+
+
+def _plan(eqns, uses, p, batch):
+    """``(kind, consumer equation, detail, chain)`` for a parameter used once by a dense layer."""
+    if not np.issubdtype(np.dtype(p.aval.dtype), np.floating):
+        return None
+    chain, v = [], p
+    while True:
+        mine = uses.get(v, [])
+        if len(mine) != 1 or mine[0][0] is None:
+            return None
+        idx, pos = mine[0]
+        eqn = eqns[idx]
+        name = eqn.primitive.name
+        if name == "transpose" and not chain and len(p.aval.shape) == 2 and tuple(eqn.params["permutation"]) == (1, 0):
+            chain.append(eqn)
+            v = eqn.outvars[0]
+            continue
+        if name in _BIAS_CHAIN:
+            chain.append(eqn)
+            v = eqn.outvars[0]
+            continue
+        break
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    if not out_shape or out_shape[0] != batch:
+        return None
+    if name == "dot_general":
+        if pos != 1 or any(c.primitive.name != "transpose" for c in chain) or len(v.aval.shape) != 2:
+            return None
+        lhs = eqn.invars[0]
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        nd = len(lhs.aval.shape)
+        if tuple(lb) or tuple(rb) or nd < 2 or tuple(lc) != (nd - 1,) or tuple(rc) not in ((0,), (1,)) \
+                or len(out_shape) != nd or lhs.aval.shape[0] != batch:
+            return None
+        transposed = (tuple(rc) == (1,)) != bool(chain)
+        return "matmul", idx, transposed, ()
+    if name in ("add", "sub", "mul") and all(c.primitive.name != "transpose" for c in chain):
+        shape = tuple(v.aval.shape)
+        if len(shape) > len(out_shape) or (len(shape) == len(out_shape) and shape[0] != 1):
+            return None
+        other = eqn.invars[1 - pos]
+        if name == "mul" and not _is_var(other):
+            return None
+        sign = -1.0 if (name == "sub" and pos == 1) else 1.0
+        return ("scale" if name == "mul" else "bias"), idx, (pos, sign), tuple(chain)
+    return None
+
+
+def _dense_rows(kind, eqn, detail, chain, g, invals, param, batch, norms):
+    import jax
+    import jax.numpy as jnp
+
+    if kind == "matmul":
+        x = invals[0]
+        d, k = x.shape[-1], g.shape[-1]
+        xs = jnp.reshape(x, (batch, -1, d))
+        gs = jnp.reshape(g, (batch, -1, k))
+        positions = xs.shape[1]
+        if norms and positions == 1:
+            sq = jnp.sum(xs[:, 0] ** 2, axis=1) * jnp.sum(gs[:, 0] ** 2, axis=1)
+            return None, sq.astype(param.dtype), pe.DENSE_OUTER
+        if norms and positions * positions <= d * k:
+            xx = jnp.matmul(xs, jnp.swapaxes(xs, 1, 2))
+            gg = jnp.matmul(gs, jnp.swapaxes(gs, 1, 2))
+            return None, jnp.sum(jnp.reshape(xx * gg, (batch, -1)), axis=1).astype(param.dtype), pe.DENSE_GHOST
+        rows = jnp.matmul(jnp.swapaxes(xs, 1, 2), gs)
+        if detail:
+            rows = jnp.swapaxes(rows, 1, 2)
+        return rows.astype(param.dtype), None, pe.DENSE
+    pos, sign = detail
+    operand = eqn.invars[pos]
+    shape = tuple(operand.aval.shape)
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    contribution = g if kind == "bias" else g * invals[1 - pos]
+    padded = (1,) * (len(out_shape) - len(shape)) + shape
+    axes = tuple(a for a in range(1, len(out_shape)) if padded[a] == 1 and out_shape[a] != 1)
+    if axes:
+        contribution = jnp.sum(contribution, axis=axes, keepdims=True)
+    contribution = jnp.reshape(contribution, (batch, *shape))
+    if sign != 1.0:
+        contribution = -contribution
+    if chain:  # back through the broadcasts and reshapes that made the operand from the parameter
+        def through_chain(p):
+            v = p
+            for c in chain:
+                v = _bind(c, [v])
+            return v
+
+        _, pull = jax.vjp(through_chain, param)
+        rows = jax.vmap(lambda c: pull(c.astype(operand.aval.dtype))[0])(contribution)
+    else:
+        rows = contribution
+    return rows.astype(param.dtype), None, pe.BIAS if kind == "bias" else pe.SCALE
+
+
+# ---------------------------------------------------------------------------------------------
+# The proof that rows stay apart, on a jaxpr
+# ---------------------------------------------------------------------------------------------
+
+def _rows_stay_apart(jaxpr, seed, out_var, batch) -> bool:
+    state = _interpret(jaxpr, {seed: _ROW}, batch)
+    return state.get(out_var, _ROW) == _ROW if _is_var(out_var) else True
+
+
+def _differentiable(v):
+    return np.issubdtype(np.dtype(v.aval.dtype), np.inexact)
+
+
+def _interpret(jaxpr, state, batch):
+    """Propagate ROW / MIXED through ``jaxpr`` (a ``Jaxpr``) from ``state`` (var -> state); values
+    absent from it do not depend on the seed. Integer and boolean values carry no derivative."""
+    state = dict(state)
+    for eqn in jaxpr.eqns:
+        got = [(pos, state[v]) for pos, v in enumerate(eqn.invars) if _is_var(v) and v in state]
+        if not got:
+            continue
+        name = eqn.primitive.name
+        if name == "stop_gradient":
+            continue
+        if any(s == _MIXED for _, s in got):
+            verdicts = [_MIXED] * len(eqn.outvars)
+        elif name in _CALLS:
+            verdicts = _through_call(eqn, dict(got), batch)
+        else:
+            verdicts = [_ROW if _keeps_rows(eqn, [pos for pos, _ in got], batch) else _MIXED] * len(eqn.outvars)
+        for v, s in zip(eqn.outvars, verdicts):
+            if _differentiable(v):
+                state[v] = s
+    return state
+
+
+def _through_call(eqn, positions, batch):
+    inner = eqn.params.get(_CALLS[eqn.primitive.name])
+    inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's Jaxpr
+    if inner is None or not hasattr(inner, "eqns"):
+        return [_MIXED] * len(eqn.outvars)
+    offset = len(inner.invars) - len(eqn.invars)  # (none in practice: the call's operands are its invars)
+    start = {inner.invars[pos + offset]: s for pos, s in positions.items() if 0 <= pos + offset < len(inner.invars)}
+    state = _interpret(inner, start, batch)
+    return [state.get(v, None) if _is_var(v) else None for v in inner.outvars]
+
+
+def _keeps_rows(eqn, rows, batch) -> bool:
+    out = eqn.outvars[0]
+    ash = tuple(out.aval.shape)
+    if not ash or ash[0] != batch:
+        return False
+    name, params = eqn.primitive.name, eqn.params
+    shapes = [tuple(eqn.invars[pos].aval.shape) for pos in rows]
+    if name in _ELEMENTWISE:
+        return all(len(s) == len(ash) and s[0] == batch for s in shapes)
+    x_shape = shapes[0]
+    if name in _REDUCTIONS:
+        return 0 not in tuple(params["axes"])
+    if name in _CUMULATIVE:
+        return params["axis"] % len(x_shape) != 0
+    if name == "broadcast_in_dim":
+        dims = tuple(params["broadcast_dimensions"])
+        return bool(dims) and dims[0] == 0 and x_shape[0] == batch
+    if name == "reshape":
+        return params.get("dimensions") is None and x_shape and x_shape[0] == batch
+    if name == "squeeze":
+        return 0 not in tuple(d % len(x_shape) for d in params["dimensions"])
+    if name == "transpose":
+        return tuple(params["permutation"])[0] == 0
+    if name == "dot_general":
+        (lc, rc), (lb, rb) = params["dimension_numbers"]
+        if rows == [0]:
+            return not tuple(lb) and 0 not in tuple(lc)
+        return tuple(lb)[:1] == (0,) and tuple(rb)[:1] == (0,)  # batched products: row i with row i
+    if name == "gather":
+        dn = params["dimension_numbers"]
+        return rows == [0] and tuple(dn.operand_batching_dims) == (0,) and \
+            tuple(dn.start_indices_batching_dims) == (0,) and 0 not in tuple(dn.offset_dims)
+    if name == "concatenate":
+        return params["dimension"] != 0 and all(len(s) == len(ash) for s in shapes)
+    if name == "slice":
+        strides = params.get("strides")
+        return params["start_indices"][0] == 0 and params["limit_indices"][0] == batch and (
+            strides is None or strides[0] == 1)
+    if name == "pad":
+        return tuple(params["padding_config"][0]) == (0, 0, 0) and rows == [0]
+    return False

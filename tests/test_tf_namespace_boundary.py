@@ -99,6 +99,7 @@ def _calls():
         "zeros": lambda xp, t: xp.zeros((2, 3)),
         "ones_like": lambda xp, t: xp.ones_like(t),
         "arange": lambda xp, t: xp.arange(4),
+        "arange uint8": lambda xp, t: xp.arange(1, 7, 2, dtype=xp.uint8),  # TensorFlow has no Range kernel
         "linspace": lambda xp, t: xp.linspace(0.0, 1.0, 5),
         "eye": lambda xp, t: xp.eye(3, k=1),
         "full": lambda xp, t: xp.full((2,), 0.1),
@@ -302,3 +303,25 @@ def test_fft_frequencies_and_errors():
         xp.fft.rfft(xp.ones(3, dtype=xp.complex128))
     with pytest.raises(ValueError, match="Invalid number of FFT data points"):
         xp.fft.fft(xp.ones(3, dtype=xp.complex128), n=0)
+
+
+# ------------------------------------------------------------------ special values the standard fixes
+
+def test_hypot_and_logaddexp_special_values_with_derivatives_in_every_mode():
+    xp = _u().namespace
+    inf, nan = np.inf, np.nan
+    got = xp.hypot(xp.asarray([1e308, nan, inf, 3.0, -0.0]), xp.asarray([1.0, inf, nan, -4.0, 0.0]))
+    np.testing.assert_array_equal(np.asarray(got), [1e308, inf, inf, 5.0, 0.0])  # the naive form overflowed
+    got = xp.logaddexp(xp.asarray([inf, -inf, 0.0]), xp.asarray([inf, -inf, 0.0]))
+    np.testing.assert_allclose(np.asarray(got), [inf, -inf, np.log(2.0)], rtol=1e-15)  # was NaN, NaN
+    x = np.array([1.0, -2.0, 0.5])  # -2 ties with the constant 2: the derivative is still x / hypot
+
+    def f(x):
+        xp = unigrad.namespace(x)
+        return xp.sum(xp.hypot(x, 2.0) ** 3)
+
+    for mode in ("grad", "jvp", "hessian"):
+        run = {"grad": lambda b: unigrad.grad(f, backend=b)(x),
+               "jvp": lambda b: unigrad.jvp(f, (x,), (np.ones(3),), backend=b)[1],
+               "hessian": lambda b: unigrad.hessian(f, backend=b)(x)}[mode]
+        _close(run(TF), run("numpy"), rtol=1e-12)

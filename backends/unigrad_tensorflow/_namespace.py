@@ -157,6 +157,8 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
         start, stop = 0, start
     dtype = _dt(dtype) or (tf.int64 if builtins.all(isinstance(v, int) for v in (start, stop, step)) else tf.float64)
     with _on(device):
+        if dtype.is_integer and dtype not in (tf.int32, tf.int64):  # no Range kernel: in int64, then cast
+            return tf.cast(tf.range(start, stop, step, dtype=tf.int64), dtype)
         return tf.range(start, stop, step, dtype=dtype)
 
 
@@ -377,7 +379,21 @@ less, less_equal = _binary(tf.less, "less"), _binary(tf.less_equal, "less_equal"
 greater, greater_equal = _binary(tf.greater, "greater"), _binary(tf.greater_equal, "greater_equal")
 logical_and, logical_or = _binary(tf.logical_and, "logical_and"), _binary(tf.logical_or, "logical_or")
 logical_xor = _binary(tf.math.logical_xor, "logical_xor")
-hypot = _binary(lambda a, b: tf.sqrt(a * a + b * b), "hypot")
+def _hypot(x1, x2):
+    """sqrt(x1^2 + x2^2) without overflow (1e308 stays 1e308): both scaled by the larger magnitude, held
+    constant for the derivative (any constant scale gives the same value, so every mode's derivative is
+    x / hypot, ties included); +inf where either is infinite even beside a NaN, NaN where either is NaN."""
+    if not x1.dtype.is_floating:
+        return tf.sqrt(x1 * x1 + x2 * x2)
+    a, b = tf.abs(x1), tf.abs(x2)
+    scale = tf.stop_gradient(tf.maximum(a, b))
+    scale = tf.where(tf.equal(scale, 0) | ~tf.math.is_finite(scale), tf.ones_like(scale), scale)
+    y = scale * tf.sqrt((x1 / scale) ** 2 + (x2 / scale) ** 2)
+    y = tf.where(tf.math.is_nan(a) | tf.math.is_nan(b), tf.constant(math.nan, y.dtype), y)
+    return tf.where(tf.math.is_inf(a) | tf.math.is_inf(b), tf.constant(math.inf, y.dtype), y)
+
+
+hypot = _binary(_hypot, "hypot")
 copysign = _binary(lambda a, b: tf.where(signbit(b), -tf.abs(a), tf.abs(a)), "copysign")
 
 
@@ -433,7 +449,8 @@ def logaddexp(x1, x2, /):
     big = tf.maximum(x1, x2)
     # equal infinities would give inf - inf = NaN in the correction term
     safe = tf.where(tf.math.is_inf(big), tf.zeros_like(big), big)
-    return big + tf.math.log1p(tf.exp(-tf.abs((x1 - safe) - (x2 - safe))))
+    out = big + tf.math.log1p(tf.exp(-tf.abs((x1 - safe) - (x2 - safe))))
+    return tf.where(tf.math.is_inf(big) & tf.equal(x1, x2), big, out)  # (inf, inf) and (-inf, -inf)
 
 
 def where(condition, x1, x2, /):

@@ -111,6 +111,8 @@ def _calls():
         "sum": lambda xp, t: xp.sum(t),
         "where": lambda xp, t: xp.where(t > 2.0, t, 0.0),
         "getitem": lambda xp, t: xp.asarray(t)[xp.asarray([2, 0])],
+        "getitem mixed int dtypes": lambda xp, t: xp.reshape(xp.asarray(t), (2, 2))[
+            xp.asarray(1, dtype=xp.int64), xp.asarray(0, dtype=xp.int32)],
         "stack": lambda xp, t: xp.stack([t, t]),
         "linalg.inv": lambda xp, t: xp.linalg.inv(xp.reshape(t, (2, 2))),
         "fft.fft": lambda xp, t: xp.fft.fft(xp.astype(t, xp.complex128)),

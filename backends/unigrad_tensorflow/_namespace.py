@@ -588,6 +588,8 @@ def getitem(x, index, /):
     x = _tensor(x)
     items = index if isinstance(index, tuple) else (index,)
     if not builtins.any(_is_advanced(i) for i in items):
+        if isinstance(index, tuple):  # 0-d integer tensors of mixed dtypes: TensorFlow's slicing stacks them
+            index = tuple(tf.cast(i, tf.int64) if isinstance(i, (tf.Tensor, tf.Variable)) else i for i in index)
         return x[index]
     return _advanced_getitem(x, items)
 

@@ -100,6 +100,8 @@ def _calls():
         "ones_like": lambda xp, t: xp.ones_like(t),
         "arange": lambda xp, t: xp.arange(4),
         "arange uint8": lambda xp, t: xp.arange(1, 7, 2, dtype=xp.uint8),  # TensorFlow has no Range kernel
+        "tile uint16": lambda xp, t: xp.tile(xp.asarray([1, 2], dtype=xp.uint16), (2,)),  # nor a Tile kernel
+        "getitem int8": lambda xp, t: xp.asarray(t)[xp.asarray(1, dtype=xp.int8)],
         "linspace": lambda xp, t: xp.linspace(0.0, 1.0, 5),
         "eye": lambda xp, t: xp.eye(3, k=1),
         "full": lambda xp, t: xp.full((2,), 0.1),

@@ -583,13 +583,20 @@ def _is_advanced(i):
     return False
 
 
+def _int64(i):
+    return tf.cast(i, tf.int64) if isinstance(i, (tf.Tensor, tf.Variable)) and i.dtype != tf.int64 else i
+
+
 def getitem(x, index, /):
     """``x[index]`` with NumPy semantics: basic slicing plus integer-array and boolean-mask indexing."""
     x = _tensor(x)
     items = index if isinstance(index, tuple) else (index,)
     if not builtins.any(_is_advanced(i) for i in items):
-        if isinstance(index, tuple):  # 0-d integer tensors of mixed dtypes: TensorFlow's slicing stacks them
-            index = tuple(tf.cast(i, tf.int64) if isinstance(i, (tf.Tensor, tf.Variable)) else i for i in index)
+        # 0-d integer tensors: TensorFlow's slicing takes int32/int64 only, and one dtype (it stacks them)
+        if isinstance(index, tuple):
+            index = tuple(_int64(i) for i in index)
+        else:
+            index = _int64(index)
         return x[index]
     return _advanced_getitem(x, items)
 

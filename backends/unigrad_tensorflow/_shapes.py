@@ -12,6 +12,8 @@ import tensorflow as tf
 
 from ._tensors import _axes, _promote, _shape_arg, _tensor
 
+_SIGNED = {tf.uint8: tf.int8, tf.uint16: tf.int16, tf.uint32: tf.int32, tf.uint64: tf.int64}
+
 __all__ = ["reshape", "broadcast_to", "broadcast_arrays", "permute_dims", "matrix_transpose", "moveaxis",
            "expand_dims", "squeeze", "flip", "roll", "concat", "stack", "unstack", "tile", "repeat"]
 
@@ -107,7 +109,10 @@ def tile(x, repetitions, /):
     reps = [int(r) for r in repetitions]
     nd = builtins.max(x.shape.rank, len(reps))
     x = tf.reshape(x, [1] * (nd - x.shape.rank) + x.shape.as_list())
-    return tf.tile(x, [1] * (nd - len(reps)) + reps)
+    reps = [1] * (nd - len(reps)) + reps
+    if x.dtype.is_unsigned:  # no Tile kernel for uint16 and wider: tiled as the signed integers of their bits
+        return tf.bitcast(tf.tile(tf.bitcast(x, _SIGNED[x.dtype]), reps), x.dtype)
+    return tf.tile(x, reps)
 
 
 def repeat(x, repeats, /, *, axis=None):

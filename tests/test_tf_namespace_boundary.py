@@ -102,6 +102,7 @@ def _calls():
         "arange uint8": lambda xp, t: xp.arange(1, 7, 2, dtype=xp.uint8),  # TensorFlow has no Range kernel
         "tile uint16": lambda xp, t: xp.tile(xp.asarray([1, 2], dtype=xp.uint16), (2,)),  # nor a Tile kernel
         "getitem int8": lambda xp, t: xp.asarray(t)[xp.asarray(1, dtype=xp.int8)],
+        "getitem 10-d": lambda xp, t: xp.reshape(t, (2,) + (1,) * 8 + (2,))[1, ..., None, 0, ::-1],
         "linspace": lambda xp, t: xp.linspace(0.0, 1.0, 5),
         "eye": lambda xp, t: xp.eye(3, k=1),
         "full": lambda xp, t: xp.full((2,), 0.1),

@@ -583,6 +583,40 @@ def _is_advanced(i):
     return False
 
 
+_STRIDED_SLICE_RANK = 8  # TensorFlow's slicing handles up to 8 dimensions (the standard allows 64)
+
+
+def _basic_by_gather(x, items):
+    """Basic indexing (integers, slices, ``...``, ``None``) one axis at a time with tf.gather: for arrays of
+    more dimensions than TensorFlow's slicing takes."""
+    items = list(items)
+    consumed = builtins.sum(1 for i in items if i is not None and i is not Ellipsis)
+    if consumed > x.shape.rank:
+        raise IndexError(f"too many indices for an array of dimension {x.shape.rank}")
+    ellipsis = [k for k, i in enumerate(items) if i is Ellipsis]
+    if len(ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if ellipsis:
+        items[ellipsis[0]:ellipsis[0] + 1] = [slice(None)] * (x.shape.rank - consumed)
+    items += [slice(None)] * (x.shape.rank - builtins.sum(1 for i in items if i is not None))
+    axis = 0
+    for i in items:
+        if i is None:
+            x = tf.expand_dims(x, axis)
+            axis += 1
+        elif isinstance(i, slice):
+            if i != slice(None):
+                x = tf.gather(x, tf.range(*i.indices(x.shape[axis]), dtype=tf.int64), axis=axis)
+            axis += 1
+        else:
+            size = x.shape[axis]
+            k = int(i) if not isinstance(i, (tf.Tensor, tf.Variable)) else i
+            if isinstance(k, int) and not -size <= k < size:
+                raise IndexError(f"index {k} is out of bounds for axis {axis} with size {size}")
+            x = tf.gather(x, k % size if isinstance(k, int) else tf.where(k < 0, k + size, k), axis=axis)
+    return x
+
+
 def _int64(i):
     return tf.cast(i, tf.int64) if isinstance(i, (tf.Tensor, tf.Variable)) and i.dtype != tf.int64 else i
 
@@ -597,6 +631,8 @@ def getitem(x, index, /):
             index = tuple(_int64(i) for i in index)
         else:
             index = _int64(index)
+        if x.shape.rank is not None and x.shape.rank > _STRIDED_SLICE_RANK:
+            return _basic_by_gather(x, index if isinstance(index, tuple) else (index,))
         return x[index]
     return _advanced_getitem(x, items)
 

@@ -8,7 +8,7 @@ NumPy tape (the default) or on PyTorch, JAX, TensorFlow or a plugin backend.
 """
 
 from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate, grad, hessian, hvp, jacfwd,
-                   jacobian, jacrev, jvp, namespace, to_numpy, value_and_grad, vjp, vmap)
+                   jacobian, jacrev, jvp, namespace, to_native, to_numpy, value_and_grad, vjp, vmap)
 from ._bridge import bridge
 from ._checkpoint import checkpoint
 from ._per_example import per_example_grad, per_example_grad_norms
@@ -34,7 +34,7 @@ __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
     "check_batch_independence", "hessian", "hvp", "vmap", "evaluate", "per_example_grad", "per_example_grad_norms",
     "checkpoint", "bridge",
-    "namespace", "asarray", "to_numpy", "safe_where", "safe_norm",
+    "namespace", "asarray", "to_numpy", "to_native", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",
     "custom_vjp", "custom_jvp", "stop_gradient",

@@ -5,7 +5,7 @@ plan of their signature (what is differentiated, converted, placed; see ``_call.
 backend runs the transform's kernel on the flat leaves -- eagerly, or as a compiled program with
 ``compile=True`` -- and the result is rebuilt in this call's structures. Per-example Jacobians and
 the independence probe are in ``_batched.py``; argument checks and their messages in ``_checks.py``;
-array helpers (``namespace``, ``asarray``, ``to_numpy``, ``evaluate``) in ``_arrays.py``; the memory
+array helpers (``namespace``, ``asarray``, ``to_numpy``, ``to_native``, ``evaluate``) in ``_arrays.py``; the memory
 budget in ``_memory.py``.
 """
 
@@ -17,7 +17,7 @@ import optree
 
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
-from ._arrays import asarray, evaluate, namespace, to_numpy
+from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
 from ._call import _LEAF, BoundedCache, Call, execute, prepare, reject_lazy, unflatten
 from . import _memory
 from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
@@ -26,7 +26,8 @@ from ._checks import check_chunk, check_mode, scalar_check
 
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
-    "hessian", "hvp", "vmap", "evaluate", "namespace", "asarray", "to_numpy", "check_batch_independence",
+    "hessian", "hvp", "vmap", "evaluate", "namespace", "asarray", "to_numpy", "to_native",
+    "check_batch_independence",
 ]
 
 

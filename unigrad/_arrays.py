@@ -12,7 +12,7 @@ from ._call import _is_dynamic as is_dynamic
 from ._call import arguments
 from ._dtypes import dtype_name
 
-__all__ = ["namespace", "asarray", "to_numpy", "evaluate"]
+__all__ = ["namespace", "asarray", "to_numpy", "to_native", "evaluate"]
 
 _PY_SCALARS = (bool, int, float, complex)
 
@@ -124,4 +124,28 @@ def to_numpy(x) -> np.ndarray:
         if owner is None:
             return np.asarray(v)
         return _registry.get_backend(owner).to_numpy(v)
+    return optree.tree_map(one, x)
+
+
+def to_native(x):
+    """The framework's own array for any backend's array (or a pytree of them); other values unchanged.
+
+    On TensorFlow, ``unigrad.namespace``'s functions return ``unigrad_tensorflow.Array`` s (tensors with
+    the Array API's operators); this gives the ``tf.Tensor`` each holds, as ``tf.convert_to_tensor``
+    does. Every other backend's arrays are already the framework's own and come back as they are.
+    Transforms and :func:`evaluate` return native arrays already.
+
+    Args:
+      x: an array or a pytree of arrays.
+
+    Returns:
+      ``x`` with each array the framework's own type.
+
+    Example:
+      >>> unigrad.to_native(np.arange(3.0))
+      array([0., 1., 2.])
+    """
+    def one(v):
+        owner = _registry._array_owner(v)
+        return v if owner is None else _registry.get_backend(owner).to_native(v)
     return optree.tree_map(one, x)

@@ -174,6 +174,11 @@ class Backend(abc.ABC):
         except Exception:  # not an Array API array (a plugin's own type): its attribute, or the CPU
             return getattr(x, "device", "cpu")
 
+    def to_native(self, x):
+        """The framework's own array for an own array (the identity unless the backend wraps its arrays,
+        as TensorFlow's namespace does)."""
+        return x
+
     def cast(self, x, dtype: str):
         """``x`` converted to the dtype named ``dtype``."""
         xp = self.namespace()

@@ -2,8 +2,10 @@
 
 Registered as ``tensorflow`` through the ``unigrad.backends`` entry point; the
 Array API namespace for TensorFlow tensors is ``unigrad_tensorflow.namespace``
-(what ``unigrad.namespace(tensor)`` returns). Inside a transform, ``f`` receives
-:class:`Array` s: the tensors with the Array API's operators and attributes.
+(what ``unigrad.namespace(tensor)`` returns): its functions return :class:`Array` s -- tensors with
+the Array API's operators and attributes -- wherever they are called, and a transform's ``f``
+receives :class:`Array` s. Transforms return plain ``tf.Tensor`` s; ``unigrad.to_native(a)`` or
+``tf.convert_to_tensor(a)`` gives the tensor an :class:`Array` holds.
 """
 
 import os

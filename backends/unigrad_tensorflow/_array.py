@@ -1,4 +1,4 @@
-"""The arrays ``f`` receives inside a TensorFlow transform: ``tf.Tensor`` with the Array API's operators.
+"""The arrays of TensorFlow's Array API namespace: ``tf.Tensor`` with the Array API's operators.
 
 A ``tf.Tensor``'s own operators are TensorFlow's: ``@`` needs 2-D operands, mixed dtypes raise
 instead of promoting, ``x[int_array]`` raises, there is no ``.T``/``.mT``/``.size`` and ``.shape`` is
@@ -18,8 +18,12 @@ which unigrad never does. So the adapter hands ``f`` :class:`Array` -- a thin vi
 * GradientTape, ForwardAccumulator, tf.function and vectorized_map only ever see the tensors: the
   adapter wraps after it has set them up and unwraps before it hands results back.
 
-The namespace functions take :class:`Array` s anywhere and, while ``f`` runs (``inside()``), return
-:class:`Array` s; outside, they return plain tensors as before.
+The namespace's functions take :class:`Array` s and plain tensors anywhere and return :class:`Array` s
+wherever they are called, so a portable function means the same inside a transform and outside it.
+What leaves unigrad is TensorFlow's own: the transforms (and ``unigrad.evaluate``) return plain tensors,
+and ``unigrad.to_native(x)`` or ``tf.convert_to_tensor(x)`` give the tensor an :class:`Array` holds.
+While ``f`` runs (``inside()``), NumPy and DLPack refuse an :class:`Array` (the derivative would be lost);
+outside, they read its values.
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ import inspect
 import sys
 import types
 
+import numpy as np
 import tensorflow as tf
+
+from . import _namespace as _raw
+from ._tensors import TensorHolder
 
 __all__ = ["Array"]
 
@@ -73,13 +81,8 @@ def _from_tf_operator():
 
 
 def _np_module():
-    from . import namespace
-    return namespace
-
-
-def _ns():
-    from . import _namespace
-    return _namespace
+    import unigrad_tensorflow  # the package's public namespace (built from this module's public_module)
+    return unigrad_tensorflow.namespace
 
 
 def plain(x):
@@ -125,7 +128,7 @@ def _binary(fname, reflected=False):
         other = _operand(other)
         if other is NotImplemented:
             return NotImplemented
-        fn = getattr(_ns(), fname)
+        fn = getattr(_raw, fname)
         try:
             return Array(fn(other, self._t) if reflected else fn(self._t, other))
         except tf.errors.OpError as exc:  # never a raw TensorFlow error from an operator
@@ -140,13 +143,13 @@ def _binary(fname, reflected=False):
     return op
 
 
-class Array:
+class Array(TensorHolder):
     """A ``tf.Tensor`` with the Array API standard's operators and attributes (see the module docstring).
 
     ``tf.convert_to_tensor(x)`` (or any TensorFlow function) gives the tensor it holds.
     """
 
-    __slots__ = ("_t",)
+    __slots__ = ()
     __array_ufunc__ = None  # NumPy defers: ndarray + Array runs Array.__radd__
     __hash__ = None
 
@@ -164,12 +167,19 @@ class Array:
         return self._t.__tf_tensor__(dtype, name)
 
     def __array__(self, dtype=None, copy=None):
+        if not _INSIDE.get():  # outside a transform: the values (np.asarray, printing, tests)
+            value = self._scalar_or_array()
+            return value if dtype is None else value.astype(dtype)
         raise TypeError(
             "NumPy cannot take a unigrad TensorFlow array inside a transform (np.asarray, np.median...): the "
             "result would be a constant and its derivative silently lost. Use the Array API namespace, "
             "xp = unigrad.namespace(x) (xp.median is not in the standard: xp.sort and indexing, or tfp)")
 
     def __dlpack__(self, /, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if not _INSIDE.get():
+            if stream is not None and self.device == "cpu":
+                raise ValueError("__dlpack__: stream must be None for an array on the CPU")
+            return tf.experimental.dlpack.to_dlpack(self._t)
         # as torch refuses to export a tensor that requires grad: the importer would hold a constant and the
         # derivative would be silently lost (the arrays exist only while a transform runs f)
         raise BufferError("__dlpack__: a unigrad TensorFlow array cannot be exported inside a transform (the "
@@ -218,12 +228,12 @@ class Array:
 
     @property
     def mT(self):
-        return Array(_ns().matrix_transpose(self._t))
+        return Array(_raw.matrix_transpose(self._t))
 
     def to_device(self, device, /, *, stream=None):
         if stream is not None:
             raise ValueError("to_device: TensorFlow has no streams (stream must be None)")
-        return Array(_ns().asarray(self._t, device=device))
+        return Array(_raw.asarray(self._t, device=device))
 
     def __getattr__(self, name):
         # TensorFlow's public tensor attributes (x.numpy(), x.get_shape(), x.graph...) of the held tensor;
@@ -238,6 +248,13 @@ class Array:
     __str__ = __repr__
 
     # ------------------------------------------------------------ Python conversions
+    def _scalar_or_array(self):
+        try:
+            return np.asarray(self._t.numpy())  # a 0-d array, never a NumPy scalar
+        except (AttributeError, NotImplementedError):
+            raise TypeError("NumPy cannot take a symbolic TensorFlow array (inside tf.function or vmap): it has "
+                            "no value yet") from None
+
     def _scalar_value(self, kind):
         if self._t.shape.rank != 0:
             raise TypeError(f"{kind}() of a unigrad TensorFlow array needs a 0-d array; got shape {self.shape}")
@@ -284,7 +301,7 @@ class Array:
         else:
             key = plain(key)
         try:
-            return Array(_ns().getitem(self._t, key))
+            return Array(_raw.getitem(self._t, key))
         except tf.errors.OpError as exc:
             raise IndexError(f"index {key!r} into an array of shape {self.shape}: {exc.message}") from None
 
@@ -294,16 +311,16 @@ class Array:
 
     # ------------------------------------------------------------ unary operators
     def __neg__(self):
-        return Array(_ns().negative(self._t))
+        return Array(_raw.negative(self._t))
 
     def __pos__(self):
-        return Array(_ns().positive(self._t))
+        return Array(_raw.positive(self._t))
 
     def __abs__(self):
-        return Array(_ns().abs(self._t))
+        return Array(_raw.abs(self._t))
 
     def __invert__(self):
-        return Array(_ns().bitwise_invert(self._t))
+        return Array(_raw.bitwise_invert(self._t))
 
     # ------------------------------------------------------------ binary operators
     __add__, __radd__ = _binary("add"), _binary("add", True)
@@ -358,8 +375,7 @@ def _boundary(fn):
         args = [_unwrap_arg(a) for a in args]
         if WeakScalar in map(type, args) or (kwargs and WeakScalar in map(type, kwargs.values())):
             args, kwargs = _resolve_weak(args, kwargs)
-        out = fn(*args, **kwargs)
-        return wrap_result(out) if _INSIDE.get() else out
+        return wrap_result(fn(*args, **kwargs))
     public.__name__ = public.__qualname__ = fn.__name__
     public.__doc__ = fn.__doc__
     public.__wrapped__ = fn
@@ -371,6 +387,7 @@ def _boundary(fn):
 
 
 _NOT_WRAPPED = {"tf_device_name"}
+_PACKAGE = __name__.rpartition(".")[0]
 _SUBMODULES = ("linalg", "fft")
 
 
@@ -383,6 +400,10 @@ def public_module(raw, name):
         if key.startswith("__") and key not in ("__array_api_version__", "__array_namespace_info__"):
             continue
         if key == "annotations":
+            continue
+        if isinstance(value, types.FunctionType) and not value.__module__.startswith(_PACKAGE):
+            continue  # a helper the implementation imports (typing.NamedTuple)
+        if isinstance(value, type) and issubclass(value, TensorHolder):
             continue
         if isinstance(value, types.FunctionType) and key not in _NOT_WRAPPED:
             value = _boundary(value)

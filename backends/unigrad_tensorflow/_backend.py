@@ -99,6 +99,15 @@ class TensorflowBackend(Backend):
             raise TypeError(f"to_numpy: {type(x).__name__} is symbolic (inside tf.function or tf.vectorized_map) "
                             f"and has no value yet") from exc
 
+    def to_native(self, x):
+        """The ``tf.Tensor`` an :class:`Array` holds (a tensor or Variable as it is)."""
+        return _plain(x)
+
+    def zeros(self, shape, dtype, device=None):
+        """Zeros as a plain tensor (the core hands them back to the user: never an :class:`Array`)."""
+        with _namespace._on(device):
+            return tf.zeros(tuple(shape), tf.as_dtype(dtype))
+
     def shape(self, x):
         dims = _plain(x).shape.as_list()
         if None in dims:

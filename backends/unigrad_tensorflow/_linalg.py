@@ -1,21 +1,119 @@
-"""``linalg`` of the TensorFlow Array API namespace: mostly one-line mappings onto ``tf.linalg``."""
+"""``linalg`` of TensorFlow's Array API namespace: mostly one-line mappings onto ``tf.linalg``.
+
+Above ``_tensors`` and ``_shapes``; the namespace takes ``matmul``, ``matrix_transpose``, ``tensordot``
+and ``vecdot`` from here (the standard has them in both).
+"""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from . import _namespace as xp
+from . import _shapes
+from ._shapes import matrix_transpose
+from ._tensors import _accumulator, _axes, _dt, _promote, _tensor
 
-matmul, matrix_transpose, tensordot, vecdot, outer = xp.matmul, xp.matrix_transpose, xp.tensordot, xp.vecdot, xp.outer
-diagonal, trace = xp.diagonal, xp.trace
-SlogdetResult, EighResult, QRResult, SVDResult = xp.SlogdetResult, xp.EighResult, xp.QRResult, xp.SVDResult
+
+def matmul(x1, x2, /):
+    x1, x2 = _promote(x1, x2)
+    n1, n2 = x1.shape.rank, x2.shape.rank
+    if n1 == 0 or n2 == 0:
+        raise ValueError("matmul: operands must be at least 1-D (use multiply for scalars)")
+    k1, k2 = x1.shape[-1], x2.shape[0 if n2 == 1 else -2]
+    if k1 is not None and k2 is not None and k1 != k2:
+        raise ValueError(f"matmul: the contracted dimensions differ: shapes {tuple(x1.shape)} and "
+                         f"{tuple(x2.shape)}")
+    if n1 == 1 and n2 == 1:
+        return tf.reduce_sum(x1 * x2)
+    if n1 == 1:
+        return tf.squeeze(_matmul2(x1[None, :], x2), -2)
+    if n2 == 1:
+        return tf.squeeze(_matmul2(x1, x2[:, None]), -1)
+    return _matmul2(x1, x2)
+
+
+_MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.complex64, tf.complex128, tf.int32, tf.int64)
+
+
+def _matmul2(x1, x2):
+    if x1.dtype in _MATMUL_DTYPES:
+        return tf.linalg.matmul(x1, x2)
+    return _in_int64(tf.linalg.matmul, x1, x2)
+
+
+def _in_int64(fn, x1, x2, *args):
+    """``fn`` for integer dtypes TensorFlow has no MatMul kernel for (uint8..uint64, int8, int16): computed in
+    int64, whose wrap-around keeps the low bits, then brought back -- NumPy's modular result. Bool: in int64,
+    then nonzero."""
+    dtype = x1.dtype
+    if dtype.is_bool:
+        return fn(tf.cast(x1, tf.int64), tf.cast(x2, tf.int64), *args) != 0
+    if not dtype.is_integer:
+        raise TypeError(f"no TensorFlow kernel for dtype {dtype.name}")
+    if dtype == tf.uint64:
+        return tf.bitcast(fn(tf.bitcast(x1, tf.int64), tf.bitcast(x2, tf.int64), *args), tf.uint64)
+    return tf.cast(fn(tf.cast(x1, tf.int64), tf.cast(x2, tf.int64), *args), dtype)
+
+
+def vecdot(x1, x2, /, *, axis=-1):
+    x1, x2 = _promote(x1, x2)
+    n1, n2 = x1.shape[axis] if x1.shape.rank else None, x2.shape[axis] if x2.shape.rank else None
+    if n1 is None or n2 is None or n1 != n2:
+        raise ValueError(f"vecdot: x1 and x2 must have one size along axis {axis} (it is contracted, never "
+                         f"broadcast); got shapes {tuple(x1.shape)} and {tuple(x2.shape)}")
+    return tf.reduce_sum(tf.math.conj(x1) * x2, axis=axis)
+
+
+def tensordot(x1, x2, /, *, axes=2):
+    x1, x2 = _promote(x1, x2)
+    if not isinstance(axes, int):
+        a1, a2 = ([a] if isinstance(a, int) else list(a) for a in axes)
+        axes = [[a % x1.shape.rank for a in a1], [a % x2.shape.rank for a in a2]]
+    if x1.dtype not in _MATMUL_DTYPES:
+        return _in_int64(tf.tensordot, x1, x2, axes)
+    return tf.tensordot(x1, x2, axes)
+
+
+def outer(x1, x2, /):
+    x1, x2 = _promote(x1, x2)
+    return tf.reshape(x1, [-1, 1]) * tf.reshape(x2, [1, -1])
+
+
+def diagonal(x, /, *, offset=0):
+    return tf.linalg.diag_part(_tensor(x), k=offset)
+
+
+def trace(x, /, *, offset=0, dtype=None):
+    d = diagonal(x, offset=offset)
+    return tf.reduce_sum(_tensor(d, _dt(dtype) or _accumulator(d.dtype)), axis=-1)
+
+
+class SlogdetResult(NamedTuple):
+    sign: tf.Tensor
+    logabsdet: tf.Tensor
+
+
+class EighResult(NamedTuple):
+    eigenvalues: tf.Tensor
+    eigenvectors: tf.Tensor
+
+
+class QRResult(NamedTuple):
+    Q: tf.Tensor
+    R: tf.Tensor
+
+
+class SVDResult(NamedTuple):
+    U: tf.Tensor
+    S: tf.Tensor
+    Vh: tf.Tensor
 
 
 def _square(x, fname):
-    x = xp._tensor(x)
+    x = _tensor(x)
     if x.shape.rank < 2 or x.shape[-1] != x.shape[-2]:
         raise ValueError(f"linalg.{fname}: expected a (stack of) square matrices; got shape {tuple(x.shape)}")
     return x
@@ -48,7 +146,7 @@ def cholesky(x, /, *, upper=False):
 
 def solve(x1, x2, /):
     """Solve ``x1 @ out = x2``; a 1-D ``x2`` is one vector, otherwise a (broadcast) stack of matrices."""
-    x1, x2 = xp._promote(_square(x1, "solve"), x2)
+    x1, x2 = _promote(_square(x1, "solve"), x2)
     vector = x2.shape.rank == 1
     if vector:
         x2 = x2[:, None]
@@ -62,7 +160,7 @@ def solve(x1, x2, /):
 def qr(x, /, *, mode="reduced"):
     if mode not in ("reduced", "complete"):
         raise ValueError(f"linalg.qr: mode must be 'reduced' or 'complete'; got {mode!r}")
-    return QRResult(*tf.linalg.qr(xp._tensor(x), full_matrices=mode == "complete"))
+    return QRResult(*tf.linalg.qr(_tensor(x), full_matrices=mode == "complete"))
 
 
 def eigh(x, /):
@@ -74,18 +172,18 @@ def eigvalsh(x, /):
 
 
 def svd(x, /, *, full_matrices=True):
-    s, u, v = tf.linalg.svd(xp._tensor(x), full_matrices=full_matrices, compute_uv=True)
+    s, u, v = tf.linalg.svd(_tensor(x), full_matrices=full_matrices, compute_uv=True)
     return SVDResult(u, s, tf.linalg.adjoint(v))
 
 
 def svdvals(x, /):
-    return tf.linalg.svd(xp._tensor(x), compute_uv=False)
+    return tf.linalg.svd(_tensor(x), compute_uv=False)
 
 
 def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     """Vector p-norm. At 0 the 2-norm's derivative is 0 (a subgradient, as on the tape), not NaN."""
-    a = tf.abs(xp._tensor(x))
-    axes = xp._axes(axis, a.shape.rank)
+    a = tf.abs(_tensor(x))
+    axes = _axes(axis, a.shape.rank)
     if ord == 2:
         squares = tf.reduce_sum(a * a, axis=axes, keepdims=keepdims)
         zero = tf.equal(squares, 0)
@@ -102,7 +200,7 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
 
 
 def matrix_norm(x, /, *, keepdims=False, ord="fro"):
-    x = xp._tensor(x)
+    x = _tensor(x)
     if ord == "fro":
         out = vector_norm(x, axis=(-2, -1))
     elif ord == "nuc":
@@ -118,7 +216,7 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
 
 
 def pinv(x, /, *, rtol=None):
-    x = xp._tensor(x)
+    x = _tensor(x)
     if rtol is None:  # the Array API default, max(M, N) * eps (TensorFlow's own is 10x larger)
         rtol = max(x.shape[-2:]) * np.finfo(x.dtype.real_dtype.as_numpy_dtype).eps
     return tf.linalg.pinv(x, rcond=rtol)
@@ -142,13 +240,13 @@ def matrix_power(x, n, /):
 
 def matrix_rank(x, /, *, rtol=None):
     s = svdvals(x)
-    x = xp._tensor(x)
+    x = _tensor(x)
     if rtol is None:
         rtol = max(x.shape[-2:]) * np.finfo(x.dtype.real_dtype.as_numpy_dtype).eps
     return tf.math.count_nonzero(s > rtol * tf.reduce_max(s, axis=-1, keepdims=True), axis=-1, dtype=tf.int64)
 
 
 def cross(x1, x2, /, *, axis=-1):
-    x1, x2 = xp._promote(x1, x2)
-    x1, x2 = xp.broadcast_arrays(x1, x2)
-    return xp.moveaxis(tf.linalg.cross(xp.moveaxis(x1, axis, -1), xp.moveaxis(x2, axis, -1)), -1, axis)
+    x1, x2 = _promote(x1, x2)
+    x1, x2 = _shapes.broadcast_arrays(x1, x2)
+    return _shapes.moveaxis(tf.linalg.cross(_shapes.moveaxis(x1, axis, -1), _shapes.moveaxis(x2, axis, -1)), -1, axis)

@@ -22,18 +22,18 @@ Array API semantics that TensorFlow does not have natively:
   * derivatives at the hard points follow the tape, torch and JAX where TensorFlow's differ
     (``maximum``/``minimum`` ties, ``x ** 0``, ``sqrt`` in the untaken branch of a ``where``).
 
-This module is the implementation (plain tensors in, plain tensors out); the public
-namespace, ``unigrad_tensorflow.namespace``, is the same functions behind a boundary that also
-takes :class:`unigrad_tensorflow.Array` s and, while a transform runs ``f``, returns them
-(``_array.py``). Operators on plain ``tf.Tensor`` s outside ``f`` stay TensorFlow's own.
+This module is the implementation (plain tensors in, plain tensors out), one floor above
+``_tensors`` (conversion, promotion, axes, devices), ``_shapes``, ``_linalg`` and ``_fft``, whose names
+it re-exports. The public namespace, ``unigrad_tensorflow.namespace``, is the same functions behind a
+boundary (``_array.py``, above this module) that takes :class:`unigrad_tensorflow.Array` s or plain
+tensors and returns :class:`unigrad_tensorflow.Array` s wherever it is called. Operators on the user's
+own ``tf.Tensor`` s stay TensorFlow's.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
 import ctypes
-import functools
 import math
 import os
 from typing import NamedTuple
@@ -43,7 +43,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from ._array import Array  # noqa: E402
+from . import _fft as fft  # noqa: E402
+from . import _linalg as linalg  # noqa: E402
+from ._linalg import (SlogdetResult, EighResult, QRResult, SVDResult, diagonal, matmul, outer,  # noqa: E402,F401
+                      tensordot, trace, vecdot)
+from ._shapes import (broadcast_arrays, broadcast_to, concat, expand_dims, flip, matrix_transpose,  # noqa: E402,F401
+                      moveaxis, permute_dims, repeat, reshape, roll, squeeze, stack, tile, unstack)
+from ._tensors import (_SCALARS, TensorHolder, _accumulator, _axes, _count, _dt,  # noqa: E402,F401
+                       _gpu_count, _on, _promote, _scalar, _shape_arg, _tensor, _weak, result_type, tf_device_name)
 
 __array_api_version__ = "2024.12"
 
@@ -55,128 +62,9 @@ float16, bfloat16, float32, float64 = tf.float16, tf.bfloat16, tf.float32, tf.fl
 complex64, complex128 = tf.complex64, tf.complex128
 e, pi, inf, nan, newaxis = math.e, math.pi, math.inf, math.nan, None
 
-_SCALARS = (builtins.bool, int, float, complex)
-_COMPLEX_OF = {tf.float16: tf.complex64, tf.bfloat16: tf.complex64, tf.float32: tf.complex64,
-               tf.float64: tf.complex128}
-
-
-def _dt(dtype):
-    """A tf.DType from a tf.DType, a NumPy dtype or a dtype name (None stays None)."""
-    return None if dtype is None else tf.as_dtype(dtype)
-
-
-def _tensor(x, dtype=None):
-    """``x`` as a tensor: tensors stay, Variables are read, anything else goes through NumPy (dtype kept)."""
-    if type(x) is Array:
-        x = x._t
-    elif isinstance(x, tf.Variable):
-        x = tf.convert_to_tensor(x)
-    if not isinstance(x, tf.Tensor):
-        x = tf.convert_to_tensor(np.asarray(x))
-    return x if dtype is None or x.dtype == dtype else tf.cast(x, dtype)
-
-
-def _scalar(s, dtype):
-    """A Python scalar as a tensor of ``dtype``."""
-    return tf.cast(s, dtype) if isinstance(s, builtins.bool) else tf.constant(s, dtype)
-
-
-def _weak(s, dtype):
-    """The dtype a Python scalar ``s`` combined with a tensor of ``dtype`` gives (Array API weak scalars)."""
-    if isinstance(s, builtins.bool) or (isinstance(s, int) and not dtype.is_bool):
-        return dtype
-    if isinstance(s, float):
-        return dtype if (dtype.is_floating or dtype.is_complex) else tf.float64
-    if isinstance(s, complex):
-        return dtype if dtype.is_complex else _COMPLEX_OF.get(dtype, tf.complex128)
-    return tf.as_dtype(np.result_type(dtype.as_numpy_dtype, s))
-
-
-def result_type(*arrays_and_dtypes):
-    """Array API type promotion (NumPy's table; Python scalars are weak)."""
-    dtypes = [a.dtype if isinstance(a, (tf.Tensor, tf.Variable)) else tf.as_dtype(a)
-              for a in arrays_and_dtypes if not isinstance(a, _SCALARS)]
-    scalars = [a for a in arrays_and_dtypes if isinstance(a, _SCALARS)]
-    if not dtypes:
-        return tf.as_dtype(np.result_type(*scalars))
-    out = dtypes[0]
-    if builtins.any(d != out for d in dtypes[1:]):
-        out = tf.as_dtype(np.result_type(*(d.as_numpy_dtype for d in dtypes)))
-    for s in scalars:
-        out = _weak(s, out)
-    return out
-
-
-def _promote(*xs):
-    """Tensors of one promoted dtype (Python scalars converted weakly)."""
-    if builtins.all(isinstance(x, tf.Tensor) for x in xs) and len({x.dtype for x in xs}) == 1:
-        return xs
-    xs = [x if isinstance(x, _SCALARS) else _tensor(x) for x in xs]
-    if builtins.all(isinstance(x, _SCALARS) for x in xs):
-        xs = [_tensor(x) for x in xs]
-    dtype = result_type(*xs)
-    return [_scalar(x, dtype) if isinstance(x, _SCALARS) else _tensor(x, dtype) for x in xs]
-
-
-def _axes(axis, ndim):
-    """``axis`` (None, int or sequence) as a sorted list of non-negative ints."""
-    if axis is None:
-        return list(range(ndim))
-    axes = [int(axis)] if isinstance(axis, (int, np.integer)) else [int(a) for a in axis]
-    out = []
-    for a in axes:
-        if not -ndim <= a < builtins.max(ndim, 1):
-            raise ValueError(f"axis {a} is out of bounds for an array of dimension {ndim}")
-        out.append(a % ndim if ndim else 0)
-    if len(set(out)) != len(out):
-        raise ValueError(f"repeated axis in {axis!r}")
-    return sorted(out) if ndim else []
-
-
-def _count(x, axes):
-    """Number of elements reduced over ``axes`` (static when the shape is known)."""
-    dims = [x.shape[a] for a in axes]
-    if builtins.all(d is not None for d in dims):
-        return math.prod(dims)
-    return tf.reduce_prod(tf.gather(tf.shape(x), axes))
-
-
-# -------------------------------------------------------------------- devices
-
-def tf_device_name(device):
-    """TensorFlow's name for a unigrad device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"gpu:0"``) or a TF name."""
-    if device is None:
-        return None
-    name = getattr(device, "name", device)  # tf.config.LogicalDevice
-    if not isinstance(name, str):
-        raise TypeError(f"device must be a string like 'cpu' or 'cuda:0'; got {type(device).__name__}")
-    if name.startswith("/"):
-        return name
-    kind, _, index = name.strip().lower().partition(":")
-    if kind not in ("cpu", "cuda", "gpu") or not (index or "0").isdigit():
-        raise ValueError(f"unknown device {device!r}; expected 'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N' or a "
-                         f"TensorFlow device name")
-    if kind != "cpu" and int(index or 0) >= _gpu_count():
-        # TensorFlow's soft placement would silently use the CPU instead.
-        raise ValueError(f"device {device!r} is not available: TensorFlow sees {_gpu_count()} GPU(s)")
-    return f"/{'CPU' if kind == 'cpu' else 'GPU'}:{index or 0}"
-
-
-@functools.lru_cache(maxsize=None)
-def _gpu_count():
-    return len(tf.config.list_logical_devices("GPU"))
-
-
-def _on(device):
-    name = tf_device_name(device)
-    return tf.device(name) if name else contextlib.nullcontext()
 
 
 # -------------------------------------------------------------------- creation
-
-def _shape_arg(shape):
-    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-
 
 def asarray(obj, /, *, dtype=None, device=None, copy=None):
     dtype = _dt(dtype)
@@ -196,13 +84,13 @@ def from_dlpack(x, /, *, device=None, copy=None):
     and raises). Buffers TensorFlow cannot take as they are (not 64-byte aligned, strided) go through
     NumPy's DLPack import instead. ``device=`` places the copy.
     """
+    if isinstance(x, (TensorHolder, tf.Tensor)):  # a tensor: immutable, so sharing it is a copy's equal
+        return asarray(x, device=device)
     if copy is False:
         raise ValueError("from_dlpack(copy=False): a TensorFlow tensor never shares another framework's memory "
                          "(that memory may change; tensors may not)")
     if device is not None:
         return asarray(from_dlpack(x), device=device)
-    if type(x) is Array:
-        return x._t
     capsule = x.__dlpack__()
     if _dlpack_address(capsule) % _ALIGNMENT == 0:
         try:
@@ -269,6 +157,8 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
         start, stop = 0, start
     dtype = _dt(dtype) or (tf.int64 if builtins.all(isinstance(v, int) for v in (start, stop, step)) else tf.float64)
     with _on(device):
+        if dtype.is_integer and dtype not in (tf.int32, tf.int64):  # no Range kernel: in int64, then cast
+            return tf.cast(tf.range(start, stop, step, dtype=tf.int64), dtype)
         return tf.range(start, stop, step, dtype=dtype)
 
 
@@ -489,7 +379,21 @@ less, less_equal = _binary(tf.less, "less"), _binary(tf.less_equal, "less_equal"
 greater, greater_equal = _binary(tf.greater, "greater"), _binary(tf.greater_equal, "greater_equal")
 logical_and, logical_or = _binary(tf.logical_and, "logical_and"), _binary(tf.logical_or, "logical_or")
 logical_xor = _binary(tf.math.logical_xor, "logical_xor")
-hypot = _binary(lambda a, b: tf.sqrt(a * a + b * b), "hypot")
+def _hypot(x1, x2):
+    """sqrt(x1^2 + x2^2) without overflow (1e308 stays 1e308): both scaled by the larger magnitude, held
+    constant for the derivative (any constant scale gives the same value, so every mode's derivative is
+    x / hypot, ties included); +inf where either is infinite even beside a NaN, NaN where either is NaN."""
+    if not x1.dtype.is_floating:
+        return tf.sqrt(x1 * x1 + x2 * x2)
+    a, b = tf.abs(x1), tf.abs(x2)
+    scale = tf.stop_gradient(tf.maximum(a, b))
+    scale = tf.where(tf.equal(scale, 0) | ~tf.math.is_finite(scale), tf.ones_like(scale), scale)
+    y = scale * tf.sqrt((x1 / scale) ** 2 + (x2 / scale) ** 2)
+    y = tf.where(tf.math.is_nan(a) | tf.math.is_nan(b), tf.constant(math.nan, y.dtype), y)
+    return tf.where(tf.math.is_inf(a) | tf.math.is_inf(b), tf.constant(math.inf, y.dtype), y)
+
+
+hypot = _binary(_hypot, "hypot")
 copysign = _binary(lambda a, b: tf.where(signbit(b), -tf.abs(a), tf.abs(a)), "copysign")
 
 
@@ -545,7 +449,8 @@ def logaddexp(x1, x2, /):
     big = tf.maximum(x1, x2)
     # equal infinities would give inf - inf = NaN in the correction term
     safe = tf.where(tf.math.is_inf(big), tf.zeros_like(big), big)
-    return big + tf.math.log1p(tf.exp(-tf.abs((x1 - safe) - (x2 - safe))))
+    out = big + tf.math.log1p(tf.exp(-tf.abs((x1 - safe) - (x2 - safe))))
+    return tf.where(tf.math.is_inf(big) & tf.equal(x1, x2), big, out)  # (inf, inf) and (-inf, -inf)
 
 
 def where(condition, x1, x2, /):
@@ -569,16 +474,6 @@ def astype(x, dtype, /, *, copy=True, device=None):
 
 
 # -------------------------------------------------------------------- reductions
-
-def _accumulator(dtype):
-    """The dtype sum/prod/cumulative_sum accumulate an array of ``dtype`` in (the standard's default):
-    bool and signed integers in int64, unsigned integers in uint64, floating point in its own dtype."""
-    if dtype.is_bool or (dtype.is_integer and not dtype.is_unsigned):
-        return tf.int64
-    if dtype.is_unsigned:
-        return tf.uint64
-    return dtype
-
 
 def _reduction(fn, name, accumulate=False, empty=None):
     def op(x, /, *, axis=None, keepdims=False, dtype=None):
@@ -675,112 +570,12 @@ def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
     return x
 
 
-# -------------------------------------------------------------------- shapes
-
-def reshape(x, /, shape, *, copy=None):
-    return tf.reshape(_tensor(x), _shape_arg(shape))
-
-
-def broadcast_to(x, /, shape):
-    return tf.broadcast_to(_tensor(x), _shape_arg(shape))
-
-
-def broadcast_arrays(*arrays):
-    arrays = [_tensor(a) for a in arrays]
-    if len(arrays) < 2:
-        return arrays
-    shape = functools.reduce(tf.broadcast_static_shape, (a.shape for a in arrays))
-    if not shape.is_fully_defined():  # data-dependent sizes (a boolean mask inside tf.function)
-        shape = functools.reduce(tf.broadcast_dynamic_shape, (tf.shape(a) for a in arrays))
-    return [tf.broadcast_to(a, shape) for a in arrays]
-
-
-def permute_dims(x, /, axes):
-    return tf.transpose(_tensor(x), [int(a) for a in axes])
-
-
-def matrix_transpose(x, /):
-    x = _tensor(x)
-    if x.shape.rank < 2:
-        raise ValueError(f"matrix_transpose needs an array of at least 2 dimensions; got shape {tuple(x.shape)}")
-    return tf.linalg.matrix_transpose(x)
-
-
-def moveaxis(x, source, destination, /):
-    x = _tensor(x)
-    nd = x.shape.rank
-    src = _axes(source, nd) if isinstance(source, int) else [int(s) % nd for s in source]
-    dst = _axes(destination, nd) if isinstance(destination, int) else [int(d) % nd for d in destination]
-    order = [a for a in range(nd) if a not in src]
-    for d, s in sorted(zip(dst, src)):
-        order.insert(d, s)
-    return tf.transpose(x, order)
-
-
-def expand_dims(x, /, axis=0):
-    x = _tensor(x)
-    nd = x.shape.rank + 1
-    if not -nd <= axis < nd:
-        raise ValueError(f"axis {axis} is out of bounds for the result of dimension {nd}")
-    return tf.expand_dims(x, axis)
-
-
-def squeeze(x, /, axis):
-    x = _tensor(x)
-    axes = _axes(axis, x.shape.rank)
-    for a in axes:
-        if x.shape[a] != 1:
-            raise ValueError(f"cannot squeeze axis {a} of size {x.shape[a]}")
-    return tf.squeeze(x, axes) if axes else x
-
-
-def flip(x, /, *, axis=None):
-    x = _tensor(x)
-    return tf.reverse(x, _axes(axis, x.shape.rank))
-
-
-def roll(x, /, shift, *, axis=None):
-    x = _tensor(x)
-    if axis is None:
-        return tf.reshape(tf.roll(tf.reshape(x, [-1]), shift, 0), tf.shape(x))
-    axes = [axis] if isinstance(axis, int) else list(axis)
-    shifts = [shift] * len(axes) if isinstance(shift, int) else list(shift)
-    return tf.roll(x, shifts, axes)
-
-
-def concat(arrays, /, *, axis=0):
-    arrays = _promote(*arrays)
-    if axis is None:
-        return tf.concat([tf.reshape(a, [-1]) for a in arrays], 0)
-    return tf.concat(list(arrays), _axes(axis, arrays[0].shape.rank)[0])
-
-
-def stack(arrays, /, *, axis=0):
-    return tf.stack(list(_promote(*arrays)), axis=axis)
-
-
-def unstack(x, /, *, axis=0):
-    return tuple(tf.unstack(_tensor(x), axis=axis))
-
-
-def tile(x, repetitions, /):
-    x = _tensor(x)
-    reps = [int(r) for r in repetitions]
-    nd = builtins.max(x.shape.rank, len(reps))
-    x = tf.reshape(x, [1] * (nd - x.shape.rank) + x.shape.as_list())
-    return tf.tile(x, [1] * (nd - len(reps)) + reps)
-
-
-def repeat(x, repeats, /, *, axis=None):
-    x = _tensor(x)
-    if axis is None:
-        x, axis = tf.reshape(x, [-1]), 0
-    return tf.repeat(x, repeats, axis=axis)
-
 
 # -------------------------------------------------------------------- indexing
 
 def _is_advanced(i):
+    if isinstance(i, (builtins.bool, np.bool_)):  # a boolean scalar: a new axis, indexed (NumPy's rule)
+        return True
     if isinstance(i, (list, np.ndarray)):
         return not (isinstance(i, np.ndarray) and i.ndim == 0 and i.dtype.kind in "iu")
     if isinstance(i, (tf.Tensor, tf.Variable)):
@@ -788,37 +583,104 @@ def _is_advanced(i):
     return False
 
 
+_STRIDED_SLICE_RANK = 8  # TensorFlow's slicing handles up to 8 dimensions (the standard allows 64)
+
+
+def _basic_by_gather(x, items):
+    """Basic indexing (integers, slices, ``...``, ``None``) one axis at a time with tf.gather: for arrays of
+    more dimensions than TensorFlow's slicing takes."""
+    items = list(items)
+    consumed = builtins.sum(1 for i in items if i is not None and i is not Ellipsis)
+    if consumed > x.shape.rank:
+        raise IndexError(f"too many indices for an array of dimension {x.shape.rank}")
+    ellipsis = [k for k, i in enumerate(items) if i is Ellipsis]
+    if len(ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if ellipsis:
+        items[ellipsis[0]:ellipsis[0] + 1] = [slice(None)] * (x.shape.rank - consumed)
+    items += [slice(None)] * (x.shape.rank - builtins.sum(1 for i in items if i is not None))
+    axis = 0
+    for i in items:
+        if i is None:
+            x = tf.expand_dims(x, axis)
+            axis += 1
+        elif isinstance(i, slice):
+            if i != slice(None):
+                x = tf.gather(x, tf.range(*i.indices(x.shape[axis]), dtype=tf.int64), axis=axis)
+            axis += 1
+        else:
+            size = x.shape[axis]
+            k = int(i) if not isinstance(i, (tf.Tensor, tf.Variable)) else i
+            if isinstance(k, int) and not -size <= k < size:
+                raise IndexError(f"index {k} is out of bounds for axis {axis} with size {size}")
+            x = tf.gather(x, k % size if isinstance(k, int) else tf.where(k < 0, k + size, k), axis=axis)
+    return x
+
+
+def _int64(i):
+    return tf.cast(i, tf.int64) if isinstance(i, (tf.Tensor, tf.Variable)) and i.dtype != tf.int64 else i
+
+
 def getitem(x, index, /):
     """``x[index]`` with NumPy semantics: basic slicing plus integer-array and boolean-mask indexing."""
     x = _tensor(x)
     items = index if isinstance(index, tuple) else (index,)
     if not builtins.any(_is_advanced(i) for i in items):
+        # 0-d integer tensors: TensorFlow's slicing takes int32/int64 only, and one dtype (it stacks them)
+        if isinstance(index, tuple):
+            index = tuple(_int64(i) for i in index)
+        else:
+            index = _int64(index)
+        if x.shape.rank is not None and x.shape.rank > _STRIDED_SLICE_RANK:
+            return _basic_by_gather(x, index if isinstance(index, tuple) else (index,))
         return x[index]
     return _advanced_getitem(x, items)
+
+
+class _BooleanScalar:
+    """A 0-d boolean index: a new axis of length 1, indexed by the integer array ``[0]`` where it is True
+    and ``[]`` where False -- NumPy's rule (``x[True]`` has shape ``(1, *x.shape)``, ``x[False]``
+    ``(0, *x.shape)``), an advanced index that broadcasts with the others."""
+
+    __slots__ = ("indices",)
+
+    def __init__(self, value):
+        if isinstance(value, (builtins.bool, np.bool_)):
+            self.indices = tf.zeros([1 if value else 0], tf.int64)
+        else:  # a boolean tensor (its value may be unknown inside tf.function): 1 or 0 positions
+            self.indices = tf.where(tf.reshape(value, [1]))[:, 0]
+
+
+def _new_axis(i):
+    return i is None or type(i) is _BooleanScalar
 
 
 def _advanced_getitem(x, items):
     out = []
     for i in items:  # boolean masks become one integer index per masked dimension
+        if isinstance(i, (builtins.bool, np.bool_)):
+            out.append(_BooleanScalar(i))
+            continue
         if isinstance(i, (list, np.ndarray, tf.Variable)):
             i = _tensor(i)
         if isinstance(i, tf.Tensor) and i.dtype == tf.bool:
             if i.shape.rank == 0:
-                raise IndexError("0-d boolean indices are not supported")
-            out.extend(tf.unstack(tf.where(i), axis=1, num=i.shape.rank))
+                out.append(_BooleanScalar(i))
+            else:
+                out.extend(tf.unstack(tf.where(i), axis=1, num=i.shape.rank))
         else:
             out.append(i)
     if builtins.sum(1 for i in out if i is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    consumed = builtins.sum(1 for i in out if i is not None and i is not Ellipsis)
+    consumed = builtins.sum(1 for i in out if not _new_axis(i) and i is not Ellipsis)
     if consumed > x.shape.rank:
         raise IndexError(f"too many indices for an array of dimension {x.shape.rank}")
     if builtins.any(i is Ellipsis for i in out):
         k = next(j for j, i in enumerate(out) if i is Ellipsis)
         out[k:k + 1] = [slice(None)] * (x.shape.rank - consumed)
-    if builtins.any(i is None for i in out):  # new axes first, then index them with ':'
-        x = x[tuple(None if i is None else slice(None) for i in out)]
-        out = [slice(None) if i is None else i for i in out]
+    if builtins.any(_new_axis(i) for i in out):  # new axes first, then index them with ':' (or [0] / [])
+        x = x[tuple(None if _new_axis(i) else slice(None) for i in out)]
+        out = [slice(None) if i is None else i.indices if type(i) is _BooleanScalar else i for i in out]
     out += [slice(None)] * (x.shape.rank - len(out))
     y = x[tuple(i if isinstance(i, slice) else slice(None) for i in out)]
     advanced = [k for k, i in enumerate(out) if not isinstance(i, slice)]
@@ -1080,72 +942,7 @@ def size(x, /):
     return x.shape.num_elements()
 
 
-# -------------------------------------------------------------------- linear algebra
-
-def matmul(x1, x2, /):
-    x1, x2 = _promote(x1, x2)
-    n1, n2 = x1.shape.rank, x2.shape.rank
-    if n1 == 0 or n2 == 0:
-        raise ValueError("matmul: operands must be at least 1-D (use multiply for scalars)")
-    k1, k2 = x1.shape[-1], x2.shape[0 if n2 == 1 else -2]
-    if k1 is not None and k2 is not None and k1 != k2:
-        raise ValueError(f"matmul: the contracted dimensions differ: shapes {tuple(x1.shape)} and "
-                         f"{tuple(x2.shape)}")
-    if n1 == 1 and n2 == 1:
-        return tf.reduce_sum(x1 * x2)
-    if n1 == 1:
-        return tf.squeeze(_matmul2(x1[None, :], x2), -2)
-    if n2 == 1:
-        return tf.squeeze(_matmul2(x1, x2[:, None]), -1)
-    return _matmul2(x1, x2)
-
-
-_MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.complex64, tf.complex128, tf.int32, tf.int64)
-
-
-def _matmul2(x1, x2):
-    if x1.dtype in _MATMUL_DTYPES:
-        return tf.linalg.matmul(x1, x2)
-    return _in_int64(tf.linalg.matmul, x1, x2)
-
-
-def _in_int64(fn, x1, x2, *args):
-    """``fn`` for integer dtypes TensorFlow has no MatMul kernel for (uint8..uint64, int8, int16): computed in
-    int64, whose wrap-around keeps the low bits, then brought back -- NumPy's modular result. Bool: in int64,
-    then nonzero."""
-    dtype = x1.dtype
-    if dtype.is_bool:
-        return fn(tf.cast(x1, tf.int64), tf.cast(x2, tf.int64), *args) != 0
-    if not dtype.is_integer:
-        raise TypeError(f"no TensorFlow kernel for dtype {dtype.name}")
-    if dtype == tf.uint64:
-        return tf.bitcast(fn(tf.bitcast(x1, tf.int64), tf.bitcast(x2, tf.int64), *args), tf.uint64)
-    return tf.cast(fn(tf.cast(x1, tf.int64), tf.cast(x2, tf.int64), *args), dtype)
-
-
-def vecdot(x1, x2, /, *, axis=-1):
-    x1, x2 = _promote(x1, x2)
-    n1, n2 = x1.shape[axis] if x1.shape.rank else None, x2.shape[axis] if x2.shape.rank else None
-    if n1 is None or n2 is None or n1 != n2:
-        raise ValueError(f"vecdot: x1 and x2 must have one size along axis {axis} (it is contracted, never "
-                         f"broadcast); got shapes {tuple(x1.shape)} and {tuple(x2.shape)}")
-    return tf.reduce_sum(tf.math.conj(x1) * x2, axis=axis)
-
-
-def tensordot(x1, x2, /, *, axes=2):
-    x1, x2 = _promote(x1, x2)
-    if not isinstance(axes, int):
-        a1, a2 = ([a] if isinstance(a, int) else list(a) for a in axes)
-        axes = [[a % x1.shape.rank for a in a1], [a % x2.shape.rank for a in a2]]
-    if x1.dtype not in _MATMUL_DTYPES:
-        return _in_int64(tf.tensordot, x1, x2, axes)
-    return tf.tensordot(x1, x2, axes)
-
-
-def outer(x1, x2, /):
-    x1, x2 = _promote(x1, x2)
-    return tf.reshape(x1, [-1, 1]) * tf.reshape(x2, [1, -1])
-
+# -------------------------------------------------------------------- linear algebra beyond the standard
 
 def dot(x1, x2, /):
     """NumPy's dot: matmul for 1-D and 2-D operands, a sum over the last/second-to-last axes otherwise."""
@@ -1161,40 +958,7 @@ def einsum(subscripts, /, *operands):
     return tf.einsum(subscripts, *_promote(*operands))
 
 
-def diagonal(x, /, *, offset=0):
-    return tf.linalg.diag_part(_tensor(x), k=offset)
-
-
-def trace(x, /, *, offset=0, dtype=None):
-    d = diagonal(x, offset=offset)
-    return tf.reduce_sum(_tensor(d, _dt(dtype) or _accumulator(d.dtype)), axis=-1)
-
-
 def diag(x, /, k=0):
     """NumPy's diag: the k-th diagonal of a matrix, or a square matrix with a vector on its k-th diagonal."""
     x = _tensor(x)
     return tf.linalg.diag_part(x, k=k) if x.shape.rank == 2 else tf.linalg.diag(x, k=k)
-
-
-class SlogdetResult(NamedTuple):
-    sign: tf.Tensor
-    logabsdet: tf.Tensor
-
-
-class EighResult(NamedTuple):
-    eigenvalues: tf.Tensor
-    eigenvectors: tf.Tensor
-
-
-class QRResult(NamedTuple):
-    Q: tf.Tensor
-    R: tf.Tensor
-
-
-class SVDResult(NamedTuple):
-    U: tf.Tensor
-    S: tf.Tensor
-    Vh: tf.Tensor
-
-
-from . import _linalg as linalg  # noqa: E402

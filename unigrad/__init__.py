@@ -24,10 +24,10 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name == "dask":  # unigrad.dask without a separate import; dask itself loads only when used
+    if name in ("dask", "special"):  # unigrad.dask / unigrad.special without a separate import, loaded when used
         import importlib
 
-        return importlib.import_module(".dask", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'unigrad' has no attribute {name!r}")
 
 __all__ = [

@@ -89,7 +89,10 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
 
     Returns:
       ``(output, vjp_fn)`` or ``(output, vjp_fn, aux)``. ``vjp_fn(cotangent)`` takes a pytree like
-      ``output`` and returns a tuple with one cotangent per primal, shaped like the primal.
+      ``output`` and returns a tuple with one cotangent per primal, shaped like the primal. ``vjp_fn``
+      computes at the point of this call whatever the caller later writes into the primals, the output
+      or aux (on backends with mutable arrays it works on copies); arrays that ``f`` closes over are
+      read as they are when ``vjp_fn`` runs.
 
     Example:
       >>> out, vjp_fn = unigrad.vjp(lambda x: x ** 2, np.arange(3.0))
@@ -98,7 +101,13 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
     """
     call = prepare(_PRIMAL_PLANS, f, primals, None, has_aux, backend, "vjp")
     b = call.backend
-    outputs, vjp_flat, aux = b.vjp(call.flat_f, call.diff, has_aux=has_aux)
+    if b.mutable_arrays:  # vjp_fn outlives the call: it must read nothing the caller can write into
+        outputs, vjp_flat, aux = b.vjp(call.flat_f, tuple([b.copy(x) for x in call.diff]), has_aux=has_aux)
+        outputs = tuple([b.copy(o) for o in outputs])
+        if aux:
+            aux = tuple([b.copy(a) if b.is_array(a) else a for a in aux])
+    else:
+        outputs, vjp_flat, aux = b.vjp(call.flat_f, call.diff, has_aux=has_aux)
     out_tree = call.seen.out_tree
 
     def vjp_fn(cotangent):
@@ -417,6 +426,8 @@ def hvp(f: Callable, primals, tangents, backend=None):
         raise _checks.not_nestable(b, "hvp")
     tan_leaves = _tangent_leaves(call, tangents, "hvp")
     scalar_check(b, b.evaluate(call.flat_f, call.diff), "hvp")
+    if not call.diff:  # nothing to differentiate ({}, (), None): an empty result, as grad gives
+        return call.inputs_like(())
     return call.inputs_like(b.hvp(call.flat_f, call.diff, tan_leaves))
 
 

@@ -394,10 +394,7 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
             result = f(*call_args)
         except Exception as exc:
             if _checks.is_numpy_conversion(exc):
-                raise TypeError(
-                    f"{fname}: f converted a traced value to NumPy (a NumPy function such as np.sin called on it, "
-                    f"or np.asarray); that would drop its derivative. Inside f use xp = unigrad.namespace(x) and "
-                    f"xp.sin(x), and arrays of the same backend ({type(exc).__name__}: {exc})") from exc
+                raise _checks.numpy_conversion_error(exc, fname) from exc
             if isinstance(exc, TypeError) and "numpy.ndarray" in str(exc) and "operand" in str(exc):
                 raise TypeError(
                     f"{fname}: f combines a NumPy array with the {b.name} backend's arrays (a NumPy array closed "

@@ -170,13 +170,45 @@ def check_chunk(chunk_size, fname):
 _NUMPY_CONVERSION = ("Can't call numpy() on Tensor that requires grad", "TracerArrayConversionError",
                      "The numpy conversion method __array__() was called on traced array",
                      "Cannot convert a symbolic", "numpy() is only available when eager execution",
-                     "a traced array cannot be converted to a NumPy array", "does not support ufuncs")
+                     "a traced array cannot be converted to a NumPy array", "does not support ufuncs",
+                     "Cannot access storage of TensorWrapper", "NumPy cannot take a unigrad TensorFlow array")
 
 
 def is_numpy_conversion(exc: BaseException) -> bool:
     """Did ``exc`` come from converting a traced value to a NumPy array (on any backend)?"""
     text = f"{type(exc).__name__}: {exc}"
     return any(s in text for s in _NUMPY_CONVERSION)
+
+
+def numpy_conversion_error(exc: BaseException, fname: str) -> TypeError:
+    """The error for ``f`` turning a traced value into a NumPy array: where SciPy's own code did it
+    (``scipy.integrate.odeint(rhs, y0, t)`` on a traced ``y0``), it names that function and points to a
+    custom rule or ``bridge``; else it points to the namespace's functions."""
+    caller = _library_caller(exc, "scipy")
+    if caller is not None:
+        return TypeError(
+            f"{fname}: {caller} (SciPy's own code) was called on a traced value; its result would be a constant "
+            f"and the derivative silently lost. Give that computation a derivative with unigrad.custom_vjp or "
+            f"unigrad.custom_jvp (an adjoint or implicit rule), or run it where it can be differentiated with "
+            f"unigrad.bridge; SciPy's special functions have differentiable versions in unigrad.special "
+            f"({type(exc).__name__}: {exc})")
+    return TypeError(
+        f"{fname}: f converted a traced value to NumPy (a NumPy function such as np.sin called on it, or "
+        f"np.asarray); that would drop its derivative. Inside f use xp = unigrad.namespace(x) and xp.sin(x), "
+        f"and arrays of the same backend ({type(exc).__name__}: {exc})")
+
+
+def _library_caller(exc: BaseException, library: str):
+    """``"scipy.integrate.odeint"``: the outermost function of ``library`` on the traceback of ``exc`` (its
+    module path without private parts), or None."""
+    tb = exc.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module == library or module.startswith(library + "."):
+            public = ".".join(part for part in module.split(".") if not part.startswith("_"))
+            return f"{public}.{tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    return None
 
 
 def promote(a: str, b: str) -> str:

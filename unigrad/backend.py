@@ -36,8 +36,10 @@ method                     status    default / note
 ``capabilities``           optional  all False by default: declare what you deliver
 ``devices()``              optional  ``("cpu",)``
 ``version()``, ``shape``, ``dtype``, ``device``, ``cast``, ``matches``,
-``zeros``, ``zeros_like``, ``ones_like``, ``stop_gradient``  optional  from the namespace
+``zeros``, ``zeros_like``, ``ones_like``, ``stop_gradient``, ``copy``  optional  from the namespace
+``mutable_arrays``         optional  True: ``vjp`` copies what the caller holds (False: JAX, TF)
 ``evaluate(f, primals)``   optional  ``f(*primals)``; the core's plain forward evaluations
+``special(name)``          optional  None: unigrad.special's formulas (the framework's own functions)
 ``arguments(arrays)``      optional  the arrays; what ``f`` receives for its other array arguments
 ``value_and_grad(f, primals, *, has_aux, check)``  optional  one ``vjp`` with a unit cotangent
 ``vmap(f, in_axes, out_axes, chunk_size)``  optional  a Python loop (``capabilities.vmap`` False)
@@ -117,6 +119,11 @@ class Backend(abc.ABC):
     #: Its eager ``batched_jacobian`` would trace a program on every call anyway (TensorFlow's pfor):
     #: the core then runs eager per-example Jacobians as one compiled program per signature.
     traces_batched_jacobian: bool = False
+    #: The backend's arrays can be written in place (NumPy, torch); False for immutable ones (JAX,
+    #: TensorFlow). ``vjp``'s ``vjp_fn`` outlives the call, so on a mutable backend the core hands the
+    #: backend copies of the caller's arrays and the caller copies of the outputs: nothing the caller
+    #: holds is memory that ``vjp_fn`` reads (see :meth:`copy`).
+    mutable_arrays: bool = True
 
     # ------------------------------------------------------------------ required
     @abc.abstractmethod
@@ -189,6 +196,10 @@ class Backend(abc.ABC):
         return (self.is_array(value) and self.shape(value) == self.shape(reference)
                 and self.dtype(value) == self.dtype(reference) and self.device(value) == self.device(reference))
 
+    def copy(self, x):
+        """An array equal to ``x`` that shares no memory with it (differentiable inside a transform)."""
+        return self.namespace().asarray(x, copy=True)
+
     def zeros_like(self, x):
         return self.namespace().zeros_like(x)
 
@@ -214,6 +225,13 @@ class Backend(abc.ABC):
     def stop_gradient(self, x):
         """``x`` detached from any transform (used for ``aux`` values)."""
         return x
+
+    def special(self, name: str):
+        """The backend's own special function ``name`` (``"gammaln"``, ``"erf"``... see
+        :mod:`unigrad.special`), differentiable in its transforms, or None: :mod:`unigrad.special` then
+        uses a formula in other special functions and the namespace, where it has one. ``polygamma`` is
+        called as ``(n, x)`` and ``multigammaln`` as ``(a, d)``, with Python ints ``n`` and ``d``."""
+        return None
 
     # ------------------------------------------------------------------ optional
     def vmap(self, f, in_axes: Sequence[int | None], out_axes: int = 0, chunk_size=None):

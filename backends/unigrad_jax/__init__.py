@@ -190,6 +190,10 @@ def _arrays_only_aux(f):
     return g, restore
 
 
+_SPECIAL = frozenset({"gammaln", "digamma", "polygamma", "erf", "erfc", "erfinv", "ndtr", "log_ndtr", "ndtri", "expit",
+                      "logit", "xlogy", "xlog1py", "i0e", "i1e", "betaln", "multigammaln"})
+
+
 class JaxBackend(Backend):
     """The JAX backend: native ``vjp``/``jvp``, vmapped Jacobians, ``jit``, float64 via scoped x64."""
 
@@ -198,6 +202,12 @@ class JaxBackend(Backend):
     capabilities = Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
                                 complex=True, float64=True, custom_rules=True)
     accepts_dlpack = True  # asarray takes objects with __dlpack__ (torch tensors...) directly
+    mutable_arrays = False  # immutable arrays: vjp_fn cannot see a caller's write
+
+    def special(self, name):
+        from jax.scipy import special
+
+        return getattr(special, name, None) if name in _SPECIAL else None
 
     # ------------------------------------------------------------------ arrays
     def namespace(self):

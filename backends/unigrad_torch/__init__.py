@@ -78,6 +78,12 @@ class TorchBackend(Backend):
     # ``asarray`` takes objects with ``__dlpack__`` (JAX arrays...) directly, without a NumPy copy.
     accepts_dlpack = True
 
+    def copy(self, x):
+        return x.clone()
+
+    def special(self, name):
+        return _SPECIAL.get(name)
+
     # ------------------------------------------------------------------ arrays
     def namespace(self):
         return _torch_namespace
@@ -184,7 +190,7 @@ class TorchBackend(Backend):
             with _caller_grad_mode():
                 cotangents = tuple(_conj(_on_device_of(c, o)) for c, o in zip(_usable(cotangents), outputs))
                 grads = pullback(cotangents)
-            return tuple(_conj(g) for g in grads)
+            return _fresh(tuple(_conj(g) for g in grads), cotangents)
 
         return tuple(outputs), vjp_fn, aux
 
@@ -202,7 +208,8 @@ class TorchBackend(Backend):
             else:
                 outputs, tangents_out = torch.func.jvp(f, primals, tangents)
                 aux = None
-        return tuple(outputs), _tangents_as_outputs(tangents_out, outputs), aux
+        outputs = _fresh(tuple(outputs), primals + tangents)
+        return outputs, _fresh(_tangents_as_outputs(tangents_out, outputs), primals + tangents + outputs), aux
 
     # ------------------------------------------------------------------ maps and Jacobians
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
@@ -420,6 +427,40 @@ def _push_rows(f, primals, make_rows, n, chunk_size, has_aux):
     pushed = tuple(torch.cat([p[i] for p in pieces]) if len(pieces) > 1 else pieces[0][i]
                    for i in range(len(outputs)))
     return outputs, _tangents_as_outputs(pushed, outputs), aux
+
+
+_SPECIAL = {name: getattr(torch.special, name) for name in (
+    "gammaln", "digamma", "erf", "erfc", "erfinv", "ndtr", "log_ndtr", "ndtri", "expit", "logit", "xlogy",
+    "xlog1py", "i0e", "i1e")}
+_SPECIAL["polygamma"] = torch.special.polygamma  # (n, x)
+_SPECIAL["multigammaln"] = torch.special.multigammaln  # (a, d)
+
+
+def _fresh(results, received):
+    """``results`` owned by the caller, as on every backend: a result that is (a view of) a tensor the
+    caller passed in (``received``), or of an earlier result, is cloned. torch returns its input itself
+    for an identity (``vjp_fn(ct)[0] is ct``), and a caller writing into that result would change their
+    own argument. Tensors of an enclosing transform (functorch wrappers, which expose no storage) are
+    that transform's values, not the caller's memory, and are left as they are."""
+    seen = set()
+    for t in received:
+        try:
+            seen.add(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError, AttributeError):
+            pass
+    out = []
+    for r in results:
+        try:
+            ptr = r.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError, AttributeError):
+            out.append(r)
+            continue
+        if ptr in seen and r.numel():
+            r = r.clone()
+            ptr = r.untyped_storage().data_ptr()
+        seen.add(ptr)
+        out.append(r)
+    return tuple(out)
 
 
 def _tangents_as_outputs(tangents, outputs):

@@ -90,9 +90,18 @@ class NumpyBackend(Backend):
         backward sweep (``_remat``)."""
         return _remat.checkpoint(f, tuple(primals))
 
+    def special(self, name):
+        from . import _special  # SciPy: imported only when a special function is used on the tape
+
+        return _special.FUNCTIONS.get(name)
+
+    def copy(self, x):
+        return x.copy() if type(x) is np.ndarray else x  # a traced value is not the caller's memory
+
     # ---------------------------------------------------------------- the two required transforms
     def vjp(self, f, primals, *, has_aux=False):
-        trace, outs, out_idx, aux = record(f, primals, has_aux, kept=True)
+        # (the core hands vjp copies of the caller's arrays and copies the outputs it returns: Backend.mutable_arrays)
+        trace, outs, out_idx, aux = record(f, primals, has_aux)
         n = len(primals)
 
         def vjp_fn(cotangents):

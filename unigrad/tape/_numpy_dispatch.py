@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import math
 import operator
+import sys
 
 import numpy as np
 
@@ -48,7 +49,8 @@ def _flag(value):
 # -------------------------------------------------------------------- ufuncs
 
 UFUNCS = {p.ufunc: p for p in P.PRIMITIVES.values() if p.ufunc is not None}
-UFUNCS.update({np.matmul: xp.matmul, np.float_power: lambda x, y: P.power(_float64(x), _float64(y))})
+UFUNCS.update({np.matmul: xp.matmul, np.float_power: lambda x, y: P.power(_float64(x), _float64(y)),
+               np.radians: P.deg2rad, np.degrees: P.rad2deg})  # NumPy's aliases: distinct ufunc objects
 UFUNC_REDUCTIONS = {np.add: xp.sum, np.multiply: xp.prod, np.maximum: xp.max, np.minimum: xp.min}
 
 
@@ -67,6 +69,11 @@ def array_ufunc(self, ufunc, method, *inputs, **kwargs):
     kwargs.pop("out", None)
     if method == "__call__" and ufunc in UFUNCS and not kwargs:
         return UFUNCS[ufunc](*inputs)
+    if method == "__call__" and not kwargs and "scipy.special" in sys.modules:  # SciPy's special ufuncs
+        from . import _special
+
+        if ufunc in _special.UFUNCS:
+            return _special.UFUNCS[ufunc](*inputs)
     if method == "reduce" and ufunc in UFUNC_REDUCTIONS and len(inputs) == 1 and set(kwargs) <= {"axis",
                                                                                               "keepdims"}:
         return UFUNC_REDUCTIONS[ufunc](inputs[0], axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims",
@@ -254,6 +261,41 @@ def swapaxes(a, axis1, axis2):
 @implements(np.moveaxis)
 def moveaxis(a, source, destination):
     return xp.moveaxis(a, source, destination)
+
+
+@implements(np.rollaxis)
+def rollaxis(a, axis, start=0):
+    n = _ndim(a)
+    if not -n <= axis < n:
+        raise np.exceptions.AxisError(f"np.rollaxis: axis {axis} is out of bounds for an array of dimension {n}")
+    if not -n <= start <= n:
+        raise np.exceptions.AxisError(f"np.rollaxis: start {start} is out of bounds for an array of dimension {n}")
+    axis, start = axis % n, start + n if start < 0 else start
+    if axis < start:  # NumPy's rule: the axis lands just before the axis that was at `start`
+        start -= 1
+    return a if axis == start else xp.moveaxis(a, axis, start)
+
+
+@implements(np.tril)
+def tril(m, k=0):
+    return xp.tril(m, k=k)
+
+
+@implements(np.triu)
+def triu(m, k=0):
+    return xp.triu(m, k=k)
+
+
+@implements(np.real_if_close)
+def real_if_close(a, tol=100):
+    """NumPy's rule, read from the values: the real part when every imaginary part is within ``tol``
+    machine epsilons (``tol`` > 1) or ``tol`` (absolute, ``tol`` <= 1) of zero, else ``a`` unchanged."""
+    value = np.asarray(concrete(a))
+    if value.dtype.kind != "c":
+        return a
+    if tol > 1:
+        tol = np.finfo(value.dtype).eps * tol
+    return xp.real(a) if np.all(np.abs(value.imag) < tol) else a
 
 
 @implements(np.squeeze)

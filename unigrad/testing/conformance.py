@@ -215,6 +215,38 @@ def test_transforms_work_under_framework_no_grad(backend):
         assert torch.is_grad_enabled()
 
 
+def test_nothing_the_caller_holds_changes_a_vjp_fn(backend):
+    """``vjp_fn`` computes at the call's point whatever the caller writes afterwards into a NumPy input, a
+    pytree leaf, the backend's own input array, the output or aux (on a backend with mutable arrays), and
+    no result shares memory with what the caller passed in."""
+    b = unigrad.get_backend(backend)
+
+    def f(p):
+        xp = unigrad.namespace(p["x"])
+        y = xp.exp(p["x"]) * xp.sin(p["x"])
+        return y, y
+
+    point = np.array([0.3, 0.2, 0.1])
+    want = np.exp(point) * (np.sin(point) + np.cos(point))
+    for native in (False, True):
+        x = b.asarray(point.copy()) if native else point.copy()
+        out, vjp_fn, aux = unigrad.vjp(f, {"x": x}, has_aux=True, backend=backend)
+        if native and not b.mutable_arrays:
+            pass  # immutable arrays: nothing to write into
+        else:
+            x[...] = 5.0
+        if b.mutable_arrays:
+            out[...] = -1.0
+            aux[...] = -2.0
+        ct = b.asarray(np.ones(3))
+        (g,) = vjp_fn(ct)
+        _close(g["x"], want)
+        _close(vjp_fn(ct)[0]["x"], want)  # a second call too
+        if b.mutable_arrays:  # writing into a result leaves the cotangent the caller holds as it was
+            g["x"][...] = 7.0
+            _close(ct, np.ones(3))
+
+
 # ------------------------------------------------------------------ transforms against each other
 
 def test_jacrev_jacfwd_stacked_vjps_and_jvps_agree(backend, data):

@@ -109,23 +109,31 @@ def _format(value) -> str:
     return "[" + ", ".join(_format(e) for e in v.ravel()) + "]"
 
 
+def _cell(transform, kink, name) -> str:
+    """The derivative of ``kink`` at its point by ``transform`` (``grad`` or ``jacfwd``: for a scalar
+    function both give the gradient's shape), formatted, or ``error: <exception>``."""
+    def scalar(*a, _k=kink):
+        return _xp(*a).sum(_k.fn(*a))
+    try:
+        g = transform(scalar, argnums=kink.argnums, backend=name)(*[np.asarray(a, dtype=np.float64) for a in kink.args])
+        return ", ".join(_format(unigrad.to_numpy(v)) for v in g) if len(kink.argnums) > 1 \
+            else _format(unigrad.to_numpy(g[0]))
+    except Exception as exc:  # a backend that cannot even evaluate the point is worth a cell too
+        return f"error: {type(exc).__name__}"
+
+
 def measure(backends=None, kinks=KINKS) -> dict[str, dict[str, str]]:
-    """``{kink name: {backend: formatted gradient or 'error: ...'}}`` for the installed backends."""
+    """``{kink name: {backend: cell}}`` for the installed backends: the derivative measured in reverse mode
+    (``grad``) and in forward mode (``jacfwd``); the cell is the value when both modes give it, and
+    ``rev A / fwd B`` when they differ."""
     if backends is None:
         backends = [n for n, info in unigrad.backends().items() if info["available"]]
     table = {}
     for kink in kinks:
         row = {}
         for name in backends:
-            try:
-                def scalar(*a, _k=kink):
-                    return _xp(*a).sum(_k.fn(*a))
-                g = unigrad.grad(scalar, argnums=kink.argnums, backend=name)(
-                    *[np.asarray(a, dtype=np.float64) for a in kink.args])
-                row[name] = ", ".join(_format(unigrad.to_numpy(v)) for v in g) if len(kink.argnums) > 1 \
-                    else _format(unigrad.to_numpy(g[0]))
-            except Exception as exc:  # a backend that cannot even evaluate the point is worth a cell too
-                row[name] = f"error: {type(exc).__name__}"
+            rev, fwd = _cell(unigrad.grad, kink, name), _cell(unigrad.jacfwd, kink, name)
+            row[name] = rev if rev == fwd else f"rev {rev} / fwd {fwd}"
         table[kink.name] = row
     return table
 
@@ -135,9 +143,11 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
     lines = [
         "# Non-differentiable points: what each backend returns",
         "",
-        "Generated, never typed: every cell is *measured* through `unigrad.grad(..., backend=...)` in",
-        "float64 (an error cell names the exception). Regenerate the whole file, after any change to a",
-        "backend or a rule, with one command (all installed backends):",
+        "Generated, never typed: every cell is *measured* in float64, in reverse mode through",
+        "`unigrad.grad(..., backend=...)` and in forward mode through `unigrad.jacfwd`; a cell shows one value",
+        "where both modes give it and `rev A / fwd B` where they differ (an error cell names the exception).",
+        "Regenerate the whole file, after any change to a backend or a rule, with one command (all installed",
+        "backends):",
         "",
         "    python -m unigrad.testing.conventions --write docs/conventions.md",
         "",
@@ -177,6 +187,12 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "  namespace's replaces `torch.median`, which returns the lower of the two).",
         "- A NumPy function called inside `f` on a value being differentiated (`np.median(x)`): a",
         "  TypeError on torch and JAX that names the namespace function to use.",
+        "- Forward and reverse mode follow the same rule at every point above, with two exceptions the",
+        "  table shows as `rev A / fwd B`: the `where` trap below is a reverse-mode trap (forward mode",
+        "  selects the tangent of the branch taken, so it gives 0 on every backend), and TensorFlow's",
+        "  forward mode (`ForwardAccumulator`) applies TensorFlow's own JVPs inside the namespace's",
+        "  `maximum`, `minimum` and `pow`, whose reverse rules the namespace sets. `compare` reports a",
+        "  disagreement between modes or backends at these points as a convention difference.",
         "",
         "## The `where` trap, and the NaN-safe helpers",
         "",
@@ -193,6 +209,22 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "- `unigrad.safe_norm(x, axis=None, keepdims=False, ord=2)`: `vector_norm` with derivative 0",
         "  at the zero vector and the exact one elsewhere, on every backend and for any array library's",
         "  own `vector_norm` (`jax.numpy.linalg.vector_norm` gives NaN there; the JAX namespace's gives 0).",
+        "",
+        "## What the caller holds",
+        "",
+        "Nothing the caller holds can change a result. `vjp` returns a `vjp_fn` that outlives the call: it",
+        "computes at the call's point whatever the caller later writes into the primals (NumPy arrays,",
+        "pytree leaves, the backend's own arrays), the output or aux. On backends whose arrays can be",
+        "written in place (the tape, torch, plugins by default: `Backend.mutable_arrays`) the core hands",
+        "the backend copies of the caller's arrays and the caller copies of the outputs; JAX's and",
+        "TensorFlow's arrays are immutable. No result shares memory with an array the caller passed in",
+        "(torch returns its input itself for an identity; unigrad clones it). The conformance suite holds",
+        "every backend to this (`test_nothing_the_caller_holds_changes_a_vjp_fn`).",
+        "",
+        "Arrays that `f` closes over are read when `f` runs: an eager transform sees a name rebound (or an",
+        "array written) between calls, while a `compile=True` program on a backend that compiles (JAX,",
+        "TensorFlow) keeps the value it was traced with, as `jax.jit` does. Pass arrays that change as",
+        "arguments.",
         "",
         "## Other rules, the same on every backend (enforced by the adapters)",
         "",

@@ -83,6 +83,9 @@ class AutogradBackend(unigrad.Backend):
     def namespace(self):
         return _namespace
 
+    def copy(self, x):
+        return x.copy() if type(x) is np.ndarray else x  # a boxed (traced) value is not the caller's memory
+
     def version(self):
         from importlib.metadata import version
 
@@ -126,7 +129,7 @@ class AutogradBackend(unigrad.Backend):
             # one cotangent per output in, one per primal out (autograd's zeros for unused primals)
             with _autograd_turn():
                 grads = pullback(tuple(cotangents))
-            return tuple(_like(g, p) for g, p in zip(grads, primals))
+            return _owned(tuple(_like(g, p) for g, p in zip(grads, primals)), tuple(cotangents))
 
         return tuple(outputs), vjp_fn, (aux_out[0] if has_aux else None)
 
@@ -135,7 +138,22 @@ class AutogradBackend(unigrad.Backend):
         with _autograd_turn():
             outputs, tangents_out = make_jvp(traced, tuple(primals))(tuple(tangents))
         tangents_out = tuple(_like(t, o) for t, o in zip(tangents_out, outputs))
-        return tuple(outputs), tangents_out, (aux_out[0] if has_aux else None)
+        received = tuple(primals) + tuple(tangents)
+        outputs = _owned(tuple(outputs), received)
+        return outputs, _owned(tangents_out, received + outputs), (aux_out[0] if has_aux else None)
+
+
+def _owned(results, received):
+    """``results`` owned by the caller: a NumPy result that may share memory with an array the caller
+    passed in or with an earlier result (autograd returns its input itself for an identity) is copied.
+    A boxed value (a nested transform's) is left as it is."""
+    out = []
+    for r in results:
+        if type(r) is np.ndarray and any(type(a) is np.ndarray and np.may_share_memory(r, a)
+                                         for a in received + tuple(out)):
+            r = r.copy()
+        out.append(r)
+    return tuple(out)
 
 
 def _like(value, reference):

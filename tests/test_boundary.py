@@ -148,3 +148,20 @@ def test_numpy_functions_on_traced_values(fn):
     np.testing.assert_allclose(_np(unigrad.evaluate(fn, x)), fn(x))
     real = lambda a: np.sum(np.real(fn(a)) + np.imag(fn(a)))  # noqa: E731
     check_grads(real, (x,), order=2)
+
+
+def test_the_library_leaves_tensorflows_log_level_to_the_user():
+    """docs/getting-started.md: the TensorFlow backend sets no TF_CPP_MIN_LOG_LEVEL (only the CLI does): the
+    variable after loading the backend is what TensorFlow's own import leaves."""
+    import subprocess
+    import sys
+
+    if "tensorflow" not in unigrad.backends():
+        pytest.skip("tensorflow not installed")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    probe = "import os, {}; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"
+    plain = subprocess.run([sys.executable, "-c", probe.format("tensorflow")], env=env, capture_output=True,
+                           text=True, check=True).stdout.split()[-1]
+    ours = subprocess.run([sys.executable, "-c", probe.format("unigrad; unigrad.get_backend('tensorflow')")],
+                          env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert ours == plain

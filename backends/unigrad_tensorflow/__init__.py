@@ -8,9 +8,6 @@ receives :class:`Array` s. Transforms return plain ``tf.Tensor`` s; ``unigrad.to
 ``tf.convert_to_tensor(a)`` gives the tensor an :class:`Array` holds.
 """
 
-import os
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import _namespace  # noqa: E402
 from ._array import Array, public_module  # noqa: E402

@@ -23,9 +23,6 @@ Reverse mode is ``tf.GradientTape`` (Jacobians with ``tape.jacobian`` /
 from __future__ import annotations
 
 import contextvars
-import os
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -35,10 +35,8 @@ from __future__ import annotations
 import builtins
 import ctypes
 import math
-import os
 from typing import NamedTuple
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -12,9 +12,6 @@ import builtins
 import contextlib
 import functools
 import math
-import os
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

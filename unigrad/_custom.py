@@ -319,7 +319,22 @@ def _leaf_names(args, positions):
 
 # ------------------------------------------------------------------------------------------- public
 
-class custom_vjp:
+class _CustomFunction:
+    """What custom_vjp and custom_jvp share: the function, its non-differentiated positions, and the
+    decorator-factory form (``custom_vjp(nondiff_argnums=(1,))`` without a function)."""
+
+    def __new__(cls, fun=None, nondiff_argnums=()):
+        if fun is None:
+            return functools.partial(cls, nondiff_argnums=nondiff_argnums)
+        return super().__new__(cls)
+
+    def __init__(self, fun, nondiff_argnums=()):
+        functools.update_wrapper(self, fun)
+        self.fun = fun
+        self.nondiff_argnums = _normalize_nondiff(nondiff_argnums)
+
+
+class custom_vjp(_CustomFunction):
     """A function with a reverse-mode rule of your own, used by every backend and both modes.
 
     ``f = unigrad.custom_vjp(f)`` then ``f.defvjp(fwd, bwd)``, as in JAX:
@@ -357,15 +372,8 @@ class custom_vjp:
       array([1., 1.])
     """
 
-    def __new__(cls, fun=None, nondiff_argnums=()):
-        if fun is None:
-            return functools.partial(cls, nondiff_argnums=nondiff_argnums)
-        return super().__new__(cls)
-
     def __init__(self, fun, nondiff_argnums=()):
-        functools.update_wrapper(self, fun)
-        self.fun = fun
-        self.nondiff_argnums = _normalize_nondiff(nondiff_argnums)
+        super().__init__(fun, nondiff_argnums)
         self.fwd = self.bwd = None
 
     def defvjp(self, fwd: Callable, bwd: Callable):
@@ -382,7 +390,7 @@ class custom_vjp:
         return call.apply(Rule(call.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd))
 
 
-class custom_jvp:
+class custom_jvp(_CustomFunction):
     """A function with a forward-mode rule of your own, used by every backend and both modes.
 
     ``f = unigrad.custom_jvp(f)`` then ``f.defjvp(rule)`` (or ``@f.defjvp``), as in JAX:
@@ -412,15 +420,8 @@ class custom_jvp:
       array([0.5, 0.5])
     """
 
-    def __new__(cls, fun=None, nondiff_argnums=()):
-        if fun is None:
-            return functools.partial(cls, nondiff_argnums=nondiff_argnums)
-        return super().__new__(cls)
-
     def __init__(self, fun, nondiff_argnums=()):
-        functools.update_wrapper(self, fun)
-        self.fun = fun
-        self.nondiff_argnums = _normalize_nondiff(nondiff_argnums)
+        super().__init__(fun, nondiff_argnums)
         self.jvp = None
 
     def defjvp(self, rule: Callable):

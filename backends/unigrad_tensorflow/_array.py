@@ -433,7 +433,7 @@ class WeakScalar(Array):
 
     def _against(self, dtype):
         """The tensor as a Python number combined with an array of ``dtype`` would be converted."""
-        want = _ns()._weak(0j if self._t.dtype.is_complex else 0.0, dtype)
+        want = _raw._weak(0j if self._t.dtype.is_complex else 0.0, dtype)
         return self._t if want == self._t.dtype else tf.cast(self._t, want)
 
     def __repr__(self):
@@ -457,7 +457,7 @@ _COMPARISONS = {"less", "less_equal", "greater", "greater_equal", "equal", "not_
 
 def _weak_binary(fname, reflected=False):
     def op(self, other):
-        fn = getattr(_ns(), fname)
+        fn = getattr(_raw, fname)
         if isinstance(other, _NUMBERS) or type(other) is WeakScalar:
             # number with number: computed as Python would (float64 / complex128), still a weak number
             o = other._t if type(other) is WeakScalar else other
@@ -492,7 +492,7 @@ def _resolve_weak(args, kwargs):
     would be: to the promoted dtype of the other arrays among them, or float64 / complex128 alone."""
     arrays = [plain(a) for a in list(args) + list(kwargs.values())
               if type(a) is not WeakScalar and isinstance(plain(a), (tf.Tensor, tf.Variable))]
-    dtype = _ns().result_type(*arrays) if arrays else None
+    dtype = _raw.result_type(*arrays) if arrays else None
 
     def resolve(a):
         if type(a) is not WeakScalar:

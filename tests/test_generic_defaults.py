@@ -21,7 +21,7 @@ def _make(vmap: bool):
         """Only the required methods (delegated to the tape); everything else is the base's."""
 
         name = f"minimal_{'vmap' if vmap else 'loop'}"
-        capabilities = unigrad.Capabilities(vmap=vmap)
+        capabilities = unigrad.Capabilities(vmap=vmap, higher_order=True)  # the tape nests: second order is delivered
 
         def namespace(self):
             return _TAPE.namespace()

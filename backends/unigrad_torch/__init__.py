@@ -456,8 +456,8 @@ def _fresh(results, received):
             out.append(r)
             continue
         if ptr in seen and r.numel():
-            r = r.clone()
-            ptr = r.untyped_storage().data_ptr()
+            out.append(r.clone())  # fresh memory (inside an enclosing transform, possibly that level's tensor)
+            continue
         seen.add(ptr)
         out.append(r)
     return tuple(out)

@@ -81,7 +81,7 @@ def from_tape(trace, n_inputs, out_indices, input_values, out_values=()):
         vjps = prim.vjps
         data = _data_positions(prim, len(vals))
         traced = {i: j for i, j in parents if i in data}
-        nodes.append(Node(prim.name, prim.impl, list(vals), traced, dict(params), [idx], [tuple(np.shape(ans))
+        nodes.append(Node(prim.name, getattr(prim, "impl", None), list(vals), traced, dict(params), [idx], [tuple(np.shape(ans))
                           if not hasattr(ans, "shape") else tuple(ans.shape)], prim=prim, data=data))
     return Program(list(range(n_inputs)), [tuple(np.shape(v)) if not hasattr(v, "shape") else tuple(v.shape)
                                            for v in input_values], nodes, list(out_indices),
@@ -92,6 +92,8 @@ def _data_positions(prim, n):
     vjps = prim.vjps
     if vjps is None:
         return frozenset()
+    if not isinstance(vjps, (tuple, list)):  # rules made per node (a checkpointed block): every input is data
+        return frozenset(range(n))
     return frozenset(i for i in range(min(n, len(vjps))) if vjps[i] is not None)
 
 

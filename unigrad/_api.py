@@ -230,8 +230,9 @@ def grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, *, compile
       backend: backend name or object.
       compile: one compiled program per signature (see :func:`value_and_grad`).
       device: place the inputs on this device.
-      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are
-        static (see :func:`value_and_grad`).
+      static_argnums: with ``compile=True``, positions of arguments whose Python floats are static
+        (see :func:`value_and_grad`).
+      static_argnames: the same by parameter name.
 
     Returns:
       A function of the same arguments returning the gradient, shaped like ``args[argnums]``
@@ -268,8 +269,9 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
       memory_budget: bytes (``2e9``) or a size (``"2GB"``, ``"512MiB"``) for the result and the work
         together; the chunk size is chosen from it, from the measured peak of one VJP (or JVP), once
         per signature. Ignored when ``chunk_size`` is given.
-      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are
-        static (see :func:`value_and_grad`).
+      static_argnums: with ``compile=True``, positions of arguments whose Python floats are static
+        (see :func:`value_and_grad`).
+      static_argnames: the same by parameter name.
 
     Returns:
       A function; for an output of shape ``O`` and an input of shape ``I`` the block has shape
@@ -353,7 +355,8 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
       compile: one compiled program per signature (Python floats are dynamic inputs, see
         :func:`value_and_grad`).
       device: place the inputs on this device.
-      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are static.
+      static_argnums: with ``compile=True``, positions of arguments whose Python floats are static.
+      static_argnames: the same by parameter name.
 
     Returns:
       A function returning the Hessian blocks, nested as output structure, then input, then input.

@@ -65,8 +65,9 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       memory_budget: bytes or a size (``"2GB"``) for the result and the work together; the chunk
         size is chosen from the measured peak of one VJP (or JVP) of the batch, once per signature.
         Ignored when ``chunk_size`` is given.
-      static_argnums, static_argnames: with ``compile=True``, arguments whose Python floats are
-        static (see :func:`unigrad.value_and_grad`); other Python floats are dynamic inputs.
+      static_argnums: with ``compile=True``, positions of arguments whose Python floats are static
+        (see :func:`unigrad.value_and_grad`); other Python floats are dynamic inputs.
+      static_argnames: the same by parameter name.
 
     Returns:
       A function; each block has shape ``(B, *out_shape[1:], *in_shape[1:])``.

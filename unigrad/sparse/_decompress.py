@@ -119,6 +119,7 @@ def assemble(b, values, structure, format, fname):
     -- a ``scipy.sparse.csr_array`` whatever the backend (a host copy); ``"csr"``, ``"csc"``,
     ``"coo"`` -- that layout in the backend's type, where it has one.
     """
+    values = b.to_native(values)  # (TensorFlow's namespace hands back its Array: the framework's tensor here)
     kind = _kind(values)
     if kind is None and format not in ("scipy", "dense"):
         kind = "numpy"

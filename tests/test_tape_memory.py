@@ -48,8 +48,10 @@ def test_vjp_peak_is_at_most_autograds():
     g, = ours()
     np.testing.assert_allclose(g, _smooth_grad(x), rtol=1e-12, atol=1e-12)
     mine, peer = _peak(ours) / x.nbytes, _peak(theirs) / x.nbytes
-    # was 13 input sizes (every intermediate kept, sums never in place) against autograd's 9
-    assert mine <= peer + 0.01, (mine, peer)
+    # was 13 input sizes (every intermediate kept, sums never in place) against autograd's 9. vjp keeps a
+    # copy of the primal (one input size): vjp_fn must compute at the call's point whatever the caller
+    # later writes into x (issue 22; autograd's vjp_fn silently follows such a write). grad keeps no copy.
+    assert mine <= peer + 1 + 0.01, (mine, peer)
     assert _peak(lambda: unigrad.grad(_smooth)(x)) / x.nbytes <= peer + 0.01
 
 

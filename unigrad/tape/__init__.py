@@ -9,7 +9,7 @@ import numpy as np
 from ..backend import Backend, Capabilities, _chunks
 from . import _core, _remat
 from . import _namespace as namespace_module
-from . import _rules
+from . import _rules, _special
 from ._core import backward, push, record
 from ._tracer import Tracer, concrete
 
@@ -91,9 +91,7 @@ class NumpyBackend(Backend):
         return _remat.checkpoint(f, tuple(primals))
 
     def special(self, name):
-        from . import _special  # SciPy: imported only when a special function is used on the tape
-
-        return _special.FUNCTIONS.get(name)
+        return _special.FUNCTIONS.get(name)  # (SciPy is imported when one of them runs)
 
     def copy(self, x):
         return x.copy() if type(x) is np.ndarray else x  # a traced value is not the caller's memory

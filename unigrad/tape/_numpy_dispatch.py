@@ -26,6 +26,7 @@ from . import _fft as F
 from . import _functions as xp
 from . import _linalg as L
 from . import _primitives as P
+from . import _special
 from ._tracer import Tracer, _ndim, _shape, concrete
 
 _NV = np._NoValue  # NumPy's "argument not given"
@@ -70,10 +71,9 @@ def array_ufunc(self, ufunc, method, *inputs, **kwargs):
     if method == "__call__" and ufunc in UFUNCS and not kwargs:
         return UFUNCS[ufunc](*inputs)
     if method == "__call__" and not kwargs and "scipy.special" in sys.modules:  # SciPy's special ufuncs
-        from . import _special
-
-        if ufunc in _special.UFUNCS:
-            return _special.UFUNCS[ufunc](*inputs)
+        table = _special.scipy_ufuncs()
+        if ufunc in table:
+            return table[ufunc](*inputs)
     if method == "reduce" and ufunc in UFUNC_REDUCTIONS and len(inputs) == 1 and set(kwargs) <= {"axis",
                                                                                               "keepdims"}:
         return UFUNC_REDUCTIONS[ufunc](inputs[0], axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims",

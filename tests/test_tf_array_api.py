@@ -96,6 +96,10 @@ def test_portable_function_with_operators_runs_in_every_transform(compile):
         got = run(TF, **kw) if name in ("grad", "jacrev", "jacfwd", "hessian", "bj_rev", "bj_fwd") else run(TF)
         _same(got, want)
         if name != "vmap":
+            # (batched_jacobian also reads portable f on the NumPy tape to prove its rows independent: those
+            # calls see the analysis's tracers; every call TensorFlow runs sees Arrays)
+            from unigrad.tape._tracer import Tracer
+            seen[:] = [a for a in seen if not isinstance(a, Tracer)]
             assert seen and all(type(a) is Array for a in seen), (name, {type(a) for a in seen})
 
 

@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from . import _fft as fft  # noqa: E402
+from . import _recorded  # noqa: E402
 from . import _linalg as linalg  # noqa: E402
 from ._linalg import (SlogdetResult, EighResult, QRResult, SVDResult, diagonal, matmul, outer,  # noqa: E402,F401
                       tensordot, trace, vecdot)
@@ -307,39 +308,65 @@ def _sqrt(x):
 sqrt = _unary(_sqrt, "sqrt")
 
 
-def _extremum(fn, first_wins):
-    """maximum / minimum whose derivative at a tie is 1/2 for each argument (torch, JAX and the tape);
-    TensorFlow's gives all of it to the first argument, so ``maximum(x, 0)`` and ``maximum(0, x)`` differed."""
-    @tf.custom_gradient
-    def ad(x1, x2):
-        def grad(g):
-            wins, tie = first_wins(x1, x2), tf.equal(x1, x2)
-            zero, half = tf.zeros_like(g), g * tf.constant(0.5, g.dtype)
-            g1 = tf.where(wins, g, tf.where(tie, half, zero))
-            g2 = tf.where(wins | tie, tf.where(tie, half, zero), g)
-            g2 = tf.where(tf.math.is_nan(x1) | tf.math.is_nan(x2), zero, g2)
-            return _unbroadcast(g1, x1), _unbroadcast(g2, x2)
-        return fn(x1, x2), grad
+def _extremum(fn, first_wins, name):
+    """maximum / minimum whose derivative at a tie is 1/2 for each argument (torch, JAX and the tape), in
+    reverse and forward mode; TensorFlow's gives all of it to the first argument, so ``maximum(x, 0)`` and
+    ``maximum(0, x)`` differed. At a NaN the derivative is 0 (the value is NaN)."""
+    def weights(x1, x2):
+        wins, tie = first_wins(x1, x2), tf.equal(x1, x2)
+        return wins, tie, tf.math.is_nan(x1) | tf.math.is_nan(x2)
+
+    def vjp(g, y, x1, x2):
+        wins, tie, nan = weights(x1, x2)
+        zero, half = tf.zeros_like(g), g * tf.constant(0.5, g.dtype)
+        g1 = tf.where(wins, g, tf.where(tie, half, zero))
+        g2 = tf.where(wins | tie, tf.where(tie, half, zero), g)
+        g2 = tf.where(nan, zero, g2)
+        return _unbroadcast(g1, x1), _unbroadcast(g2, x2)
+
+    def jvp(tangents, y, x1, x2):
+        wins, tie, nan = weights(x1, x2)
+        zero = tf.zeros_like(y)
+        t1, t2 = (zero if t is None else tf.broadcast_to(t, tf.shape(y)) for t in tangents)
+        half = (t1 + t2) * tf.constant(0.5, y.dtype)
+        return tf.where(nan, zero, tf.where(wins, t1, tf.where(tie, half, t2)))
+
+    ad = _recorded.recorded(name, fn, vjp, jvp)
 
     def op(x1, x2):
         return ad(x1, x2) if x1.dtype.is_floating else fn(x1, x2)
     return op
 
 
-@tf.custom_gradient
-def _pow_ad(x1, x2):
-    z = tf.pow(x1, x2)
+def _pow_derivatives(z, x1, x2):
+    """d/dx1 = x2 x1^(x2 - 1), and 0 where x2 == 0 (x ** 0 is constant; 0 * inf would be NaN at x1 = 0);
+    d/dx2 = x1^x2 log(x1), NaN for x1 < 0 (as on torch and JAX; TensorFlow gives 0), 0 at x1 = 0, x2 >= 0."""
+    zero = tf.zeros_like(z)
+    d1 = tf.where(tf.equal(x2, tf.zeros_like(x2)), zero, x2 * tf.pow(x1, x2 - tf.ones_like(x2)))
+    x2_real = tf.math.real(x2) if x2.dtype.is_complex else x2
+    at_zero = tf.equal(x1, tf.zeros_like(x1)) & (x2_real >= 0)
+    d2 = tf.where(at_zero, zero, z * tf.math.log(x1))
+    return d1, d2
 
-    def grad(g):
-        zero = tf.zeros_like(z)
-        # d/dx1 = x2 x1^(x2 - 1), and 0 where x2 == 0 (x ** 0 is constant; 0 * inf would be NaN at x1 = 0);
-        # d/dx2 = x1^x2 log(x1), NaN for x1 < 0 (as on torch and JAX; TensorFlow gives 0), 0 at x1 = 0, x2 >= 0
-        d1 = tf.where(tf.equal(x2, tf.zeros_like(x2)), zero, x2 * tf.pow(x1, x2 - tf.ones_like(x2)))
-        x2_real = tf.math.real(x2) if x2.dtype.is_complex else x2
-        at_zero = tf.equal(x1, tf.zeros_like(x1)) & (x2_real >= 0)
-        d2 = tf.where(at_zero, zero, z * tf.math.log(x1))
-        return _unbroadcast(g * tf.math.conj(d1), x1), _unbroadcast(g * tf.math.conj(d2), x2)
-    return z, grad
+
+def _pow_vjp(g, z, x1, x2):
+    d1, d2 = _pow_derivatives(z, x1, x2)
+    return _unbroadcast(g * tf.math.conj(d1), x1), _unbroadcast(g * tf.math.conj(d2), x2)
+
+
+def _pow_jvp(tangents, z, x1, x2):
+    """Each input's term selected where its tangent is zero, never multiplied out: the other input's
+    derivative (NaN at a negative base, inf at 0 ** 0.5) must not leak into a column it is not in, as in
+    reverse mode, where each input gets its own cotangent."""
+    out = tf.zeros_like(z)
+    for t, d in zip(tangents, _pow_derivatives(z, x1, x2)):
+        if t is not None:
+            t = tf.broadcast_to(t, tf.shape(z))
+            out = out + tf.where(tf.equal(t, tf.zeros_like(t)), tf.zeros_like(z), d * t)
+    return out
+
+
+_pow_ad = _recorded.recorded("pow", tf.pow, _pow_vjp, _pow_jvp)
 
 
 def _pow(x1, x2):
@@ -368,10 +395,33 @@ def pow(x1, x2, /):  # noqa: A001
     return _pow(*_promote(x1, x2))
 
 
-maximum = _binary(_extremum(tf.maximum, tf.greater), "maximum")
-minimum = _binary(_extremum(tf.minimum, tf.less), "minimum")
+maximum = _binary(_extremum(tf.maximum, tf.greater, "maximum"), "maximum")
+minimum = _binary(_extremum(tf.minimum, tf.less, "minimum"), "minimum")
 atan2 = _binary(tf.math.atan2, "atan2")
-floor_divide, remainder = _binary(tf.math.floordiv, "floor_divide"), _binary(tf.math.floormod, "remainder")
+floor_divide = _binary(tf.math.floordiv, "floor_divide")
+
+
+def _remainder_value(x1, x2):
+    """``floormod`` with a zero result signed as the divisor (``remainder(0., -1.)`` is -0.0, as the standard
+    and NumPy say; TensorFlow's gives +0.0)."""
+    r = tf.math.floormod(x1, x2)
+    zero = tf.zeros_like(r)
+    return tf.where(tf.equal(r, zero), tf.where(signbit(x2) & tf.ones_like(r, tf.bool), -zero, zero), r)
+
+
+def _remainder_jvp(tangents, r, x1, x2):
+    t1, t2 = tangents
+    out = tf.zeros_like(r) if t1 is None else tf.broadcast_to(t1, tf.shape(r))
+    return out if t2 is None else out - t2 * tf.math.floordiv(x1, x2)
+
+
+# The zero's sign is chosen by a select no tape sees: the derivative stays TensorFlow's (and the tape's)
+# at exact multiples too: 1 for x1, -floor(x1 / x2) for x2, in both modes.
+_remainder_ad = _recorded.recorded(
+    "remainder", _remainder_value,
+    lambda g, r, x1, x2: (_unbroadcast(g, x1), _unbroadcast(-g * tf.math.floordiv(x1, x2), x2)), _remainder_jvp)
+remainder = _binary(lambda x1, x2: _remainder_ad(x1, x2) if x1.dtype.is_floating else tf.math.floormod(x1, x2),
+                    "remainder")
 equal, not_equal = _binary(tf.equal, "equal"), _binary(tf.not_equal, "not_equal")
 less, less_equal = _binary(tf.less, "less"), _binary(tf.less_equal, "less_equal")
 greater, greater_equal = _binary(tf.greater, "greater"), _binary(tf.greater_equal, "greater_equal")

@@ -242,9 +242,17 @@ def _pow_vjp_y(g, ans, x, y):
     return g * (ans * log(where(x == 0, 1, x)))
 
 
+def _pow_jvp(vjp):
+    """A tangent's term, 0 where the tangent is 0: the other input's derivative (NaN at a negative base,
+    inf at 0 ** 0.5) stays out of a Jacobian column it is not in, as in reverse mode (docs/conventions.md)."""
+    def jvp(t, ans, x, y):
+        return where(t == 0, 0, vjp(t, ans, x, y))
+    return jvp
+
+
 power = defprim("pow", np.power,
                 vjp=(_pow_vjp_x, _pow_vjp_y),
-                jvp=(lambda t, ans, x, y: _pow_vjp_x(t, ans, x, y), lambda t, ans, x, y: _pow_vjp_y(t, ans, x, y)),
+                jvp=(_pow_jvp(_pow_vjp_x), _pow_jvp(_pow_vjp_y)),
                 broadcasts=True)
 
 add = defprim("add", np.add, vjp=(lambda g, ans, x, y: g, lambda g, ans, x, y: g),

@@ -357,6 +357,10 @@ def _segment_error(x_list, plus_list, minus_list):
     return worst / scale, where
 
 
+def _has_nan(xs) -> bool:
+    return any(bool(np.any(np.isnan(_as_np(x)))) for x in xs)
+
+
 def _inner(xs, ys) -> float:
     """Real part of the unconjugated pairing sum(x * y) (the house complex convention)."""
     return float(sum(np.real(np.sum(_as_np(x).astype(np.complex128) * _as_np(y))) for x, y in zip(xs, ys)))
@@ -430,6 +434,30 @@ class _Directional:
         (plus, plus_err), (minus, minus_err) = self.sides_with_error()
         return _widened_error(plus, minus, [a + b for a, b in zip(plus_err, minus_err)])[0] > tol
 
+    def singular(self) -> bool:
+        """No one-sided derivative exists here: a one-sided estimate is not finite (f is NaN or infinite
+        beside the point: a negative base of a real power) or has no stable value (its estimated error is
+        above 1 % of it: a singularity such as log at 0, the ``where`` trap)."""
+        for values, errors in self.sides_with_error():
+            for v, e in zip(values, errors):
+                v, e = np.asarray(v), np.asarray(e, dtype=np.float64)
+                if not v.size:
+                    continue
+                if not (np.all(np.isfinite(v)) and np.all(np.isfinite(e))):
+                    return True
+                if float(np.max(e)) > _UNSTABLE * max(1.0, float(np.max(np.abs(v)))):
+                    return True
+        return False
+
+    def no_derivative(self, tol) -> bool:
+        """f has no derivative along the tangent here (a kink or a singularity): every mode's answer, and
+        NaN, is a convention (docs/conventions.md), not a number finite differences can check."""
+        return self.has_kink(tol) or self.singular()
+
+
+# A one-sided estimate whose own error is above this fraction of it has no stable value.
+_UNSTABLE = 1e-2
+
 
 def _widened_error(ad, fd_values, fd_errors):
     """``(error, slack, where)``: the error of ``ad`` against finite differences after taking off
@@ -492,6 +520,10 @@ def _check_directional(quantity, dd: _Directional, ad, tol, what) -> Check:
     else:
         conclusive = True
     (plus, plus_err), (minus, minus_err) = dd.sides_with_error()
+    if dd.singular() and (_has_nan(ad) or _segment_error(ad, plus, minus)[0] <= tol):
+        return Check(quantity, "fd", err, tol, "kink",
+                     "convention difference at a point where f has no derivative (a singularity, or NaN "
+                     "beside it): NaN, or a value between the one-sided estimates (docs/conventions.md)")
     gap, gap_slack, _ = _widened_error(plus, minus, [a + b for a, b in zip(plus_err, minus_err)])
     if gap <= tol:  # smooth along v: the one-sided estimates agree; trust them with the central one
         if not conclusive:
@@ -826,7 +858,7 @@ def _analyse(problem: _Problem, runs, reference, tol):
             r.checks.append(c)
         if r.second is not None:
             c = _check_directional("second", run.directional_second(), r.second, tol["fd"], input_name)
-            if c.status in ("fail", "inconclusive") and dd.has_kink(tol["fd"]):
+            if c.status in ("fail", "inconclusive") and dd.no_derivative(tol["fd"]):
                 # f itself has a kink here: its second derivative is a convention, not a number to check
                 c = Check("second", "fd", c.error, c.tolerance, "kink",
                           "not checked: f has a non-differentiable point here, so second derivatives are "
@@ -882,7 +914,7 @@ def _against_reference(ok_runs, ref_run, tol, names):
 
     def point_has_kink():
         if not kink:
-            kink.append(ref_run.directional_f().has_kink(tol["fd"]))
+            kink.append(ref_run.directional_f().no_derivative(tol["fd"]))
         return kink[0]
 
     for run in ok_runs:
@@ -986,6 +1018,12 @@ def _vjp_dot_check(dd, r, problem, tol) -> Check:
     gap = _widened_error(plus, minus, [a + b for a, b in zip(plus_err, minus_err)])[0]
     if err_w <= tol and slack <= tol:
         return Check("vjp", "fd", err, tol, "ok")
+    if dd.singular():
+        lo, hi = _inner_interval(cts, minus, plus)
+        if math.isnan(lhs) or (math.isfinite(lo) and math.isfinite(hi) and lo <= lhs <= hi):
+            return Check("vjp", "fd", err, tol, "kink",
+                         "convention difference at a point where f has no derivative (a singularity, or NaN "
+                         "beside it): <J^T u, v> is NaN or between the one-sided estimates (docs/conventions.md)")
     if gap <= tol:
         if err_w <= tol:
             return _inconclusive("vjp", slack, tol, " (dot-product test)")
@@ -1015,9 +1053,10 @@ def _transpose_check(r, problem, run, tol) -> Check:
     err = _scalar_error(lhs, rhs)
     if err <= tol["transpose"]:
         return Check("transpose", "self", err, tol["transpose"], "ok")
-    if run.directional_f().has_kink(tol["fd"]):
+    if run.directional_f().no_derivative(tol["fd"]):
         return Check("transpose", "self", err, tol["transpose"], "kink",
-                     "JVP and VJP use different conventions at a non-differentiable point")
+                     "JVP and VJP use different conventions at a non-differentiable point (or both give NaN "
+                     "there; docs/conventions.md shows each backend's reverse and forward mode)")
     return Check("transpose", "self", err, tol["transpose"], "fail",
                  f"JVP and VJP are not transposes of each other: <u, J v> = {lhs:.12g} (JVP) vs "
                  f"<J^T u, v> = {rhs:.12g} (VJP) (error {err:.2e} > tolerance {tol['transpose']:.0e})")

@@ -20,7 +20,7 @@ TAPE_RULES = {
     "median, even count": "error: AttributeError", "clip lower bound": "1", "clip upper bound": "1",
     "sqrt at 0": "inf", "norm at 0": "[0, 0]", "safe_norm at 0": "[0, 0]", "where, NaN in untaken branch": "rev nan / fwd 0",
     "where, log trap": "rev nan / fwd 0", "safe_where": "0", "x ** 0 at 0": "0", "pow(x, 0.0) at 0": "0", "x ** int 0 at 0": "0", "pow, base 0": "0",
-    "pow, negative base": "nan", "floor": "0", "round": "0", "sign at 0": "0",
+    "pow, negative base": "nan", "pow, negative base, both": "-4, nan", "pow, base 0, both": "inf, 0", "floor": "0", "round": "0", "sign at 0": "0",
 }
 
 # The rules unigrad promises on every backend (docs/conventions.md, "The rules chosen"): the backends
@@ -33,7 +33,19 @@ PROMISED = {
     "clip lower bound": ("1", ["numpy", "torch", "jax", "tensorflow"]),
     "clip upper bound": ("1", ["numpy", "torch", "jax", "tensorflow"]),
     "norm at 0": ("[0, 0]", ["numpy", "torch", "jax", "tensorflow"]),
-    "pow, negative base": ("nan", ["numpy", "torch", "jax"]),
+    "pow, negative base": ("nan", ["numpy", "torch", "jax", "tensorflow"]),
+    # one value in reverse and forward mode (tensorflow's forward mode gave 1 / 0 at ties until the
+    # namespace recorded its own JVP)
+    "relu at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "maximum(0, x) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "minimum(x, 0) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "minimum(0, x) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "maximum tie": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "maximum tie, swapped": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "minimum tie": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "minimum tie, swapped": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "pow, negative base, both": ("-4, nan", ["numpy", "tensorflow"]),  # torch, JAX, autograd: fwd nan, nan
+    "pow, base 0, both": ("inf, 0", ["numpy", "tensorflow"]),
     "max of empty": ("error: ValueError", ["numpy", "torch", "jax"]),
     "median, even count": ("[0, 0.5, 0.5, 0]", ["torch", "jax"]),
     "where, log trap": ("rev nan / fwd 0", ["numpy", "torch", "jax", "tensorflow"]),  # the documented trap

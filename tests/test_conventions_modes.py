@@ -200,3 +200,23 @@ def test_compare_calls_the_differences_the_table_shows_conventions_and_still_cat
     sin.defvjp(lambda x: (sin(x), x), lambda x, g: (g * math.nan,))
     report = compare(lambda x: sin(x), (np.array([0.3, 0.7]),), backends=["numpy"], repeats=0)
     assert report.verdict == DISAGREE and not report.ok, report.table()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_tensorflow_logaddexp_is_smooth_at_a_tie():
+    """logaddexp is smooth: at x1 == x2 its derivative is 1/2 each and its second derivative 1/4, in both
+    modes (TensorFlow's namespace gave 1 and 0, differentiating max + log1p(exp(-|x1 - x2|)))."""
+    pytest.importorskip("tensorflow")
+
+    def f(x, y):
+        return unigrad.namespace(x).sum(unigrad.namespace(x).logaddexp(x, y))
+
+    x, y = np.array([1.0, 0.3, -2.0]), np.array([1.0, 1.1, 5.0])
+    for transform in (unigrad.grad, unigrad.jacfwd):
+        want = transform(f, argnums=(0, 1), backend="numpy")(x, y)
+        got = transform(f, argnums=(0, 1), backend="tensorflow")(x, y)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(unigrad.to_numpy(g), w, rtol=1e-14)
+    np.testing.assert_allclose(unigrad.to_numpy(unigrad.hessian(f, backend="tensorflow")(x, y)),
+                               unigrad.hessian(f, backend="numpy")(x, y), rtol=1e-12)
+    assert float(unigrad.to_numpy(unigrad.grad(f, backend="tensorflow")(x, y))[0]) == pytest.approx(0.5, abs=1e-15)

@@ -89,6 +89,51 @@ def test_random_sparse_program_on_each_backend(name):
     check_sparse_jacobian(gathered, (x, idx, w), sparsity=gathered_pattern(idx, 15), backend=backend)
 
 
+def with_aux(x):
+    """tridiagonal_map with aux: an array computed from the output, a string and a number."""
+    y = tridiagonal_map(x)
+    return y, {"total": unigrad.namespace(y).sum(y), "tag": "kept", "count": 3}
+
+
+def rosenbrock_with_aux(x):
+    value = rosenbrock(x)
+    return value, (value * 2.0, "kept")
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_has_aux(name, compile):
+    backend = needs(name)
+    b = unigrad.get_backend(backend)
+    want = unigrad.jacobian(tridiagonal_map)(X)  # the references on the tape
+    for mode in ("fwd", "rev"):  # the aux leaves come from different passes in each mode
+        jac = unigrad.sparse_jacobian(with_aux, sparsity=tridiagonal(10), mode=mode, has_aux=True, backend=backend,
+                                      compile=compile, format="dense")
+        for _ in range(2 if compile else 1):  # the second call: the cached plan and program
+            result, aux = jac(X)
+            np.testing.assert_allclose(np.asarray(unigrad.to_numpy(result)), want, rtol=1e-12, atol=1e-12)
+            assert b.is_array(aux["total"]) and (aux["tag"], aux["count"]) == ("kept", 3)
+            np.testing.assert_allclose(float(unigrad.to_numpy(aux["total"])), np.sum(tridiagonal_map(X)), rtol=1e-12)
+    hessian = unigrad.sparse_hessian(rosenbrock_with_aux, sparsity=tridiagonal(10), has_aux=True, backend=backend,
+                                     compile=compile, format="dense")
+    result, (doubled, tag) = hessian(X)
+    np.testing.assert_allclose(np.asarray(unigrad.to_numpy(result)), unigrad.hessian(rosenbrock)(X), rtol=1e-10,
+                               atol=1e-10)
+    np.testing.assert_allclose(float(unigrad.to_numpy(doubled)), 2 * float(rosenbrock(X)), rtol=1e-12)
+    assert tag == "kept" and b.is_array(doubled)
+    with pytest.raises(TypeError, match="pair"):
+        unigrad.sparse_jacobian(tridiagonal_map, sparsity=tridiagonal(10), has_aux=True, backend=backend)(X)
+
+
+def test_has_aux_with_a_detected_pattern():
+    """Detection reads the output alone, not the aux (a pair read as outputs would widen the pattern)."""
+    result, aux = unigrad.sparse_jacobian(with_aux, has_aux=True)(X)
+    assert (result != unigrad.sparse_jacobian(tridiagonal_map)(X)).nnz == 0 and result.nnz == 28
+    assert aux["tag"] == "kept"
+    hess, (doubled, _) = unigrad.sparse_hessian(rosenbrock_with_aux, has_aux=True)(X)
+    assert hess.nnz == 28 and float(doubled) == 2 * float(rosenbrock(X))
+
+
 def _type_name(value):
     return f"{type(value).__module__}.{type(value).__name__}"
 

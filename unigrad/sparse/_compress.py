@@ -45,59 +45,154 @@ def _ints(a):
     return a.astype(np.int32) if a.size == 0 or int(a.max()) < 2 ** 31 - 1 else a
 
 
-def kernel(plan, chunk_size=None):
-    """The kernel ``(backend, flat_f, leaves) -> ((), (values,), ())`` of a :class:`SparsePlan`."""
+def kernel(plan, chunk_size=None, has_aux=False):
+    """The kernel ``(backend, flat_f, leaves) -> ((), (values,), aux)`` of a :class:`SparsePlan`.
+
+    With ``has_aux``, ``flat_f`` returns ``(outputs, aux)``: the aux leaves come from a pass the
+    kernel runs anyway where one returns them (the reverse passes, the tape's forward sweep), else from
+    one plain evaluation of ``f`` (the vectorised JVPs would return one copy per colour).
+    """
     mode, c, dtype = plan.mode, plan.coloring.n_colors, plan.dtype
 
     def run(b, flat_f, leaves):
         xp = b.namespace()
         device = b.device(leaves[0])
+        leaves = tuple(leaves)
         index = b.asarray(_ints(plan.index), device=device)
+        main = outputs_only(flat_f) if has_aux else flat_f
         if mode == "rev":
             groups = b.asarray(_ints(plan.groups), device=device)  # (c, g): the outputs of each colour, padded
 
             def weighted(*xs):
-                y = _ravel_concat(b, xp, flat_f(*xs), dtype)
+                outputs, aux = flat_f(*xs) if has_aux else (flat_f(*xs), None)
+                y = _ravel_concat(b, xp, outputs, dtype)
                 y = xp.concat([y, xp.zeros((1,), dtype=y.dtype, device=device)], axis=0)  # the pad reads 0
-                return (xp.sum(xp.reshape(xp.take(y, xp.reshape(groups, (-1,))), b.shape(groups)), axis=1),)
+                sums = (xp.sum(xp.reshape(xp.take(y, xp.reshape(groups, (-1,))), b.shape(groups)), axis=1),)
+                return (sums, aux) if has_aux else sums
 
-            _, jac, _ = b.jacrev(weighted, tuple(leaves), chunk_size=chunk_size)
+            weighted.closure_arrays = getattr(flat_f, "closure_arrays", ())
+            _, jac, aux = b.jacrev(weighted, leaves, chunk_size=chunk_size, has_aux=has_aux)
             compressed = xp.concat([xp.reshape(blk if b.dtype(blk) == dtype else b.cast(blk, dtype), (c, -1))
                                     for blk in jac[0]], axis=1)  # (c, n)
-            return (), (xp.take(xp.reshape(compressed, (-1,)), index),), ()
-        function = flat_f if mode == "fwd" else _gradient(b, flat_f)
+            return (), (xp.take(xp.reshape(compressed, (-1,)), index),), aux or ()
+        function = main if mode == "fwd" else _gradient(b, main)
         seeds = [b.asarray(_ints(s), device=device) for s in plan.seeds]
         if b.capabilities.vmap:  # one JVP per colour, vectorised: each result a row of (c, m)
-            colours = b.asarray(_ints(np.arange(c).reshape(c, 1)), device=device)
+            # The seed tangents, made once per plan on the host (constants of a compiled program). Built
+            # in the program instead (``colour == k``), XLA fused that comparison into every consumer of
+            # the tangent: 2x slower than asdex on the Brusselator, N = 32, against 0.7x with constants.
+            tangents = tuple(b.asarray(t, device=device) for t in tangents_of(plan, b, leaves))
 
             def rows(start, stop):  # the seed tangents of colours start:stop, one array per leaf
-                return tuple(xp.reshape(b.cast(xp.equal(colours[start:stop], xp.reshape(s, (1, -1))), b.dtype(x)),
-                                        (stop - start, *b.shape(x))) for s, x in zip(seeds, leaves))
+                return tuple(t[start:stop] if b.dtype(t) == b.dtype(x) else b.cast(t[start:stop], b.dtype(x))
+                             for t, x in zip(tangents, leaves))
 
-            def push(*tangents):
-                return (_ravel_concat(b, xp, b.jvp(function, tuple(leaves), tangents)[1], dtype),)
+            linear, aux = _by_reverse(b, mode, flat_f, leaves, dtype, has_aux)
+            if linear is not None:
+                def push(*tangents):
+                    return (_ravel_concat(b, xp, linear(tangents), dtype),)
+            else:
+                aux = plain_aux(b, flat_f, leaves) if has_aux else ()
+
+                def push(*tangents):
+                    return (_ravel_concat(b, xp, b.jvp(function, leaves, tangents)[1], dtype),)
 
             (compressed,) = b.map_chunks(push, rows, c, chunk_size, [((plan.shape[0],), dtype, device)])
-            return (), (xp.take(xp.reshape(compressed, (-1,)), index),), ()
+            return (), (xp.take(xp.reshape(compressed, (-1,)), index),), aux
 
         def pushed(z):  # no vectorising map (the tape): its jacfwd pushes a batch of tangents in one sweep
-            return (_ravel_concat(b, xp, function(*_shifted(b, xp, leaves, z, seeds)), dtype),)
+            shifted = _shifted(b, xp, leaves, z, seeds)
+            if has_aux and mode == "fwd":
+                outputs, aux = flat_f(*shifted)
+                return (_ravel_concat(b, xp, outputs, dtype),), aux
+            values = (_ravel_concat(b, xp, function(*shifted), dtype),)
+            return (values, plain_aux(b, flat_f, shifted)) if has_aux else values
 
-        _, jac, _ = b.jacfwd(pushed, (b.zeros((c,), dtype, device=device),), chunk_size=chunk_size)
+        _, jac, aux = b.jacfwd(pushed, (b.zeros((c,), dtype, device=device),), chunk_size=chunk_size,
+                               has_aux=has_aux)
         compressed = xp.permute_dims(jac[0][0], (1, 0))  # (m, c) -> (c, m); minus: see above
-        return (), (-xp.take(xp.reshape(compressed, (-1,)), index),), ()
+        return (), (-xp.take(xp.reshape(compressed, (-1,)), index),), aux or ()
 
     return run
 
 
-def _gradient(b, flat_f):
-    """The gradient of a flat scalar ``f`` as a flat function (its JVP is an HVP: forward over reverse)."""
+def outputs_only(flat_f):
+    """A flat ``f`` with ``has_aux`` as one without: its outputs alone."""
+    def main(*xs):
+        return flat_f(*xs)[0]
+
+    main.closure_arrays = getattr(flat_f, "closure_arrays", ())
+    return main
+
+
+def plain_aux(b, flat_f, leaves):
+    """The aux leaves of one plain evaluation of ``f`` (arrays detached from any transform)."""
+    _, aux = b.evaluate(flat_f, tuple(leaves))
+    return tuple(b.stop_gradient(a) if b.is_array(a) else a for a in aux)
+
+
+# Backends whose forward mode is much slower than their reverse mode on ordinary code: their
+# forward passes are run as transposed VJPs. torch 2.13's forward AD turns the tangent of every
+# Python number in ``f`` (``2.0 * x``, ``x + 1.0``) into a ZeroTensor whose arithmetic runs through
+# Python reference ops, about 1-2 ms per operation whatever the size: measured on the Brusselator,
+# N = 32 (12 colours, float64, 2 CPU cores), vmap of torch.func.jvp 15-22 ms, the transposed VJP
+# below 2.9 ms, the same numbers (benchmarks/bench_sparse.py).
+_FORWARD_BY_REVERSE = frozenset({"torch"})
+
+
+def _by_reverse(b, mode, flat_f, leaves, dtype, has_aux):
+    """``(tangents -> J tangents, aux)`` from reverse passes alone, or ``(None, ())`` where the backend's
+    own JVP is used.
+
+    Forward (``J t``): the VJP ``u -> J^T u`` is linear in ``u``, so its own VJP at any ``u`` (zero
+    here) with cotangent ``t`` is ``J t``: one forward pass and the graph of its VJP once per call,
+    then one reverse pass of that graph per colour (vectorised). Star (``H t``): ``H`` is symmetric,
+    so ``H t`` is the VJP of the gradient with cotangent ``t`` (reverse over reverse). Real dtypes
+    only (a complex ``J^T u`` is conjugate-linear in ``u``); elsewhere the backend's JVP.
+    """
+    if b.name not in _FORWARD_BY_REVERSE or "complex" in str(dtype) or not b.capabilities.higher_order:
+        return None, ()
+    if mode == "star":
+        _, pullback, aux = b.vjp(_gradient(b, flat_f, has_aux), leaves, has_aux=has_aux)
+        return pullback, aux or ()
+    outputs, vjp_fn, aux = b.vjp(flat_f, leaves, has_aux=has_aux)
+
+    def transpose_me(*cotangents):
+        return tuple(vjp_fn(cotangents))
+
+    _, transposed, _ = b.vjp(transpose_me, tuple(b.zeros_like(o) for o in outputs), has_aux=False)
+    return transposed, aux or ()
+
+
+def _gradient(b, flat_f, has_aux=False):
+    """The gradient of a flat scalar ``f`` as a flat function (its JVP is an HVP: forward over reverse);
+    with ``has_aux`` it returns ``(gradient, aux)``."""
     def gradient(*xs):
-        outputs, vjp_fn, _ = b.vjp(flat_f, xs, has_aux=False)
-        return tuple(vjp_fn((b.ones_like(outputs[0]),)))
+        outputs, vjp_fn, aux = b.vjp(flat_f, xs, has_aux=has_aux)
+        grads = tuple(vjp_fn((b.ones_like(outputs[0]),)))
+        return (grads, aux) if has_aux else grads
 
     gradient.closure_arrays = getattr(flat_f, "closure_arrays", ())
     return gradient
+
+
+def tangents_of(plan, b, leaves):
+    """The seed tangents of the forward passes, one NumPy array ``(c, *leaf.shape)`` per leaf (one-hot in
+    the colour: ``S[k]`` is one on the inputs of colour ``k``), in the leaf's dtype where NumPy has it
+    (else bool, cast on the backend), made once per plan and dtype."""
+    key = tuple((b.dtype(x), tuple(b.shape(x))) for x in leaves)
+    cached = plan.cache.get(("tangents", key))
+    if cached is None:
+        c, out = plan.coloring.n_colors, []
+        for seed, (dtype, shape) in zip(plan.seeds, key):
+            try:
+                np_dtype = np.dtype(dtype)
+            except TypeError:
+                np_dtype = np.dtype(bool)
+            onehot = np.arange(c, dtype=np.int64).reshape(c, 1) == seed.reshape(1, -1)
+            out.append(np.ascontiguousarray(onehot.astype(np_dtype).reshape(c, *shape)))
+        cached = plan.cache[("tangents", key)] = tuple(out)
+    return cached
 
 
 def seeds_of(colors, shapes):

@@ -149,9 +149,13 @@ def _dense(b, kind, values, s):
         return out.reshape(s.shape)
     if kind == "jax":
         jax, jnp = sys.modules["jax"], sys.modules["jax.numpy"]
+
+        def scatter():  # one compiled scatter per plan (eagerly, .at[].set took 4 ms on 30 non-zeros)
+            flat = s.flat.astype(np.int32) if s.shape[0] * s.shape[1] < 2 ** 31 else s.flat
+            return jax.jit(lambda v: jnp.zeros(s.shape[0] * s.shape[1], dtype=v.dtype).at[flat].set(v).reshape(s.shape))
+
         with jax.enable_x64(values.dtype.itemsize == 8 or jax.config.jax_enable_x64):  # keep float64 float64
-            out = jnp.zeros(s.shape[0] * s.shape[1], dtype=values.dtype).at[s.flat].set(values)
-            return out.reshape(s.shape)
+            return s.converted(("jax", "dense"), scatter)(values)
     if kind == "tensorflow":
         tf = sys.modules["tensorflow"]
         return tf.scatter_nd(s.converted(("tensorflow", "pairs"), lambda: tf.constant(s.pairs)), values, s.shape)
@@ -188,9 +192,18 @@ def _jax(values, s, format, fname):
 
     import jax.numpy as jnp
 
+    # The matrix is built once per plan by its constructor (which validates the index arrays), then
+    # from its parts by the pytree protocol (as jax.jit builds one it returns): the constructor's
+    # conversions and checks took 140 us a call, more than the compressed passes of a small problem.
+    # The values are checked here instead: one per non-zero, a 1-d array.
+    if tuple(values.shape) != (s.nnz,):
+        raise ValueError(f"internal: {s.nnz} values expected, got an array of shape {tuple(values.shape)}")
     if format in ("auto", "coo"):
         pairs = s.converted(("jax", "pairs"), lambda: jnp.asarray(s.pairs32))
-        return jsparse.BCOO((values, pairs), shape=s.shape, indices_sorted=True, unique_indices=True)
+        if s.converted(("jax", "bcoo checked", values.dtype), lambda: jsparse.BCOO(
+                (values, pairs), shape=s.shape, indices_sorted=True, unique_indices=True)) is not None:
+            return jsparse.BCOO.tree_unflatten({"shape": s.shape, "indices_sorted": True, "unique_indices": True},
+                                               (values, pairs))
     if format == "csr":
         indices = s.converted(("jax", "indices"), lambda: jnp.asarray(s.indices32))
         indptr = s.converted(("jax", "indptr"), lambda: jnp.asarray(s.indptr32))

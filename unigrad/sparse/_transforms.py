@@ -5,7 +5,7 @@ in a bounded cache, next to the call plan), the passes on every call, eagerly or
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -47,6 +47,7 @@ class SparsePlan:
     seeds: tuple
     groups: np.ndarray | None
     structure: _decompress.Structure
+    cache: dict = field(default_factory=dict, repr=False)  # arrays derived from the plan once (seed tangents)
 
     @property
     def n_colors(self) -> int:
@@ -70,17 +71,30 @@ def _check_format(format, fname):
         raise ValueError(f"{fname}: format must be one of {_decompress.FORMATS}; got {format!r}")
 
 
-def _pattern_for(call, sparsity, shape, kind, argnums, backend, fname):
+def _pattern_for(call, sparsity, shape, kind, argnums, backend, fname, has_aux):
     if sparsity is None or (isinstance(sparsity, str) and sparsity == "detect"):
-        found = _pattern.detect(kind, call.f, call.args, argnums, backend, fname)
+        f = call.f
+        if has_aux:  # the pattern of the output alone (aux is not differentiated)
+            def f(*args):
+                return _aux_pair(call.f(*args), fname)[0]
+        found = _pattern.detect(kind, f, call.args, argnums, backend, fname)
         return (_pattern.as_pattern(found, shape, fname, symmetric=kind == "hessian"), "detected",
                 tuple(getattr(found, "reasons", ())))
     return _pattern.as_pattern(sparsity, shape, fname, symmetric=kind == "hessian"), "given", ()
 
 
-def _make_plan(call, kind, sparsity, mode, argnums, backend, fname) -> SparsePlan:
+def _aux_pair(result, fname):
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise TypeError(f"{fname}: with has_aux=True the function must return a pair (output, aux); "
+                        f"got {type(result).__name__}")
+    return result
+
+
+def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> SparsePlan:
     b = call.backend
     outputs = b.evaluate(call.flat_f, call.diff)
+    if has_aux:
+        outputs = outputs[0]
     if kind == "hessian":
         scalar_check(b, outputs, fname)
     shapes = [b.shape(x) for x in call.diff]
@@ -89,7 +103,7 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname) -> SparsePla
     dtype = b.dtype(outputs[0])
     for a in tuple(outputs) + tuple(call.diff):
         dtype = promote(dtype, b.dtype(a))
-    pattern, source, reasons = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname)
+    pattern, source, reasons = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname, has_aux)
     if kind == "hessian":
         coloring, chosen = _coloring.star_coloring(pattern), "star"
     else:
@@ -105,7 +119,7 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname) -> SparsePla
     return SparsePlan(pattern, coloring, chosen, source, reasons, dtype, index, seeds, groups, _decompress.Structure(pattern))
 
 
-def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, compile, device, fname):
+def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, compile, device, fname, has_aux):
     if mode not in _MODES:
         raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
     _check_format(format, fname)
@@ -118,28 +132,31 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
             raise ValueError(f"{fname}: argnums selects no array to differentiate")
         plan = sparse_plans.get(call.key)
         if plan is None:
-            plan = sparse_plans.put(call.key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname))
+            plan = sparse_plans.put(call.key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname,
+                                                         has_aux))
         return plan
 
     def kernel_of(plan):
-        passes = _compress.kernel(plan, chunk_size)
+        passes = _compress.kernel(plan, chunk_size, has_aux)
 
         def run(b, flat_f, leaves):
-            if plan.nnz == 0:  # nothing to compute: no pass at all
-                return (), (b.zeros((0,), plan.dtype, device=b.device(leaves[0])),), ()
+            if plan.nnz == 0:  # nothing to compute: no pass at all (f runs once for aux)
+                aux = _compress.plain_aux(b, flat_f, leaves) if has_aux else ()
+                return (), (b.zeros((0,), plan.dtype, device=b.device(leaves[0])),), aux
             return passes(b, flat_f, leaves)
 
         return run
 
     def transformed(*args):
-        call = prepare(plans, f, args, argnums, False, backend, fname, device)
+        call = prepare(plans, f, args, argnums, has_aux, backend, fname, device)
         plan = plan_of(call)
-        _, blocks, _ = execute(call, kernel_of(plan), programs, ("sparse", plan.mode), keep_outputs=False)
-        return _decompress.assemble(call.backend, blocks[0], plan.structure, format, fname)
+        _, blocks, aux = execute(call, kernel_of(plan), programs, ("sparse", plan.mode), keep_outputs=False)
+        matrix = _decompress.assemble(call.backend, blocks[0], plan.structure, format, fname)
+        return (matrix, call.aux(aux)) if has_aux else matrix
 
     def plan(*args) -> SparsePlan:
         """The :class:`SparsePlan` (pattern, colouring, mode) for these arguments' signature."""
-        return plan_of(prepare(plans, f, args, argnums, False, backend, fname, device))
+        return plan_of(prepare(plans, f, args, argnums, has_aux, backend, fname, device))
 
     _wraps(transformed, f, fname)
     transformed.plan = plan
@@ -147,7 +164,8 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
 
 
 def sparse_jacobian(f: Callable, argnums=0, *, sparsity=None, mode: str = "auto", format: str = "auto",
-                    chunk_size: int | None = None, backend=None, compile: bool = False, device=None) -> Callable:
+                    chunk_size: int | None = None, has_aux: bool = False, backend=None, compile: bool = False,
+                    device=None) -> Callable:
     """The Jacobian of ``f`` as a sparse matrix, from one JVP (or VJP) per colour of its pattern.
 
     The outputs are flattened and concatenated (in the output pytree's order) into ``m`` rows, the
@@ -169,12 +187,15 @@ def sparse_jacobian(f: Callable, argnums=0, *, sparsity=None, mode: str = "auto"
         ``"dense"``; ``"scipy"`` (a ``scipy.sparse.csr_array`` on any backend); ``"csr"``, ``"csc"``,
         ``"coo"`` in the backend's type where it has that layout.
       chunk_size: at most this many colours per vectorised pass.
+      has_aux: ``f`` returns ``(output, aux)``; the function then returns ``(jacobian, aux)``, aux as
+        ``f`` gave it (not differentiated; its arrays detached).
       backend: backend name or object.
       compile: one compiled program per signature (``jax.jit``, ``tf.function``).
       device: place the inputs on this device.
 
     Returns:
-      A function of ``f``'s arguments returning the sparse Jacobian. Its ``plan(*args)`` returns the
+      A function of ``f``'s arguments returning the sparse Jacobian (``(jacobian, aux)`` with
+      ``has_aux``). Its ``plan(*args)`` returns the
       :class:`SparsePlan` of those arguments' signature: ``pattern``, ``coloring``, ``mode``.
 
     Example:
@@ -191,27 +212,28 @@ def sparse_jacobian(f: Callable, argnums=0, *, sparsity=None, mode: str = "auto"
       2
     """
     return _transform(f, "jacobian", argnums, sparsity, mode, format, chunk_size, backend, compile, device,
-                      "sparse_jacobian")
+                      "sparse_jacobian", has_aux)
 
 
 def sparse_hessian(f: Callable, argnums=0, *, sparsity=None, format: str = "auto", chunk_size: int | None = None,
-                   backend=None, compile: bool = False, device=None) -> Callable:
+                   has_aux: bool = False, backend=None, compile: bool = False, device=None) -> Callable:
     """The Hessian of a scalar-valued ``f`` as a sparse matrix, from one HVP per colour of a star
     colouring of its (symmetric) pattern.
 
     Args:
-      f: function returning a real scalar.
+      f: function returning a real scalar (``(scalar, aux)`` with ``has_aux``).
       argnums: int or tuple of ints; their elements, flattened and concatenated, index the ``n x n`` result.
       sparsity: ``None`` / ``"detect"`` (:func:`unigrad.hessian_sparsity`) or an ``n x n`` pattern
         (symmetrised: ``A | A^T``). A given pattern must cover every non-zero of the Hessian.
       format: as for :func:`sparse_jacobian`.
       chunk_size: at most this many colours per vectorised pass.
+      has_aux: ``f`` returns ``(scalar, aux)``; the function then returns ``(hessian, aux)``.
       backend: backend name or object.
       compile: one compiled program per signature.
       device: place the inputs on this device.
 
     Returns:
-      A function returning the sparse Hessian; ``plan(*args)`` gives its :class:`SparsePlan`.
+      A function returning the sparse Hessian (``(hessian, aux)`` with ``has_aux``); ``plan(*args)`` gives its :class:`SparsePlan`.
 
     Example:
       >>> import scipy.sparse
@@ -224,4 +246,4 @@ def sparse_hessian(f: Callable, argnums=0, *, sparsity=None, format: str = "auto
       (2998, 3)
     """
     return _transform(f, "hessian", argnums, sparsity, "auto", format, chunk_size, backend, compile, device,
-                      "sparse_hessian")
+                      "sparse_hessian", has_aux)

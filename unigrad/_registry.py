@@ -115,7 +115,11 @@ def get_backend(name: str | Backend | None = None) -> Backend:
       ValueError: unknown name; the message lists the available backends and the extra to install.
       ImportError: the backend is installed but failed to import (the original error is chained).
     """
-    if isinstance(name, Backend):
+    if type(name) is str:  # the common case first (an ABC's isinstance is slow)
+        inst = _instances.get(name)
+        if inst is not None:
+            return inst
+    elif isinstance(name, Backend):
         return name
     if name is None:
         name = current_backend_name()

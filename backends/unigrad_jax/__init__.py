@@ -101,12 +101,16 @@ def _numpy_calls_rejected(method):
         try:
             return method(*args, **kwargs)
         except jax.errors.TracerArrayConversionError as exc:
-            raise TypeError(
-                "a NumPy function (np.median, np.asarray...) was called inside the function on a JAX array "
-                "that unigrad is differentiating, mapping or compiling: NumPy cannot carry its derivative. "
-                "Use the array namespace instead: xp = unigrad.namespace(x); xp.median(x)") from exc
+            raise _numpy_call_error() from exc
 
     return checked
+
+
+def _numpy_call_error():
+    return TypeError(
+        "a NumPy function (np.median, np.asarray...) was called inside the function on a JAX array "
+        "that unigrad is differentiating, mapping or compiling: NumPy cannot carry its derivative. "
+        "Use the array namespace instead: xp = unigrad.namespace(x); xp.median(x)")
 
 
 def _traced(arrays) -> bool:
@@ -499,14 +503,17 @@ class JaxBackend(Backend):
         them as weakly typed scalars, so a new value reuses the program). jit caches per x64 state."""
         jitted = jax.jit(fn)
         closure = getattr(fn, "closure_arrays", ())
+        wide_closure = _wide(closure)
 
-        @_numpy_calls_rejected
         @functools.wraps(fn)
         def compiled(*args):  # the hot path of every compiled call: no context manager (nor config read) unless needed
-            if (_wide(args) or _wide(closure)) and not jax.config.jax_enable_x64:
-                with jax.enable_x64(True):
-                    return jitted(*args)
-            return jitted(*args)
+            try:
+                if (wide_closure or _wide(args)) and not jax.config.jax_enable_x64:
+                    with jax.enable_x64(True):
+                        return jitted(*args)
+                return jitted(*args)
+            except jax.errors.TracerArrayConversionError as exc:
+                raise _numpy_call_error() from exc
 
         return compiled
 

@@ -206,8 +206,7 @@ def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnum
     repeats = Repeats(static, backend, device) if compile else None
 
     def value_and_grad_f(*args, **kwargs):
-        key = repeats.key(args) if repeats is not None and not kwargs else None
-        call = None if key is None else repeats.call(key, f, args, has_aux, "grad")
+        call, key = repeats.find(args, f, has_aux, "grad") if repeats is not None and not kwargs else (None, None)
         if call is not None:  # a repeat of a compiled signature: straight to its program
             outputs, grads, aux = call.program(call)
         else:
@@ -311,8 +310,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     repeats = Repeats(static, backend, device) if compile else None
 
     def jacobian_f(*args):
-        key = None if repeats is None else repeats.key(args)
-        call = None if key is None else repeats.call(key, f, args, has_aux, "jacobian")
+        call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "jacobian")
         if call is not None:  # a repeat of a compiled signature (mode and chunk follow from it)
             _, blocks, aux = call.program(call)
             jac = call.blocks_tree(blocks)

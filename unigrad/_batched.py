@@ -107,8 +107,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     repeats = Repeats(static, backend, device) if compile else None
 
     def batched_jacobian_f(*args):
-        key = None if repeats is None else repeats.key(args)
-        call = None if key is None else repeats.call(key, f, args, has_aux, "batched_jacobian")
+        call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "batched_jacobian")
         if call is not None:  # a repeat of a compiled signature whose rows were proved for the signature
             _, blocks, aux = call.program(call)
             jac = call.blocks_tree(blocks)

@@ -674,6 +674,12 @@ class Repeats:
         sig.append(_registry.resolve(self.backend, args))
         return tuple(sig)
 
+    def find(self, args, f, has_aux, fname):
+        """``(call, key)``: the :class:`Call` of a repeat (its program in ``call.program``) or None, and
+        the key to :meth:`remember` the call under (None: it takes the full path)."""
+        key = self.key(args)
+        return (None, None) if key is None else (self.call(key, f, args, has_aux, fname), key)
+
     def call(self, key, f, args, has_aux, fname):
         """The :class:`Call` of a repeat (its program in ``call.program``), or None."""
         entry = self.entries.get(key)

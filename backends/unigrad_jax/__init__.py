@@ -345,6 +345,23 @@ class JaxBackend(Backend):
         with _x64(f, primals):
             return f(*primals)
 
+    def output_shapes(self, f, primals, has_aux=False):
+        """The outputs' shapes from a trace (``jax.eval_shape``): nothing computed, and none of the
+        op-by-op compilations an eager first evaluation costs. An ``f`` that cannot be traced (it reads
+        values) is evaluated."""
+        primals = tuple(primals)
+
+        def outputs(*p):
+            result = f(*p)
+            return tuple(result[0]) if has_aux else tuple(result)
+
+        try:
+            with _x64(f, primals):
+                shapes = jax.eval_shape(outputs, *primals)
+        except Exception:
+            return super().output_shapes(f, primals, has_aux)
+        return tuple(tuple(s.shape) for s in shapes)
+
     # ------------------------------------------------------------------ vjp / jvp
     @_numpy_calls_rejected
     def vjp(self, f, primals, *, has_aux=False):

@@ -6,7 +6,8 @@ absolute times the best round):
     unigrad.grad / hand-written forward+backprop   (target <= 1.10)
     autograd.grad / hand-written forward+backprop  (for reference)
     unigrad.grad / forward alone
-  * a tiny vjp (x of shape (3,), sum(sin(x)**2)): unigrad / autograd   (target <= 0.5)
+  * a tiny vjp (x of shape (3,), sum(sin(x)**2)): unigrad / autograd   (target <= 0.5), and the same
+    function's grad made once and called many times (target <= 0.5)
   * per-example Jacobian d y_b / d x_b of y = tanh(tanh(x @ w1 + b1) @ w2), MLP 32-64-16, B = 256,
     float32: unigrad.batched_jacobian on the tape / a hand-written vectorised NumPy Jacobian
     (target <= 2), measured after the other work (warm) and, with --fresh N, as the first work of N
@@ -212,9 +213,12 @@ def run(quick=False):
         return fn(1.0)
 
     np.testing.assert_allclose(ug_vjp()[0], ag_vjp(), rtol=1e-12)
+    ug_grad = unigrad.grad(tiny)  # made once, called many times
+    ag_grad = autograd.grad(lambda x: anp.sum(anp.sin(x) ** 2))
+    np.testing.assert_allclose(ug_grad(xs), ag_grad(xs), rtol=1e-12)
     tn, tr = (200, 3) if quick else (1000, 30)
-    tiny_rounds = timed_rounds([ug_vjp, ag_vjp], tn, tr)
-    t_tiny_ug, t_tiny_ag = (min(col) for col in zip(*tiny_rounds))
+    tiny_rounds = timed_rounds([ug_vjp, ag_vjp, lambda: ug_grad(xs), lambda: ag_grad(xs)], tn, tr)
+    t_tiny_ug, t_tiny_ag, t_grad_ug, t_grad_ag = (min(col) for col in zip(*tiny_rounds))
     batched = run_batched(*((10, 5) if quick else (20, 15)))
     loaded = run_loaded(number=5 if quick else 10, repeat=5 if quick else 9)
     return {
@@ -227,7 +231,10 @@ def run(quick=False):
         "mlp_ratio_unigrad_vs_autograd": ratio(mlp_rounds, 2, 3),
         "tiny_vjp_seconds": {"unigrad": t_tiny_ug, "autograd": t_tiny_ag},
         "tiny_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 0, 1),
+        "tiny_grad_seconds": {"unigrad": t_grad_ug, "autograd": t_grad_ag},
+        "tiny_grad_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 2, 3),
         "targets": {"mlp_ratio_unigrad_vs_hand": 1.10, "tiny_ratio_unigrad_vs_autograd": 0.5,
+                    "tiny_grad_ratio_unigrad_vs_autograd": 0.5,
                     "batched_jacobian_ratio": 2.0, "batched_jacobian_loaded_hand_over_tape": 0.3,
                     "batched_jacobian_fresh_hand_over_tape": 0.5},
     }
@@ -270,6 +277,11 @@ def report(r):
     print("tiny vjp: x of shape (3,), sum(sin(x)**2)")
     print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
           f"ratio {r['tiny_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
+    if "tiny_grad_seconds" in r:
+        t = r["tiny_grad_seconds"]
+        print("tiny grad made once, called many times")
+        print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
+              f"ratio {r['tiny_grad_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
     print("per-example Jacobian, MLP 32-64-16, B = 256, float32 (tape batched_jacobian / hand-written NumPy)")
     report_batched(r["batched_jacobian"], "after other work")
     if "batched_jacobian_loaded" in r:

@@ -26,6 +26,7 @@ import bench_batched_jacobian  # noqa: E402
 import bench_bridge  # noqa: E402
 import bench_checkpoint  # noqa: E402
 import bench_calls  # noqa: E402
+import bench_first_call  # noqa: E402
 import bench_per_example  # noqa: E402
 import bench_tape  # noqa: E402
 
@@ -198,6 +199,9 @@ def main(argv=None) -> int:
     print("\n== compiled calls with a new Python float every call (grad, compile=True) against native ==")
     results["calls"] = bench_calls.run([n for n in ("jax", "tensorflow") if n in results["versions"]], args.quick)
     bench_calls.report(results["calls"])
+    print("\n== the first call of batched_jacobian in a fresh process, against the native first call ==")
+    results["first_call"] = bench_first_call.run(names, 2 if args.quick else 5)
+    bench_first_call.report(results["first_call"])
     if "torch" in results["versions"]:
         print("\n== per-example gradient norms against torch.func (and Opacus, BackPACK where installed) ==")
         results["per_example"] = bench_per_example.run(args.quick)

@@ -18,7 +18,7 @@ import optree
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
 from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
-from ._call import _LEAF, BoundedCache, Call, execute, prepare, reject_lazy, unflatten
+from ._call import _LEAF, BoundedCache, Call, Repeats, execute, prepare, reject_lazy, unflatten
 from . import _memory
 from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
                          promoted_blocks, static_arguments)
@@ -203,10 +203,18 @@ def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnum
         return b.value_and_grad(flat_f, leaves, has_aux=has_aux,
                                 check=lambda outputs: scalar_check(b, outputs, "grad"))
 
+    repeats = Repeats(static, backend, device) if compile else None
+
     def value_and_grad_f(*args, **kwargs):
-        g = f if not kwargs else (lambda *a: f(*a, **kwargs))
-        call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device, static if not kwargs else None)
-        outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value)
+        call, key = repeats.find(args, f, has_aux, "grad") if repeats is not None and not kwargs else (None, None)
+        if call is not None:  # a repeat of a compiled signature: straight to its program
+            outputs, grads, aux = call.program(call)
+        else:
+            g = f if not kwargs else (lambda *a: f(*a, **kwargs))
+            call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device, static if not kwargs else None)
+            outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value)
+            if key is not None:
+                repeats.remember(key, call)
         if not call.diff:
             scalar_check(call.backend, outputs, "grad")
         grads = call.inputs_like(grads)
@@ -299,7 +307,14 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
 
     kernels = {"rev": kernel_for("rev", chunk_size), "fwd": kernel_for("fwd", chunk_size)}
 
+    repeats = Repeats(static, backend, device) if compile else None
+
     def jacobian_f(*args):
+        call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "jacobian")
+        if call is not None:  # a repeat of a compiled signature (mode and chunk follow from it)
+            _, blocks, aux = call.program(call)
+            jac = call.blocks_tree(blocks)
+            return (jac, call.aux(aux)) if has_aux else jac
         call = prepare(plans, f, args, argnums, has_aux, backend, "jacobian", device, static)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=False) if call.diff else "rev"
         kernel, decision = kernels[chosen], chosen
@@ -307,6 +322,8 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
             chunk = budget_chunk(chunks, shapes, call, chosen, False, budget, "jacobian")
             kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
         _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
+        if key is not None:
+            repeats.remember(key, call)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 

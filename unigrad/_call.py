@@ -454,7 +454,7 @@ class Call:
     """One call of a transform: its plan, its leaves (converted and placed) and its structures."""
 
     __slots__ = ("plan", "program_key", "_key", "_weak", "args", "treedef", "template", "diff", "dynamic", "f", "has_aux",
-                 "fname", "seen", "_flat_f")
+                 "fname", "seen", "_flat_f", "program")
 
     def __init__(self, plan: Plan, program_key, f, args, leaves, treedef, has_aux, fname, weak=()):
         # program_key: the signature, dynamic scalars (``weak``) keyed by type (plans, programs, output
@@ -462,7 +462,7 @@ class Call:
         self.plan, self.program_key, self.f, self.args, self.treedef = plan, program_key, f, args, treedef
         self._key, self._weak = (None, (leaves, weak)) if weak else (program_key, None)
         self.has_aux, self.fname = has_aux, fname
-        self.seen, self._flat_f = Seen(), None
+        self.seen, self._flat_f, self.program = Seen(), None, None
         b, convert = plan.backend, plan.convert
         if convert:
             leaves = list(leaves)
@@ -618,11 +618,90 @@ class Program:
             raise
         seen = call.seen
         seen.out_tree, seen.aux_tree = self.out_tree, self.aux_tree
-        end = self.n_out + self.n_blocks
+        n_out, end = self.n_out, self.n_out + self.n_blocks
+        if end == len(flat) and not self.aux_static:  # no aux (the common case)
+            return flat[:n_out], flat[n_out:], ()
         aux = list(flat[end:])
         for k, a in self.aux_static:
             aux.insert(k, a)
-        return flat[:self.n_out], flat[self.n_out:end], tuple(aux)
+        return flat[:n_out], flat[n_out:end], tuple(aux)
+
+
+class Repeats:
+    """The compiled calls of one transform that repeat a signature: the arguments straight to their
+    plan and program, in one dictionary lookup.
+
+    After the first call of a signature, a compiled call's work is the program's: the rest of
+    :func:`prepare` and :func:`execute` (the pytree signature, the :class:`Key`, the plan and program
+    caches) derives again what the first call derived. A repeat is recognised from what decided
+    them: the backend the selection rules pick now (explicit, ``use_backend``, ``set_backend``,
+    ``UNIGRAD_BACKEND``, the arrays' types), the device they place on now, and for each argument its
+    array type, shape and dtype, or the type of a Python float or complex that the program takes as a
+    dynamic scalar. Anything else (a pytree, an int, a static float, keyword arguments, a call
+    nested in another transform) takes the full path, and so does a call the transform did not
+    :meth:`remember` (the transform decides which decisions hold for a whole signature).
+    """
+
+    __slots__ = ("entries", "static", "backend", "device")
+
+    def __init__(self, static_args, backend, device, maxsize: int = 32):
+        self.entries = BoundedCache(maxsize)
+        self.static, self.backend, self.device = static_args or frozenset(), backend, device
+
+    def key(self, args):
+        """The repeat key of ``args``, or None when they take the full path."""
+        if _registry.active_backend.get() is not None:  # nested: the full path checks what may nest
+            return None
+        static = self.static
+        if static and min(static) < 0:
+            static = frozenset(a % len(args) for a in static if -len(args) <= a < len(args))
+        sig = [_registry.current_device() if self.device is None else self.device, len(args)]
+        for p, a in enumerate(args):
+            t = type(a)
+            if t in _LEAF_ARRAYS:
+                sig.append(t)
+                sig.append(a.shape)
+                sig.append(a.dtype)
+            elif (t is float or t is complex) and p not in static:
+                sig.append(t)
+            elif len(_LEAF_ARRAYS) < 64 and not isinstance(a, (tuple, list, dict)) and _registry._array_owner(a):
+                _LEAF_ARRAYS.add(t)  # an array type met for the first time (as in signature())
+                sig.append(t)
+                sig.append(a.shape)
+                sig.append(a.dtype)
+            else:
+                return None
+        sig.append(_registry.resolve(self.backend, args))
+        return tuple(sig)
+
+    def find(self, args, f, has_aux, fname):
+        """``(call, key)``: the :class:`Call` of a repeat (its program in ``call.program``) or None, and
+        the key to :meth:`remember` the call under (None: it takes the full path)."""
+        key = self.key(args)
+        return (None, None) if key is None else (self.call(key, f, args, has_aux, fname), key)
+
+    def call(self, key, f, args, has_aux, fname):
+        """The :class:`Call` of a repeat (its program in ``call.program``), or None."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        plan, program = entry
+        if plan.convert:  # NumPy arrays or numbers to convert (or a device to place on): the full constructor
+            call = Call(plan, None, f, args, args, None, has_aux, fname)
+        else:  # the arguments are the leaves, as they are
+            call = Call.__new__(Call)
+            call.plan, call.program_key, call._key, call._weak, call.f, call.args = plan, None, None, None, f, args
+            call.treedef, call.template, call.has_aux, call.fname = None, args, has_aux, fname
+            call.seen, call._flat_f = Seen(), None
+            call.diff = tuple([args[p] for p in plan.diff_positions])
+            call.dynamic = tuple([args[p] for p in plan.dynamic_positions])
+        call.program = program
+        return call
+
+    def remember(self, key, call: Call):
+        """Keep ``call``'s plan and program for repeats of ``key`` (a flat call run by a program)."""
+        if key is not None and call.program is not None and call.treedef is None:
+            self.entries.put(key, (call.plan, call.program))
 
 
 def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=None, keep_outputs=True):
@@ -639,6 +718,7 @@ def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=N
     if program is None:
         program = programs.put(key, Program(call.f, call, kernel, keep_outputs))
         _count_program(programs, call)
+    call.program = program  # (for Repeats.remember)
     return program(call)
 
 

@@ -115,7 +115,11 @@ def get_backend(name: str | Backend | None = None) -> Backend:
       ValueError: unknown name; the message lists the available backends and the extra to install.
       ImportError: the backend is installed but failed to import (the original error is chained).
     """
-    if isinstance(name, Backend):
+    if type(name) is str:  # the common case first (an ABC's isinstance is slow)
+        inst = _instances.get(name)
+        if inst is not None:
+            return inst
+    elif isinstance(name, Backend):
         return name
     if name is None:
         name = current_backend_name()
@@ -290,6 +294,10 @@ def _find_owner(t) -> str | None:
     mod = t.__module__.partition(".")[0]
     if mod in ("builtins", "numpy"):
         return None
+    for name in _names():  # the backends loaded already first: finding their arrays loads nothing
+        cls = _factories.get(name) or _instances.get(name)
+        if cls is not None and mod in getattr(cls, "array_modules", ()):
+            return name
     for name in _names():
         cls = _factories.get(name)
         if cls is None:
@@ -304,6 +312,9 @@ def _find_owner(t) -> str | None:
                 root = ep.value.partition(":")[0].partition(".")[0]
                 modules = _KNOWN_MODULES.get(root)
                 if modules and not any(m in sys.modules for m in modules):
+                    continue
+                owns = _FIRST_PARTY_ARRAYS.get(root)
+                if owns is not None and mod not in owns:  # a first-party adapter owns its framework's arrays only
                     continue
                 try:
                     cls = _factory(name)
@@ -320,6 +331,10 @@ def _find_owner(t) -> str | None:
 # loaded (cheaply: only their module) when an unknown array type shows up.
 _KNOWN_MODULES = {"unigrad_torch": ("torch",), "unigrad_jax": ("jax", "jaxlib"),
                   "unigrad_tensorflow": ("tensorflow",), "unigrad": ()}
+# The top-level modules of the array types each first-party adapter owns (its ``array_modules``): an
+# array of another framework does not load it (the NumPy tape's import is a visible part of a first call).
+_FIRST_PARTY_ARRAYS = {"unigrad_torch": ("torch",), "unigrad_jax": ("jax", "jaxlib"),
+                       "unigrad_tensorflow": ("tensorflow", "unigrad_tensorflow"), "unigrad": ("unigrad",)}
 
 
 def resolve(explicit, leaves) -> Backend:

@@ -31,15 +31,11 @@ def promoted_blocks(b, outputs, leaves, jac):
 
 def output_shapes(shapes: BoundedCache, call: Call):
     """The shapes of ``f``'s outputs for this call's signature: one plain forward evaluation per
-    signature (shapes follow from the signature: array shapes and exact non-array values; a compiled
+    signature (``Backend.output_shapes``: a backend that traces finds them without computing) (shapes follow from the signature: array shapes and exact non-array values; a compiled
     program's dynamic scalars are traced, so shapes cannot depend on them: its key leaves them out)."""
     known = shapes.get(call.program_key)
     if known is None:
-        b = call.backend
-        outputs = b.evaluate(call.flat_f, call.diff)
-        if call.has_aux:
-            outputs = outputs[0]
-        known = shapes.put(call.program_key, tuple(b.shape(o) for o in outputs))
+        known = shapes.put(call.program_key, tuple(call.backend.output_shapes(call.flat_f, call.diff, call.has_aux)))
     return known
 
 

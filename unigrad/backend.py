@@ -39,6 +39,7 @@ method                     status    default / note
 ``zeros``, ``zeros_like``, ``ones_like``, ``stop_gradient``, ``copy``  optional  from the namespace
 ``mutable_arrays``         optional  True: ``vjp`` copies what the caller holds (False: JAX, TF)
 ``evaluate(f, primals)``   optional  ``f(*primals)``; the core's plain forward evaluations
+``output_shapes(f, primals, has_aux)``  optional  the outputs' shapes from ``evaluate`` (JAX: traced, no work)
 ``special(name)``          optional  None: unigrad.special's formulas (the framework's own functions)
 ``arguments(arrays)``      optional  the arrays; what ``f`` receives for its other array arguments
 ``value_and_grad(f, primals, *, has_aux, check)``  optional  one ``vjp`` with a unit cotangent
@@ -221,6 +222,15 @@ class Backend(abc.ABC):
         """``f(*primals)`` outside any transform (the core's plain forward evaluations go through it:
         a backend can set up what its arrays need, e.g. JAX's scoped 64-bit mode)."""
         return f(*primals)
+
+    def output_shapes(self, f, primals, has_aux=False):
+        """The shapes of ``f``'s outputs at ``primals`` (aux left out), as a tuple of tuples: from one
+        :meth:`evaluate` by default; a backend that traces may find them without computing (a
+        first call of a transform asks for them to choose its mode)."""
+        outputs = self.evaluate(f, primals)
+        if has_aux:
+            outputs = outputs[0]
+        return tuple(self.shape(o) for o in outputs)
 
     def stop_gradient(self, x):
         """``x`` detached from any transform (used for ``aux`` values)."""

@@ -101,12 +101,16 @@ def _numpy_calls_rejected(method):
         try:
             return method(*args, **kwargs)
         except jax.errors.TracerArrayConversionError as exc:
-            raise TypeError(
-                "a NumPy function (np.median, np.asarray...) was called inside the function on a JAX array "
-                "that unigrad is differentiating, mapping or compiling: NumPy cannot carry its derivative. "
-                "Use the array namespace instead: xp = unigrad.namespace(x); xp.median(x)") from exc
+            raise _numpy_call_error() from exc
 
     return checked
+
+
+def _numpy_call_error():
+    return TypeError(
+        "a NumPy function (np.median, np.asarray...) was called inside the function on a JAX array "
+        "that unigrad is differentiating, mapping or compiling: NumPy cannot carry its derivative. "
+        "Use the array namespace instead: xp = unigrad.namespace(x); xp.median(x)")
 
 
 def _traced(arrays) -> bool:
@@ -341,6 +345,23 @@ class JaxBackend(Backend):
         with _x64(f, primals):
             return f(*primals)
 
+    def output_shapes(self, f, primals, has_aux=False):
+        """The outputs' shapes from a trace (``jax.eval_shape``): nothing computed, and none of the
+        op-by-op compilations an eager first evaluation costs. An ``f`` that cannot be traced (it reads
+        values) is evaluated."""
+        primals = tuple(primals)
+
+        def outputs(*p):
+            result = f(*p)
+            return tuple(result[0]) if has_aux else tuple(result)
+
+        try:
+            with _x64(f, primals):
+                shapes = jax.eval_shape(outputs, *primals)
+        except Exception:
+            return super().output_shapes(f, primals, has_aux)
+        return tuple(tuple(s.shape) for s in shapes)
+
     # ------------------------------------------------------------------ vjp / jvp
     @_numpy_calls_rejected
     def vjp(self, f, primals, *, has_aux=False):
@@ -499,14 +520,17 @@ class JaxBackend(Backend):
         them as weakly typed scalars, so a new value reuses the program). jit caches per x64 state."""
         jitted = jax.jit(fn)
         closure = getattr(fn, "closure_arrays", ())
+        wide_closure = _wide(closure)
 
-        @_numpy_calls_rejected
         @functools.wraps(fn)
         def compiled(*args):  # the hot path of every compiled call: no context manager (nor config read) unless needed
-            if (_wide(args) or _wide(closure)) and not jax.config.jax_enable_x64:
-                with jax.enable_x64(True):
-                    return jitted(*args)
-            return jitted(*args)
+            try:
+                if (wide_closure or _wide(args)) and not jax.config.jax_enable_x64:
+                    with jax.enable_x64(True):
+                        return jitted(*args)
+                return jitted(*args)
+            except jax.errors.TracerArrayConversionError as exc:
+                raise _numpy_call_error() from exc
 
         return compiled
 

@@ -1,0 +1,173 @@
+"""The repeat cache of compiled transforms (``unigrad._call.Repeats``): a call that repeats a flat
+signature goes straight to its program, and everything that decided the program makes it miss.
+
+Each test makes a first call (which the transform remembers), then a second call that differs in
+one component, and checks both that the repeat path was not taken (a spy on ``Repeats.call``) and
+that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
+(the same signature with a new Python float), so the tests cannot pass by never taking it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import unigrad
+from unigrad import _call
+
+from conftest import uncached
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed")
+
+
+@pytest.fixture
+def hits(monkeypatch):
+    """The outcomes of the repeat lookups made since the last reset: True for a hit."""
+    seen = []
+    real = _call.Repeats.call
+
+    def spy(self, key, f, args, has_aux, fname):
+        call = real(self, key, f, args, has_aux, fname)
+        seen.append(call is not None)
+        return call
+
+    monkeypatch.setattr(_call.Repeats, "call", spy)
+    return seen
+
+
+def loss(x, c):
+    xp = unigrad.namespace(x)
+    return xp.sum(xp.sin(x * c) * c)
+
+
+def rows(x, c):
+    xp = unigrad.namespace(x)
+    return xp.tanh(x * c) * x
+
+
+def fresh(transform, f, args, **options):
+    with uncached():
+        return transform(f, **options)(*args)
+
+
+def jnp_array(a):
+    return unigrad.asarray(np.asarray(a), backend="jax")
+
+
+def check(got, want):
+    got, want = unigrad.to_numpy(got), unigrad.to_numpy(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_new_float_repeats_and_is_used(hits):
+    g = unigrad.grad(loss, backend="jax", compile=True)
+    x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    g(x, 0.5)
+    got = g(x, 1.25)
+    assert hits == [False, True]
+    check(got, fresh(unigrad.grad, loss, (x, 1.25), backend="jax", compile=True))
+
+
+@pytest.mark.parametrize("second", ["shape", "dtype", "array-for-float", "int-for-float", "numpy-array"])
+def test_a_changed_argument_misses(hits, second):
+    g = unigrad.grad(loss, backend="jax", compile=True)
+    x32 = np.linspace(-1, 1, 5).astype(np.float32)
+    first = (jnp_array(x32), 0.5)
+    args = {"shape": (jnp_array(np.linspace(-1, 1, 7).astype(np.float32)), 0.5),
+            "dtype": (jnp_array(x32.astype(np.float64)), 0.5),
+            "array-for-float": (jnp_array(x32), jnp_array(np.float32(0.5))),
+            "int-for-float": (jnp_array(x32), 2),
+            "numpy-array": (x32, 0.5)}[second]
+    g(*first)
+    got = g(*args)
+    assert True not in hits
+    check(got, fresh(unigrad.grad, loss, args, backend="jax", compile=True))
+    g(*args)  # the second signature is remembered too (an int is static: never a repeat)
+    assert hits.count(True) == (second != "int-for-float")
+
+
+def test_a_static_float_never_repeats(hits):
+    g = unigrad.grad(loss, backend="jax", compile=True, static_argnums=1)
+    x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    g(x, 0.5)
+    got = g(x, 0.75)
+    assert not any(hits)
+    check(got, fresh(unigrad.grad, loss, (x, 0.75), backend="jax", compile=True, static_argnums=1))
+
+
+def test_the_backend_and_device_chosen_now_are_part_of_the_key(hits):
+    g = unigrad.grad(loss, compile=True)  # no backend=: chosen on every call
+    x = np.linspace(-1, 1, 5)
+    with unigrad.use_backend("jax"):
+        g(x, 0.5)
+        g(x, 0.6)
+    got = g(x, 0.7)  # the NumPy tape now: not the JAX program
+    assert hits == [False, True, False]
+    assert isinstance(got, np.ndarray)
+    check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="numpy"))
+    with unigrad.use_backend("jax"), unigrad.use_device("cpu"):
+        g(x, 0.8)
+    assert hits[-1] is False
+
+
+def test_a_call_inside_another_transform_takes_the_full_path(hits):
+    g = unigrad.grad(loss, backend="jax", compile=True)
+    x = jnp_array(np.linspace(-1, 1, 5))
+    g(x, 0.5)
+    outer = unigrad.grad(lambda x: unigrad.namespace(x).sum(g(x, 0.5) ** 2), backend="jax")(x)
+    assert hits[-1] is False
+    with uncached():
+        want = unigrad.grad(lambda x: unigrad.namespace(x).sum(
+            unigrad.grad(loss, backend="jax", compile=True)(x, 0.5) ** 2), backend="jax")(x)
+    check(outer, want)
+
+
+def test_jacobian_repeats(hits):
+    jac = unigrad.jacobian(rows, backend="jax", compile=True)
+    x = jnp_array(np.linspace(-1, 1, 4).reshape(2, 2))
+    jac(x, 0.5)
+    got = jac(x, 1.5)
+    assert hits == [False, True]
+    check(got, fresh(unigrad.jacobian, rows, (x, 1.5), backend="jax", compile=True))
+
+
+def test_batched_jacobian_repeats_only_a_signature_proved_for_all_values(hits):
+    x = jnp_array(np.linspace(-1, 1, 6).reshape(3, 2))
+    proved = unigrad.batched_jacobian(lambda x: rows(x, 2.0), backend="jax", compile=True)
+    want = fresh(unigrad.batched_jacobian, lambda x: rows(x, 2.0), (x,), backend="jax", compile=True)
+    hits.clear()
+    proved(x)
+    check(proved(x), want)
+    assert hits == [False, True]
+    # a Python float the proof saw: proved for its value only, so never a repeat
+    hits.clear()
+    with_float = unigrad.batched_jacobian(rows, backend="jax", compile=True)
+    with_float(x, 0.5)
+    with_float(x, 0.5)
+    assert hits == [False, False]
+    # probed on every call: never a repeat
+    hits.clear()
+    always = unigrad.batched_jacobian(lambda x: rows(x, 2.0), backend="jax", compile=True,
+                                      check_independence="always")
+    always(x)
+    always(x)
+    assert hits == [False, False]
+
+
+def test_batched_jacobian_repeat_still_sees_a_mixing_f_of_another_signature(hits):
+    def f(x):
+        xp = unigrad.namespace(x)
+        return x - xp.mean(x, axis=0) if x.shape[0] > 3 else x * x
+
+    bj = unigrad.batched_jacobian(f, backend="jax", compile=True)
+    small = jnp_array(np.ones((3, 2)))
+    bj(small)
+    bj(small)
+    assert hits == [False, True]
+    with pytest.raises(ValueError, match="not independent"):
+        bj(jnp_array(np.ones((4, 2))))
+    with pytest.raises(ValueError, match="not independent"):
+        bj(jnp_array(np.ones((4, 2))))

@@ -356,3 +356,20 @@ def test_dlpack_both_ways():
     np.testing.assert_array_equal(unigrad.to_numpy(tfx.from_dlpack(np.arange(3.0), device="cpu")), np.arange(3.0))
     with pytest.raises(ValueError, match="copy=False"):
         tfx.from_dlpack(np.arange(3.0), copy=False)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "uint8", "uint64"])
+def test_shifts_by_the_bit_width_or_more_follow_python(dtype):
+    """array-api-tests found 1 << 32 == -2**31 on int32: TensorFlow clamps a shift of the bit width or
+    more. The standard (and Python) give 0 for <<, and the sign fill for >>."""
+    xp = unigrad_tensorflow().namespace
+    bits = np.dtype(dtype).itemsize * 8
+    vals = [1, 5, int(np.iinfo(dtype).max)] + ([-1, -7] if dtype[0] == "i" else [])
+    for s in (1, bits - 1, bits, bits + 3):
+        a = xp.asarray(np.array(vals, dtype=dtype))
+        sh = xp.asarray(np.full(len(vals), s, dtype=dtype))
+        left, right = np.asarray(xp.bitwise_left_shift(a, sh)), np.asarray(a >> sh)
+        want_left = [np.array((v << s) % 2 ** bits, dtype=np.uint64).astype(dtype) if s < bits else 0
+                     for v in vals]
+        assert left.tolist() == [int(w) for w in want_left], (s, left)
+        assert right.tolist() == [v >> s for v in vals], (s, right)

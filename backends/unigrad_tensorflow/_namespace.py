@@ -410,8 +410,25 @@ def _bitwise(fn, logical, name):
 bitwise_and = _bitwise(tf.bitwise.bitwise_and, tf.logical_and, "bitwise_and")
 bitwise_or = _bitwise(tf.bitwise.bitwise_or, tf.logical_or, "bitwise_or")
 bitwise_xor = _bitwise(tf.bitwise.bitwise_xor, tf.math.logical_xor, "bitwise_xor")
-bitwise_left_shift = _bitwise(tf.bitwise.left_shift, None, "bitwise_left_shift")
-bitwise_right_shift = _bitwise(tf.bitwise.right_shift, None, "bitwise_right_shift")
+
+
+def _left_shift(x1, x2):
+    """x1 << x2 with the standard's (Python's) value for shifts of the bit width or more: 0 (TensorFlow's
+    kernel leaves those implementation-defined; it clamps the shift)."""
+    wide = x2 >= x1.dtype.size * 8
+    return tf.where(wide, tf.zeros_like(x1), tf.bitwise.left_shift(x1, tf.where(wide, tf.zeros_like(x2), x2)))
+
+
+def _right_shift(x1, x2):
+    """x1 >> x2 with Python's value for shifts of the bit width or more: -1 for negative x1, else 0."""
+    wide = x2 >= x1.dtype.size * 8
+    fill = tf.where(x1 < 0, -tf.ones_like(x1), tf.zeros_like(x1)) if x1.dtype.is_unsigned is False else \
+        tf.zeros_like(x1)
+    return tf.where(wide, fill, tf.bitwise.right_shift(x1, tf.where(wide, tf.zeros_like(x2), x2)))
+
+
+bitwise_left_shift = _bitwise(_left_shift, None, "bitwise_left_shift")
+bitwise_right_shift = _bitwise(_right_shift, None, "bitwise_right_shift")
 
 
 def bitwise_invert(x, /):

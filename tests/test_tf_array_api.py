@@ -373,3 +373,15 @@ def test_shifts_by_the_bit_width_or_more_follow_python(dtype):
                      for v in vals]
         assert left.tolist() == [int(w) for w in want_left], (s, left)
         assert right.tolist() == [v >> s for v in vals], (s, right)
+
+
+def test_empty_arange_and_far_diagonals_of_eye():
+    """array-api-tests: arange(1, 0, 1) raised TensorFlow's 'Requires start <= limit'; eye(0, k=2**63)
+    raised an int64 overflow. NumPy's values: an empty range, a matrix of zeros."""
+    xp = unigrad_tensorflow().namespace
+    for args, dtype in [((1, 0, 1), xp.uint8), ((0, 5, -1), xp.int64), ((1.0, 0.5), None), ((5, 0, -2), xp.int16)]:
+        got = xp.arange(*args, dtype=dtype)
+        want = np.arange(*args)
+        assert got.shape == want.shape and np.asarray(got).tolist() == want.tolist(), args
+    for n, m, k in [(0, None, 2 ** 63), (3, 4, 2 ** 70), (3, 4, -2 ** 70), (3, 4, 4), (3, 4, -3), (3, 4, 1)]:
+        np.testing.assert_array_equal(np.asarray(xp.eye(n, m, k=k)), np.eye(n, m, k=k))

@@ -146,6 +146,8 @@ def full(shape, fill_value, *, dtype=None, device=None):
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
     n_cols = n_rows if n_cols is None else n_cols
     with _on(device):
+        if isinstance(k, int):  # any diagonal outside the matrix is all zeros (and k may not fit in int64)
+            k = builtins.max(-n_rows, builtins.min(n_cols, k))
         mask = tf.range(n_cols)[None, :] - tf.range(n_rows)[:, None] == k
         return tf.cast(mask, _dt(dtype) or tf.float64)
 
@@ -155,6 +157,9 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
         start, stop = 0, start
     dtype = _dt(dtype) or (tf.int64 if builtins.all(isinstance(v, int) for v in (start, stop, step)) else tf.float64)
     with _on(device):
+        if builtins.all(isinstance(v, (int, float)) for v in (start, stop, step)) and step and \
+                math.ceil((stop - start) / step) <= 0:  # empty: TensorFlow's Range refuses start > stop
+            return tf.zeros([0], dtype)
         if dtype.is_integer and dtype not in (tf.int32, tf.int64):  # no Range kernel: in int64, then cast
             return tf.cast(tf.range(start, stop, step, dtype=tf.int64), dtype)
         return tf.range(start, stop, step, dtype=dtype)

@@ -385,3 +385,37 @@ def test_empty_arange_and_far_diagonals_of_eye():
         assert got.shape == want.shape and np.asarray(got).tolist() == want.tolist(), args
     for n, m, k in [(0, None, 2 ** 63), (3, 4, 2 ** 70), (3, 4, -2 ** 70), (3, 4, 4), (3, 4, -3), (3, 4, 1)]:
         np.testing.assert_array_equal(np.asarray(xp.eye(n, m, k=k)), np.eye(n, m, k=k))
+
+
+def test_complex_expm1_and_log1p_special_values_follow_the_standard():
+    """array-api-tests' special cases: TensorFlow's complex expm1/log1p kernels gave NaN where the
+    standard (C99) defines values; ordinary points keep the kernels' accuracy (NumPy's own complex log1p
+    loses it near 0) and derivatives."""
+    xp = unigrad_tensorflow().namespace
+    inf, nan, pi = math.inf, math.nan, math.pi
+    cases = {
+        "expm1": [(complex(inf, 0), complex(inf, 0)), (complex(-inf, inf), complex(-1, 0)),
+                  (complex(inf, inf), complex(inf, nan)), (complex(-inf, nan), complex(-1, 0)),
+                  (complex(inf, nan), complex(inf, nan)), (complex(nan, 0), complex(nan, 0)),
+                  (complex(-0.0, 0), complex(0, 0)), (1e-10 + 1e-10j, np.expm1(1e-10 + 1e-10j))],
+        "log1p": [(complex(-1, 0), complex(-inf, 0)), (complex(2, inf), complex(inf, pi / 2)),
+                  (complex(-inf, 1), complex(inf, pi)), (complex(inf, 1), complex(inf, 0)),
+                  (complex(-inf, inf), complex(inf, 3 * pi / 4)), (complex(inf, inf), complex(inf, pi / 4)),
+                  (complex(inf, nan), complex(inf, nan)), (complex(nan, inf), complex(inf, nan)),
+                  (1e-10 + 1e-10j, complex(0.5 * math.log1p(2e-10 + 2e-20), math.atan2(1e-10, 1 + 1e-10)))],
+    }
+    for name, pairs in cases.items():
+        got = np.asarray(getattr(xp, name)(xp.asarray(np.array([z for z, _ in pairs]))))
+        want = np.array([w for _, w in pairs])
+        np.testing.assert_array_equal(np.isnan(got.real), np.isnan(want.real), err_msg=name)
+        np.testing.assert_array_equal(np.isnan(got.imag), np.isnan(want.imag), err_msg=name)
+        ok = ~np.isnan(want.real)
+        np.testing.assert_allclose(got.real[ok], want.real[ok], rtol=1e-9, err_msg=name)
+        ok = ~np.isnan(want.imag)
+        np.testing.assert_allclose(got.imag[ok], want.imag[ok], rtol=1e-9, atol=1e-300, err_msg=name)
+    z = np.array([0.3 + 0.2j, -0.5 + 1.5j])
+    for name in ("expm1", "log1p"):
+        f = lambda v: unigrad.namespace(v).real(getattr(unigrad.namespace(v), name)(v) * (1 - 2j))  # noqa: E731
+        g_tf, g_tape = (unigrad.to_numpy(unigrad.grad(lambda v: unigrad.namespace(v).sum(f(v)), backend=b)(z))
+                        for b in (TF, "numpy"))
+        np.testing.assert_allclose(g_tf, g_tape, rtol=1e-12)

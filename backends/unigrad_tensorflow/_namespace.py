@@ -231,8 +231,25 @@ def _binary(fn, name):
 
 _LN2, _LN10 = math.log(2.0), math.log(10.0)
 
-exp, expm1, log, log1p = (_unary(f, n) for f, n in ((tf.exp, "exp"), (tf.math.expm1, "expm1"),
-                                                    (tf.math.log, "log"), (tf.math.log1p, "log1p")))
+
+
+def _complex_special(kernel, formula, special):
+    """TensorFlow's complex expm1/log1p kernels give NaN where C99 (and the standard) define a value
+    (expm1(-inf+inf j) = -1, log1p(-1) = -inf, log1p(x + inf j) = inf + pi/2 j...); there ``formula``
+    (exp(z) - 1, log(1 + z), whose kernels follow C99) is exact. Real inputs: the kernel alone."""
+    def fn(x):
+        if not x.dtype.is_complex:
+            return kernel(x)
+        re, im = tf.math.real(x), tf.math.imag(x)
+        odd = ~tf.math.is_finite(re) | ~tf.math.is_finite(im) | special(x, re, im)
+        return tf.where(odd, formula(x), kernel(x))
+    return fn
+
+
+_expm1 = _complex_special(tf.math.expm1, lambda z: tf.exp(z) - 1, lambda z, re, im: (re == 0) & (im == 0))
+_log1p = _complex_special(tf.math.log1p, lambda z: tf.math.log(1 + z), lambda z, re, im: (re == -1) & (im == 0))
+exp, expm1, log, log1p = (_unary(f, n) for f, n in ((tf.exp, "exp"), (_expm1, "expm1"),
+                                                    (tf.math.log, "log"), (_log1p, "log1p")))
 log2 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN2, x.dtype), "log2")
 log10 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN10, x.dtype), "log10")
 sin, cos, tan = (_unary(f, n) for f, n in ((tf.sin, "sin"), (tf.cos, "cos"),

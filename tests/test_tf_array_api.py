@@ -419,3 +419,19 @@ def test_complex_expm1_and_log1p_special_values_follow_the_standard():
         g_tf, g_tape = (unigrad.to_numpy(unigrad.grad(lambda v: unigrad.namespace(v).sum(f(v)), backend=b)(z))
                         for b in (TF, "numpy"))
         np.testing.assert_allclose(g_tf, g_tape, rtol=1e-12)
+
+
+def test_repeat_counts_of_any_integer_dtype_and_expand_dims_axis_error():
+    """array-api-tests: repeat with an int8 array of counts reached TensorFlow's kernel (int32/int64 only);
+    expand_dims out of bounds must raise IndexError (the standard), kept a ValueError too."""
+    xp = unigrad_tensorflow().namespace
+    for dtype in ("int8", "uint8", "int16", "int64"):
+        got = xp.repeat(xp.asarray([False, True, True]), xp.asarray(np.array([1, 0, 2], dtype=dtype)))
+        assert np.asarray(got).tolist() == [False, True, True]
+    assert np.asarray(xp.repeat(xp.asarray([1.0, 2.0]), xp.asarray(np.array(2, dtype="uint8")))).tolist() == [
+        1.0, 1.0, 2.0, 2.0]
+    for axis in (2, -3, 7):
+        with pytest.raises(IndexError, match="out of bounds"):
+            xp.expand_dims(xp.asarray([1.0]), axis=axis)
+        with pytest.raises(ValueError):
+            xp.expand_dims(xp.asarray([1.0]), axis=axis)

@@ -435,3 +435,29 @@ def test_repeat_counts_of_any_integer_dtype_and_expand_dims_axis_error():
             xp.expand_dims(xp.asarray([1.0]), axis=axis)
         with pytest.raises(ValueError):
             xp.expand_dims(xp.asarray([1.0]), axis=axis)
+
+
+def test_complex_pinv_and_diagonals_outside_the_matrix():
+    """array-api-tests: tf.linalg.pinv refused complex matrices; diag_part raised for an offset outside the
+    matrix (the standard: an empty diagonal, a zero trace). Values against NumPy, pinv's gradient
+    against the tape's."""
+    xp = unigrad_tensorflow().namespace
+    for shape in [(3, 4), (2, 5, 3)]:
+        a = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+        np.testing.assert_allclose(np.asarray(xp.linalg.pinv(xp.asarray(a))), np.linalg.pinv(a), atol=1e-12)
+    for shape, offset in [((3, 4), 4), ((3, 4), -3), ((3, 4), 3), ((2, 0), 1), ((0, 3), 0), ((2, 3, 3), -2)]:
+        x = rng.standard_normal(shape)
+        got = np.asarray(xp.linalg.diagonal(xp.asarray(x), offset=offset))
+        want = np.diagonal(x, offset=offset, axis1=-2, axis2=-1)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want)
+        np.testing.assert_allclose(np.asarray(xp.linalg.trace(xp.asarray(x), offset=offset)),
+                                   np.trace(x, offset=offset, axis1=-2, axis2=-1))
+    c = rng.standard_normal((3, 3)) + 1j * rng.standard_normal((3, 3))
+
+    def f(z):
+        ns = unigrad.namespace(z)
+        return ns.sum(ns.abs(ns.linalg.pinv(z)) ** 2)
+
+    np.testing.assert_allclose(unigrad.to_numpy(unigrad.grad(f, backend=TF)(c)),
+                               unigrad.grad(f, backend="numpy")(c), rtol=1e-9)

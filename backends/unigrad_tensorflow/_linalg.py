@@ -83,7 +83,11 @@ def outer(x1, x2, /):
 
 
 def diagonal(x, /, *, offset=0):
-    return tf.linalg.diag_part(_tensor(x), k=offset)
+    x = _tensor(x)
+    rows, cols = x.shape[-2], x.shape[-1]
+    if rows is not None and cols is not None and not -rows < offset < cols:  # outside the matrix: empty
+        return tf.zeros(tf.concat([tf.shape(x)[:-2], [0]], 0), x.dtype)  # (TensorFlow's kernel raises)
+    return tf.linalg.diag_part(x, k=offset)
 
 
 def trace(x, /, *, offset=0, dtype=None):
@@ -219,7 +223,14 @@ def pinv(x, /, *, rtol=None):
     x = _tensor(x)
     if rtol is None:  # the Array API default, max(M, N) * eps (TensorFlow's own is 10x larger)
         rtol = max(x.shape[-2:]) * np.finfo(x.dtype.real_dtype.as_numpy_dtype).eps
-    return tf.linalg.pinv(x, rcond=rtol)
+    if not x.dtype.is_complex:
+        return tf.linalg.pinv(x, rcond=rtol)
+    # tf.linalg.pinv takes real matrices only: V diag(1/s) U^H, singular values below rtol * max(s) dropped
+    s, u, v = tf.linalg.svd(x, full_matrices=False)
+    cutoff = tf.cast(rtol, s.dtype) * tf.reduce_max(s, axis=-1, keepdims=True)
+    s_inv = tf.where(s > cutoff, 1 / tf.where(s > cutoff, s, tf.ones_like(s)), tf.zeros_like(s))
+    s_inv = tf.complex(s_inv, tf.zeros_like(s_inv))  # (a cast would warn in the backward pass)
+    return tf.linalg.matmul(v * s_inv[..., None, :], u, adjoint_b=True)
 
 
 def matrix_power(x, n, /):

@@ -461,3 +461,16 @@ def test_complex_pinv_and_diagonals_outside_the_matrix():
 
     np.testing.assert_allclose(unigrad.to_numpy(unigrad.grad(f, backend=TF)(c)),
                                unigrad.grad(f, backend="numpy")(c), rtol=1e-9)
+
+
+def test_slice_bounds_may_be_0d_arrays_of_any_integer_dtype():
+    """array-api-tests' test_repeat slices its result with 0-d int8 arrays (``out[start:end]``): TensorFlow's
+    slicing took only Python ints and int32/int64 tensors."""
+    xp = unigrad_tensorflow().namespace
+    x, m = np.arange(10.0), np.arange(12.0).reshape(3, 4)
+    a, b, s = (xp.asarray(np.array(v, dtype=d)) for v, d in ((2, "int8"), (7, "uint8"), (2, "int16")))
+    for got, want in [(xp.asarray(x)[a:b], x[2:7]), (xp.asarray(x)[a:b:s], x[2:7:2]), (xp.asarray(x)[::s], x[::2]),
+                      (xp.asarray(m)[a, a:b], m[2, 2:7]), (xp.asarray(m)[1:a, ...], m[1:2, ...])]:
+        np.testing.assert_array_equal(np.asarray(got), want)
+    g = unigrad.grad(lambda v: unigrad.namespace(v).sum(v[a:b] ** 2), backend=TF)(x)
+    np.testing.assert_allclose(unigrad.to_numpy(g), np.where((np.arange(10) >= 2) & (np.arange(10) < 7), 2 * x, 0))

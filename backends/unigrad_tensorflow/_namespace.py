@@ -655,6 +655,12 @@ def _basic_by_gather(x, items):
 
 
 def _int64(i):
+    """A basic index TensorFlow's slicing takes: 0-d integer tensors (Arrays too, and the bounds of a
+    slice: ``x[a:b]`` with 0-d int8 arrays) in int64."""
+    if isinstance(i, slice):
+        return slice(_int64(i.start), _int64(i.stop), _int64(i.step))
+    if isinstance(i, TensorHolder):
+        i = i._t
     return tf.cast(i, tf.int64) if isinstance(i, (tf.Tensor, tf.Variable)) and i.dtype != tf.int64 else i
 
 

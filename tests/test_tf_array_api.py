@@ -445,6 +445,12 @@ def test_complex_pinv_and_diagonals_outside_the_matrix():
     for shape in [(3, 4), (2, 5, 3)]:
         a = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
         np.testing.assert_allclose(np.asarray(xp.linalg.pinv(xp.asarray(a))), np.linalg.pinv(a), atol=1e-12)
+    for shape in [(0, 2, 3), (2, 0, 3), (2, 3, 0)]:  # zero-size matrices: TensorFlow's pinv raised
+        got = xp.linalg.pinv(xp.asarray(np.ones(shape)))
+        assert got.shape == np.linalg.pinv(np.ones(shape)).shape
+    a = rng.standard_normal((2, 3, 3)).astype(np.float32)  # rtol an array of x's batch shape, float32
+    np.testing.assert_allclose(np.asarray(xp.linalg.pinv(xp.asarray(a), rtol=xp.asarray(np.float32([0.1, 0.9])))),
+                               np.linalg.pinv(a, rtol=np.array([0.1, 0.9])), atol=1e-4)
     for shape, offset in [((3, 4), 4), ((3, 4), -3), ((3, 4), 3), ((2, 0), 1), ((0, 3), 0), ((2, 3, 3), -2)]:
         x = rng.standard_normal(shape)
         got = np.asarray(xp.linalg.diagonal(xp.asarray(x), offset=offset))

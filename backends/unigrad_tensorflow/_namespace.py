@@ -248,10 +248,23 @@ def _complex_special(kernel, formula, special):
 
 _expm1 = _complex_special(tf.math.expm1, lambda z: tf.exp(z) - 1, lambda z, re, im: (re == 0) & (im == 0))
 _log1p = _complex_special(tf.math.log1p, lambda z: tf.math.log(1 + z), lambda z, re, im: (re == -1) & (im == 0))
+
+
+def _log(x):
+    """TensorFlow's complex log squares |z| in the input's precision: NaN for |z| above sqrt(max)
+    (1.8e19 in complex64). There: log|z| + i arg z, with |z| by hypot. Elsewhere the kernel."""
+    if not x.dtype.is_complex:
+        return tf.math.log(x)
+    big = tf.abs(x) > tf.constant(math.sqrt(x.dtype.real_dtype.max) / 4, x.dtype.real_dtype)
+    one = tf.ones_like(x)
+    large, small = tf.where(big, x, one), tf.where(big, one, x)  # each branch sees safe values only
+    return tf.where(big, tf.complex(tf.math.log(tf.abs(large)), tf.math.angle(large)), tf.math.log(small))
+
+
 exp, expm1, log, log1p = (_unary(f, n) for f, n in ((tf.exp, "exp"), (_expm1, "expm1"),
-                                                    (tf.math.log, "log"), (_log1p, "log1p")))
-log2 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN2, x.dtype), "log2")
-log10 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN10, x.dtype), "log10")
+                                                    (_log, "log"), (_log1p, "log1p")))
+log2 = _unary(lambda x: _log(x) / tf.constant(_LN2, x.dtype), "log2")
+log10 = _unary(lambda x: _log(x) / tf.constant(_LN10, x.dtype), "log10")
 sin, cos, tan = (_unary(f, n) for f, n in ((tf.sin, "sin"), (tf.cos, "cos"),
                                                  (tf.tan, "tan")))
 sinh, cosh, tanh = (_unary(f, n) for f, n in ((tf.sinh, "sinh"), (tf.cosh, "cosh"), (tf.tanh, "tanh")))

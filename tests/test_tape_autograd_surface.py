@@ -89,3 +89,19 @@ def test_numpys_upper_triangle_gives_numpys_values(complex_, shape):
     if not complex_:  # real eigenvectors: NumPy's signs, so the derivative matches finite differences
         check_grads(lambda m: np.linalg.eigh(m, "U")[1], (a,), order=1)
     check_grads(up, (spd,), order=1)
+
+
+@pytest.mark.parametrize("x", [np.array([1, 2]), np.array([1, 2], dtype=np.int8), 3, np.array([True, False]),
+                               np.array([1.0, 2.0], dtype=np.longdouble)])
+def test_integer_and_platform_dtype_inputs_are_refused_where_autograd_differs(x):
+    """HIPS autograd differentiates an integer ndarray (grad of sum(2.5 * x) at array([1, 2]) is a float64
+    array [2.5, 2.5]; only a Python int is refused) and NumPy's longdouble (its test_dtypes). unigrad's
+    rule (DESIGN): a gradient has its input's dtype, and an integer, bool or platform-dependent input
+    cannot hold one, so differentiating it is a TypeError naming the argument and the dtype; cast
+    first (the gradient at the cast input is autograd's value)."""
+    f = lambda v: xp.sum(v * 2.5)  # noqa: E731
+    with pytest.raises(TypeError, match=r"argument 0 has dtype .*(int|bool|float128|longdouble)"):
+        unigrad.grad(f, backend="numpy")(x)
+    g = unigrad.grad(f, backend="numpy")(np.asarray(x, dtype=np.float64))
+    assert g.dtype == np.float64
+    np.testing.assert_array_equal(g, np.full(np.shape(x), 2.5))

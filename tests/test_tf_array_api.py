@@ -356,3 +356,147 @@ def test_dlpack_both_ways():
     np.testing.assert_array_equal(unigrad.to_numpy(tfx.from_dlpack(np.arange(3.0), device="cpu")), np.arange(3.0))
     with pytest.raises(ValueError, match="copy=False"):
         tfx.from_dlpack(np.arange(3.0), copy=False)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "uint8", "uint64"])
+def test_shifts_by_the_bit_width_or_more_follow_python(dtype):
+    """array-api-tests found 1 << 32 == -2**31 on int32: TensorFlow clamps a shift of the bit width or
+    more. The standard (and Python) give 0 for <<, and the sign fill for >>."""
+    xp = unigrad_tensorflow().namespace
+    bits = np.dtype(dtype).itemsize * 8
+    vals = [1, 5, int(np.iinfo(dtype).max)] + ([-1, -7] if dtype[0] == "i" else [])
+    for s in (1, bits - 1, bits, bits + 3):
+        a = xp.asarray(np.array(vals, dtype=dtype))
+        sh = xp.asarray(np.full(len(vals), s, dtype=dtype))
+        left, right = np.asarray(xp.bitwise_left_shift(a, sh)), np.asarray(a >> sh)
+        want_left = [np.array((v << s) % 2 ** bits, dtype=np.uint64).astype(dtype) if s < bits else 0
+                     for v in vals]
+        assert left.tolist() == [int(w) for w in want_left], (s, left)
+        assert right.tolist() == [v >> s for v in vals], (s, right)
+
+
+def test_empty_arange_and_far_diagonals_of_eye():
+    """array-api-tests: arange(1, 0, 1) raised TensorFlow's 'Requires start <= limit'; eye(0, k=2**63)
+    raised an int64 overflow. NumPy's values: an empty range, a matrix of zeros."""
+    xp = unigrad_tensorflow().namespace
+    for args, dtype in [((1, 0, 1), xp.uint8), ((0, 5, -1), xp.int64), ((1.0, 0.5), None), ((5, 0, -2), xp.int16)]:
+        got = xp.arange(*args, dtype=dtype)
+        want = np.arange(*args)
+        assert got.shape == want.shape and np.asarray(got).tolist() == want.tolist(), args
+    for n, m, k in [(0, None, 2 ** 63), (3, 4, 2 ** 70), (3, 4, -2 ** 70), (3, 4, 4), (3, 4, -3), (3, 4, 1)]:
+        np.testing.assert_array_equal(np.asarray(xp.eye(n, m, k=k)), np.eye(n, m, k=k))
+
+
+def test_complex_expm1_and_log1p_special_values_follow_the_standard():
+    """array-api-tests' special cases: TensorFlow's complex expm1/log1p kernels gave NaN where the
+    standard (C99) defines values; ordinary points keep the kernels' accuracy (NumPy's own complex log1p
+    loses it near 0) and derivatives."""
+    xp = unigrad_tensorflow().namespace
+    inf, nan, pi = math.inf, math.nan, math.pi
+    cases = {
+        "expm1": [(complex(inf, 0), complex(inf, 0)), (complex(-inf, inf), complex(-1, 0)),
+                  (complex(inf, inf), complex(inf, nan)), (complex(-inf, nan), complex(-1, 0)),
+                  (complex(inf, nan), complex(inf, nan)), (complex(nan, 0), complex(nan, 0)),
+                  (complex(-0.0, 0), complex(0, 0)), (1e-10 + 1e-10j, np.expm1(1e-10 + 1e-10j))],
+        "log1p": [(complex(-1, 0), complex(-inf, 0)), (complex(2, inf), complex(inf, pi / 2)),
+                  (complex(-inf, 1), complex(inf, pi)), (complex(inf, 1), complex(inf, 0)),
+                  (complex(-inf, inf), complex(inf, 3 * pi / 4)), (complex(inf, inf), complex(inf, pi / 4)),
+                  (complex(inf, nan), complex(inf, nan)), (complex(nan, inf), complex(inf, nan)),
+                  (1e-10 + 1e-10j, complex(0.5 * math.log1p(2e-10 + 2e-20), math.atan2(1e-10, 1 + 1e-10)))],
+    }
+    for name, pairs in cases.items():
+        got = np.asarray(getattr(xp, name)(xp.asarray(np.array([z for z, _ in pairs]))))
+        want = np.array([w for _, w in pairs])
+        np.testing.assert_array_equal(np.isnan(got.real), np.isnan(want.real), err_msg=name)
+        np.testing.assert_array_equal(np.isnan(got.imag), np.isnan(want.imag), err_msg=name)
+        ok = ~np.isnan(want.real)
+        np.testing.assert_allclose(got.real[ok], want.real[ok], rtol=1e-9, err_msg=name)
+        ok = ~np.isnan(want.imag)
+        np.testing.assert_allclose(got.imag[ok], want.imag[ok], rtol=1e-9, atol=1e-300, err_msg=name)
+    z = np.array([0.3 + 0.2j, -0.5 + 1.5j])
+    for name in ("expm1", "log1p"):
+        f = lambda v: unigrad.namespace(v).real(getattr(unigrad.namespace(v), name)(v) * (1 - 2j))  # noqa: E731
+        g_tf, g_tape = (unigrad.to_numpy(unigrad.grad(lambda v: unigrad.namespace(v).sum(f(v)), backend=b)(z))
+                        for b in (TF, "numpy"))
+        np.testing.assert_allclose(g_tf, g_tape, rtol=1e-12)
+
+
+def test_repeat_counts_of_any_integer_dtype_and_expand_dims_axis_error():
+    """array-api-tests: repeat with an int8 array of counts reached TensorFlow's kernel (int32/int64 only);
+    expand_dims out of bounds must raise IndexError (the standard), kept a ValueError too."""
+    xp = unigrad_tensorflow().namespace
+    for dtype in ("int8", "uint8", "int16", "int64"):
+        got = xp.repeat(xp.asarray([False, True, True]), xp.asarray(np.array([1, 0, 2], dtype=dtype)))
+        assert np.asarray(got).tolist() == [False, True, True]
+    assert np.asarray(xp.repeat(xp.asarray([1.0, 2.0]), xp.asarray(np.array(2, dtype="uint8")))).tolist() == [
+        1.0, 1.0, 2.0, 2.0]
+    for axis in (2, -3, 7):
+        with pytest.raises(IndexError, match="out of bounds"):
+            xp.expand_dims(xp.asarray([1.0]), axis=axis)
+        with pytest.raises(ValueError):
+            xp.expand_dims(xp.asarray([1.0]), axis=axis)
+
+
+def test_complex_pinv_and_diagonals_outside_the_matrix():
+    """array-api-tests: tf.linalg.pinv refused complex matrices; diag_part raised for an offset outside the
+    matrix (the standard: an empty diagonal, a zero trace). Values against NumPy, pinv's gradient
+    against the tape's."""
+    xp = unigrad_tensorflow().namespace
+    for shape in [(3, 4), (2, 5, 3)]:
+        a = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+        np.testing.assert_allclose(np.asarray(xp.linalg.pinv(xp.asarray(a))), np.linalg.pinv(a), atol=1e-12)
+    for shape in [(0, 2, 3), (2, 0, 3), (2, 3, 0)]:  # zero-size matrices: TensorFlow's pinv raised
+        got = xp.linalg.pinv(xp.asarray(np.ones(shape)))
+        assert got.shape == np.linalg.pinv(np.ones(shape)).shape
+    a = rng.standard_normal((2, 3, 3)).astype(np.float32)  # rtol an array of x's batch shape, float32
+    np.testing.assert_allclose(np.asarray(xp.linalg.pinv(xp.asarray(a), rtol=xp.asarray(np.float32([0.1, 0.9])))),
+                               np.linalg.pinv(a, rtol=np.array([0.1, 0.9])), atol=1e-4)
+    for shape, offset in [((3, 4), 4), ((3, 4), -3), ((3, 4), 3), ((2, 0), 1), ((0, 3), 0), ((2, 3, 3), -2)]:
+        x = rng.standard_normal(shape)
+        got = np.asarray(xp.linalg.diagonal(xp.asarray(x), offset=offset))
+        want = np.diagonal(x, offset=offset, axis1=-2, axis2=-1)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want)
+        np.testing.assert_allclose(np.asarray(xp.linalg.trace(xp.asarray(x), offset=offset)),
+                                   np.trace(x, offset=offset, axis1=-2, axis2=-1))
+    c = rng.standard_normal((3, 3)) + 1j * rng.standard_normal((3, 3))
+
+    def f(z):
+        ns = unigrad.namespace(z)
+        return ns.sum(ns.abs(ns.linalg.pinv(z)) ** 2)
+
+    np.testing.assert_allclose(unigrad.to_numpy(unigrad.grad(f, backend=TF)(c)),
+                               unigrad.grad(f, backend="numpy")(c), rtol=1e-9)
+
+
+def test_slice_bounds_may_be_0d_arrays_of_any_integer_dtype():
+    """array-api-tests' test_repeat slices its result with 0-d int8 arrays (``out[start:end]``): TensorFlow's
+    slicing took only Python ints and int32/int64 tensors."""
+    xp = unigrad_tensorflow().namespace
+    x, m = np.arange(10.0), np.arange(12.0).reshape(3, 4)
+    a, b, s = (xp.asarray(np.array(v, dtype=d)) for v, d in ((2, "int8"), (7, "uint8"), (2, "int16")))
+    for got, want in [(xp.asarray(x)[a:b], x[2:7]), (xp.asarray(x)[a:b:s], x[2:7:2]), (xp.asarray(x)[::s], x[::2]),
+                      (xp.asarray(m)[a, a:b], m[2, 2:7]), (xp.asarray(m)[1:a, ...], m[1:2, ...])]:
+        np.testing.assert_array_equal(np.asarray(got), want)
+    g = unigrad.grad(lambda v: unigrad.namespace(v).sum(v[a:b] ** 2), backend=TF)(x)
+    np.testing.assert_allclose(unigrad.to_numpy(g), np.where((np.arange(10) >= 2) & (np.arange(10) < 7), 2 * x, 0))
+
+
+def test_complex_log_of_large_values_does_not_overflow():
+    """array-api-tests' test_log10 drew complex64 2**64: TensorFlow's complex log squares |z| in float32
+    and gave NaN above 1.8e19. log, log2 and log10 now follow NumPy there; derivatives are unchanged."""
+    xp = unigrad_tensorflow().namespace
+    z = np.array([1.8446743e19 + 5.886384e15j, 3e38 + 1j, 1 + 1j, -1 + 0j, complex(math.inf, math.nan)],
+                 dtype=np.complex64)
+    for name in ("log", "log2", "log10"):
+        got = np.asarray(getattr(xp, name)(xp.asarray(z)))
+        want = getattr(np, name)(z.astype(np.complex128))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30, equal_nan=True, err_msg=name)
+    c = np.array([0.3 + 0.2j, -2 + 1j])
+
+    def f(v):
+        ns = unigrad.namespace(v)
+        return ns.sum(ns.real(ns.log10(v) * (1 - 2j)))
+
+    np.testing.assert_allclose(unigrad.to_numpy(unigrad.grad(f, backend=TF)(c)), unigrad.grad(f, backend="numpy")(c),
+                               rtol=1e-12)

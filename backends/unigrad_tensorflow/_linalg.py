@@ -83,7 +83,11 @@ def outer(x1, x2, /):
 
 
 def diagonal(x, /, *, offset=0):
-    return tf.linalg.diag_part(_tensor(x), k=offset)
+    x = _tensor(x)
+    rows, cols = x.shape[-2], x.shape[-1]
+    if rows is not None and cols is not None and not -rows < offset < cols:  # outside the matrix: empty
+        return tf.zeros(tf.concat([tf.shape(x)[:-2], [0]], 0), x.dtype)  # (TensorFlow's kernel raises)
+    return tf.linalg.diag_part(x, k=offset)
 
 
 def trace(x, /, *, offset=0, dtype=None):
@@ -216,10 +220,24 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
 
 
 def pinv(x, /, *, rtol=None):
+    """V diag(1/s) U^H with singular values at or below ``rtol * max(s)`` dropped (the standard's
+    default rtol: max(M, N) * eps; TensorFlow's own is 10x larger). Through the SVD for every dtype:
+    tf.linalg.pinv takes real matrices only, no zero-size ones, and rtol as a scalar of x's dtype."""
     x = _tensor(x)
-    if rtol is None:  # the Array API default, max(M, N) * eps (TensorFlow's own is 10x larger)
-        rtol = max(x.shape[-2:]) * np.finfo(x.dtype.real_dtype.as_numpy_dtype).eps
-    return tf.linalg.pinv(x, rcond=rtol)
+    rows, cols = x.shape[-2], x.shape[-1]
+    real = x.dtype.real_dtype
+    if rows == 0 or cols == 0:
+        return tf.zeros(tf.concat([tf.shape(x)[:-2], [cols, rows]], 0), x.dtype)
+    if rtol is None:
+        rtol = max(rows, cols) * np.finfo(real.as_numpy_dtype).eps
+    rtol = tf.cast(_tensor(rtol), real)
+    s, u, v = tf.linalg.svd(x, full_matrices=False)
+    cutoff = rtol[..., None] * tf.reduce_max(s, axis=-1, keepdims=True)
+    keep = s > cutoff
+    s_inv = tf.where(keep, 1 / tf.where(keep, s, tf.ones_like(s)), tf.zeros_like(s))
+    if x.dtype.is_complex:
+        s_inv = tf.complex(s_inv, tf.zeros_like(s_inv))  # (a cast would warn in the backward pass)
+    return tf.linalg.matmul(v * s_inv[..., None, :], u, adjoint_b=True)
 
 
 def matrix_power(x, n, /):

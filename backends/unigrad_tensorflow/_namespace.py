@@ -147,6 +147,8 @@ def full(shape, fill_value, *, dtype=None, device=None):
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
     n_cols = n_rows if n_cols is None else n_cols
     with _on(device):
+        if isinstance(k, int):  # any diagonal outside the matrix is all zeros (and k may not fit in int64)
+            k = builtins.max(-n_rows, builtins.min(n_cols, k))
         mask = tf.range(n_cols)[None, :] - tf.range(n_rows)[:, None] == k
         return tf.cast(mask, _dt(dtype) or tf.float64)
 
@@ -156,6 +158,9 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
         start, stop = 0, start
     dtype = _dt(dtype) or (tf.int64 if builtins.all(isinstance(v, int) for v in (start, stop, step)) else tf.float64)
     with _on(device):
+        if builtins.all(isinstance(v, (int, float)) for v in (start, stop, step)) and step and \
+                math.ceil((stop - start) / step) <= 0:  # empty: TensorFlow's Range refuses start > stop
+            return tf.zeros([0], dtype)
         if dtype.is_integer and dtype not in (tf.int32, tf.int64):  # no Range kernel: in int64, then cast
             return tf.cast(tf.range(start, stop, step, dtype=tf.int64), dtype)
         return tf.range(start, stop, step, dtype=dtype)
@@ -227,10 +232,40 @@ def _binary(fn, name):
 
 _LN2, _LN10 = math.log(2.0), math.log(10.0)
 
-exp, expm1, log, log1p = (_unary(f, n) for f, n in ((tf.exp, "exp"), (tf.math.expm1, "expm1"),
-                                                    (tf.math.log, "log"), (tf.math.log1p, "log1p")))
-log2 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN2, x.dtype), "log2")
-log10 = _unary(lambda x: tf.math.log(x) / tf.constant(_LN10, x.dtype), "log10")
+
+
+def _complex_special(kernel, formula, special):
+    """TensorFlow's complex expm1/log1p kernels give NaN where C99 (and the standard) define a value
+    (expm1(-inf+inf j) = -1, log1p(-1) = -inf, log1p(x + inf j) = inf + pi/2 j...); there ``formula``
+    (exp(z) - 1, log(1 + z), whose kernels follow C99) is exact. Real inputs: the kernel alone."""
+    def fn(x):
+        if not x.dtype.is_complex:
+            return kernel(x)
+        re, im = tf.math.real(x), tf.math.imag(x)
+        odd = ~tf.math.is_finite(re) | ~tf.math.is_finite(im) | special(x, re, im)
+        return tf.where(odd, formula(x), kernel(x))
+    return fn
+
+
+_expm1 = _complex_special(tf.math.expm1, lambda z: tf.exp(z) - 1, lambda z, re, im: (re == 0) & (im == 0))
+_log1p = _complex_special(tf.math.log1p, lambda z: tf.math.log(1 + z), lambda z, re, im: (re == -1) & (im == 0))
+
+
+def _log(x):
+    """TensorFlow's complex log squares |z| in the input's precision: NaN for |z| above sqrt(max)
+    (1.8e19 in complex64). There: log|z| + i arg z, with |z| by hypot. Elsewhere the kernel."""
+    if not x.dtype.is_complex:
+        return tf.math.log(x)
+    big = tf.abs(x) > tf.constant(math.sqrt(x.dtype.real_dtype.max) / 4, x.dtype.real_dtype)
+    one = tf.ones_like(x)
+    large, small = tf.where(big, x, one), tf.where(big, one, x)  # each branch sees safe values only
+    return tf.where(big, tf.complex(tf.math.log(tf.abs(large)), tf.math.angle(large)), tf.math.log(small))
+
+
+exp, expm1, log, log1p = (_unary(f, n) for f, n in ((tf.exp, "exp"), (_expm1, "expm1"),
+                                                    (_log, "log"), (_log1p, "log1p")))
+log2 = _unary(lambda x: _log(x) / tf.constant(_LN2, x.dtype), "log2")
+log10 = _unary(lambda x: _log(x) / tf.constant(_LN10, x.dtype), "log10")
 sin, cos, tan = (_unary(f, n) for f, n in ((tf.sin, "sin"), (tf.cos, "cos"),
                                                  (tf.tan, "tan")))
 sinh, cosh, tanh = (_unary(f, n) for f, n in ((tf.sinh, "sinh"), (tf.cosh, "cosh"), (tf.tanh, "tanh")))
@@ -460,8 +495,25 @@ def _bitwise(fn, logical, name):
 bitwise_and = _bitwise(tf.bitwise.bitwise_and, tf.logical_and, "bitwise_and")
 bitwise_or = _bitwise(tf.bitwise.bitwise_or, tf.logical_or, "bitwise_or")
 bitwise_xor = _bitwise(tf.bitwise.bitwise_xor, tf.math.logical_xor, "bitwise_xor")
-bitwise_left_shift = _bitwise(tf.bitwise.left_shift, None, "bitwise_left_shift")
-bitwise_right_shift = _bitwise(tf.bitwise.right_shift, None, "bitwise_right_shift")
+
+
+def _left_shift(x1, x2):
+    """x1 << x2 with the standard's (Python's) value for shifts of the bit width or more: 0 (TensorFlow's
+    kernel leaves those implementation-defined; it clamps the shift)."""
+    wide = x2 >= x1.dtype.size * 8
+    return tf.where(wide, tf.zeros_like(x1), tf.bitwise.left_shift(x1, tf.where(wide, tf.zeros_like(x2), x2)))
+
+
+def _right_shift(x1, x2):
+    """x1 >> x2 with Python's value for shifts of the bit width or more: -1 for negative x1, else 0."""
+    wide = x2 >= x1.dtype.size * 8
+    fill = tf.where(x1 < 0, -tf.ones_like(x1), tf.zeros_like(x1)) if x1.dtype.is_unsigned is False else \
+        tf.zeros_like(x1)
+    return tf.where(wide, fill, tf.bitwise.right_shift(x1, tf.where(wide, tf.zeros_like(x2), x2)))
+
+
+bitwise_left_shift = _bitwise(_left_shift, None, "bitwise_left_shift")
+bitwise_right_shift = _bitwise(_right_shift, None, "bitwise_right_shift")
 
 
 def bitwise_invert(x, /):
@@ -671,6 +723,12 @@ def _basic_by_gather(x, items):
 
 
 def _int64(i):
+    """A basic index TensorFlow's slicing takes: 0-d integer tensors (Arrays too, and the bounds of a
+    slice: ``x[a:b]`` with 0-d int8 arrays) in int64."""
+    if isinstance(i, slice):
+        return slice(_int64(i.start), _int64(i.stop), _int64(i.step))
+    if isinstance(i, TensorHolder):
+        i = i._t
     return tf.cast(i, tf.int64) if isinstance(i, (tf.Tensor, tf.Variable)) and i.dtype != tf.int64 else i
 
 

@@ -58,11 +58,16 @@ def moveaxis(x, source, destination, /):
     return tf.transpose(x, order)
 
 
+class AxisError(ValueError, IndexError):
+    """An axis out of bounds: an IndexError as the standard says, and a ValueError as before (NumPy's
+    AxisError is both)."""
+
+
 def expand_dims(x, /, axis=0):
     x = _tensor(x)
     nd = x.shape.rank + 1
     if not -nd <= axis < nd:
-        raise ValueError(f"axis {axis} is out of bounds for the result of dimension {nd}")
+        raise AxisError(f"expand_dims: axis {axis} is out of bounds for the result of dimension {nd}")
     return tf.expand_dims(x, axis)
 
 
@@ -119,4 +124,6 @@ def repeat(x, repeats, /, *, axis=None):
     x = _tensor(x)
     if axis is None:
         x, axis = tf.reshape(x, [-1]), 0
+    if not isinstance(repeats, int):  # any integer dtype (TensorFlow's kernel takes int32/int64 only)
+        repeats = tf.cast(_tensor(repeats), tf.int64)
     return tf.repeat(x, repeats, axis=axis)

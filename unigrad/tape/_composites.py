@@ -22,7 +22,7 @@ __all__ = [
     "dot", "inner", "outer", "trace", "diagonal", "diag", "swapaxes", "transpose", "ravel",
     "atleast_1d", "atleast_2d", "atleast_3d", "concatenate", "hstack", "vstack",
     "absolute", "power", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "arctan2",
-    "amax", "amin", "conjugate", "true_divide",
+    "amax", "amin", "conjugate", "true_divide", "r_", "c_",
 ]
 
 
@@ -208,3 +208,46 @@ absolute, power, true_divide, conjugate = xp.abs, xp.pow, xp.divide, xp.conj
 arcsin, arccos, arctan, arctan2 = xp.asin, xp.acos, xp.atan, xp.atan2
 arcsinh, arccosh, arctanh = xp.asinh, xp.acosh, xp.atanh
 amax, amin = xp.max, xp.min
+
+
+# -------------------------------------------------------------------- NumPy's r_ and c_
+
+class _Concatenator:
+    """NumPy's ``r_`` (rows: ``axis=0``) and ``c_`` (columns: 1-d pieces become columns, joined on the
+    last axis) for traced values: ``xp.r_[x, c, 1:10]``. Items are arrays (traced or not), Python
+    numbers and slices (``start:stop:step`` as ``arange``; a complex step ``5j`` as ``linspace`` with
+    that many points). NumPy's string directives (``'r'``, ``'0,2,1'``) are refused with a TypeError.
+    NumPy's own ``np.r_`` cannot take traced values: it converts each item to a NumPy array."""
+
+    def __init__(self, name, columns):
+        self._name, self._columns = name, columns
+
+    def _piece(self, item):
+        if isinstance(item, str):
+            raise TypeError(f"{self._name}[...]: string directives ({item!r}) are not supported on traced "
+                            f"values; use concatenate/stack")
+        if isinstance(item, slice):
+            start = 0 if item.start is None else item.start
+            step = 1 if item.step is None else item.step
+            if isinstance(step, complex):
+                item = np.linspace(start, item.stop, int(abs(step)))
+            else:
+                item = np.arange(start, item.stop, step)
+        item = xp.asarray(item)
+        if _ndim(item) == 0:
+            item = xp.reshape(item, (1,))
+        if self._columns and _ndim(item) == 1:
+            item = xp.reshape(item, (_shape(item)[0], 1))
+        return item
+
+    def __getitem__(self, key):
+        items = key if isinstance(key, tuple) else (key,)
+        pieces = [self._piece(i) for i in items]
+        return xp.concat(pieces, axis=-1 if self._columns else 0)
+
+    def __repr__(self):
+        return f"unigrad.tape {self._name}"
+
+
+r_ = _Concatenator("r_", columns=False)
+c_ = _Concatenator("c_", columns=True)

@@ -41,10 +41,25 @@ def _is_traced(x):
 
 
 def _arr(x):
-    """A Tracer stays; anything else becomes a NumPy array (Python scalars stay weak for promotion)."""
+    """A Tracer stays; anything else becomes a NumPy array (Python scalars stay weak for promotion); a
+    (nested) list or tuple holding traced values is stacked, keeping their derivatives."""
     if isinstance(x, (Tracer, np.ndarray)) or isinstance(x, _SCALARS):
         return x
+    if isinstance(x, (list, tuple)) and _holds_traced(x):
+        return asarray(x)
     return np.asarray(x)
+
+
+def _holds_traced(obj):
+    """Whether a (nested) list or tuple holds a traced value anywhere."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if _is_traced(o):
+            return True
+        if isinstance(o, (list, tuple)):
+            stack.extend(o)
+    return False
 
 
 def _axes(axis, ndim):
@@ -79,7 +94,7 @@ def _is_complex(x):
 def asarray(obj, /, *, dtype=None, device=None, copy=None):
     if _is_traced(obj):
         return obj if dtype is None else astype(obj, dtype)
-    if isinstance(obj, (list, tuple)) and builtins.any(_is_traced(o) for o in obj):
+    if isinstance(obj, (list, tuple)) and _holds_traced(obj):  # nested lists too: [[x, 1.0], [2.0, x]]
         return stack([asarray(o, dtype=dtype) for o in obj])
     return np.array(obj, dtype=dtype, copy=True if copy else None)
 

@@ -169,12 +169,19 @@ def eigh(x, /):
     Derivatives: dw = diag(V^H dA V); dV = V (F o V^H dA V) with F_ij = 1 / (w_j - w_i), and F_ij = 0
     for equal eigenvalues (there the eigenvectors are not unique and their derivative is not defined).
     """
+    return _eigh(x, "L")
+
+
+def _eigh(x, uplo):
+    """eigh with LAPACK reading triangle ``uplo`` of the Hermitian part (NumPy's ``eigh(a, UPLO=)`` of a
+    Hermitian ``a``: the same eigenvector signs as NumPy)."""
     x = _square(x, "eigh")
     n = _shape(x)[-1]
     if not xp._is_traced(x):
-        w, v = np.linalg.eigh((x + np.conj(np.swapaxes(x, -1, -2))) / 2)
+        w, v = np.linalg.eigh((x + np.conj(np.swapaxes(x, -1, -2))) / 2, UPLO=uplo)
         return EighResult(w, v)
-    w, v = _unpack(P.eigh(x), [(n,), (n, n)], [True, False], xp._is_complex(x))
+    w, v = _unpack(P.eigh(x, uplo=uplo) if uplo != "L" else P.eigh(x), [(n,), (n, n)], [True, False],
+                   xp._is_complex(x))
     return EighResult(w, v)
 
 

@@ -812,7 +812,8 @@ def _triangle(a, uplo, fname):
     a = L._square(a, fname)
     n = _shape(a)[-1]
     lower = np.tril(np.ones((n, n), dtype=builtins.bool), -1)
-    part = a if uplo == "L" else xp.matrix_transpose(a)
+    # the upper triangle read as the lower one of a^H (conjugated: a^T alone gave conj(A) for complex a)
+    part = a if uplo == "L" else xp.matrix_transpose(xp.conj(a) if xp._is_complex(a) else a)
     strict = xp.where(lower, part, 0)
     mirror = xp.matrix_transpose(xp.conj(strict) if xp._is_complex(a) else strict)
     return xp.where(np.eye(n, dtype=builtins.bool), part, 0) + strict + mirror
@@ -820,7 +821,7 @@ def _triangle(a, uplo, fname):
 
 @implements(np.linalg.eigh)
 def eigh(a, UPLO="L"):  # noqa: N803
-    return L.eigh(_triangle(a, UPLO, "eigh"))
+    return L._eigh(_triangle(a, UPLO, "eigh"), UPLO)  # LAPACK reads NumPy's triangle: NumPy's signs
 
 
 @implements(np.linalg.eigvalsh)

@@ -1089,12 +1089,14 @@ cholesky = _defjoint("cholesky", _cholesky_impl, _cholesky_jvp)
 
 
 # -- eigh: packed (eigenvalues (n,), eigenvectors (n, n)); the input is symmetrised like cholesky
-def _eigh_impl(x):
-    w, v = np.linalg.eigh((x + np.conj(np.swapaxes(x, -1, -2))) / 2)
+def _eigh_impl(x, uplo="L"):
+    """``uplo``: the triangle LAPACK reads of the (already Hermitian) matrix: NumPy's ``eigh(a, UPLO="U")``
+    gets exactly NumPy's eigenvectors, signs included (the other triangle runs another reduction)."""
+    w, v = np.linalg.eigh((x + np.conj(np.swapaxes(x, -1, -2))) / 2, UPLO=uplo)
     return _pack_np([w, v], np.shape(x)[:-2])
 
 
-def _eigh_jvp(tangents, ans, x):
+def _eigh_jvp(tangents, ans, x, uplo="L"):
     (t,) = tangents
     n = _shape(x)[-1]
     w, v = _split(ans, [(n,), (n, n)])

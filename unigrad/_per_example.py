@@ -7,7 +7,8 @@ respect to the parameters: ``d f(params, batch)[i] / d params``. Two ways to get
   (vectorised over the examples' unit cotangents: a batch of cotangents on the tape, ``vmap`` of the
   VJP on torch and JAX, ``pfor`` on TensorFlow). Exact for any ``f``; it costs about B backward
   passes of the batch.
-* **Dense layers** (the tape): ``f`` is recorded once, and each parameter whose one use is a matrix
+* **Dense layers** (the tape; JAX in ``_per_example_jaxpr.py``, torch in ``_per_example_torch.py``, the
+  same method on their programs): ``f`` is recorded once, and each parameter whose one use is a matrix
   product ``Y = X @ W`` (``W`` directly or through a transpose) or a bias ``Y = Z + b`` (or a scale
   ``Z * s``) gets its rows from one ordinary backward pass: with ``G`` the cotangent of ``Y`` for the
   cotangent ``ones(B)``, example i's gradient is ``X_i^T G_i`` (``G_i`` summed over the bias's
@@ -30,6 +31,7 @@ import numpy as np
 
 from . import _checks
 from . import _per_example_jaxpr as _jaxpr
+from . import _per_example_torch as _torch
 from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
 from ._per_example_common import check_losses as _check_losses
 from ._call import BoundedCache, execute, prepare
@@ -53,11 +55,11 @@ def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, co
     (``unigrad.dask.per_example_grad``, over Dask arrays, takes the loss of *one* example and maps
     it; a loss written for one example that also works on a batch gives the same values here.)
 
-    On the NumPy tape, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``, ``* s``)
-    get their rows from one ordinary backward pass, where the program proves that rows of the losses
-    stay apart after the layer; others are materialised as Jacobian rows (about B backward passes;
-    every parameter on the other backends). The returned function's ``.paths`` maps each parameter
-    leaf to the way it took on the last call.
+    On the NumPy tape, JAX and torch, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``,
+    ``* s``; ``nn.Linear`` on torch) get their rows from one ordinary backward pass, where the program
+    proves that rows of the losses stay apart after the layer; others are materialised as Jacobian
+    rows (about B backward passes; every parameter on TensorFlow and plugins). The returned
+    function's ``.paths`` maps each parameter leaf to the way it took on the last call.
 
     Args:
       f: ``f(*args)`` returning the per-example losses, a real array of shape ``(B,)``.
@@ -87,8 +89,8 @@ def per_example_grad_norms(f: Callable, argnums=0, batch_argnum=1, *, backend=No
     """The Euclidean norm of each example's gradient over all parameters, as differential privacy needs.
 
     The same gradients as :func:`per_example_grad` (the same ``f``, arguments and rules), reduced to
-    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, dense layers' norms come from
-    one backward pass without forming the per-example gradients (``|x_i|^2 |g_i|^2``; for sequences
+    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, JAX and torch, dense layers'
+    norms come from one backward pass without forming the per-example gradients (``|x_i|^2 |g_i|^2``; for sequences
     ``sum((X_i X_i^T) * (G_i G_i^T))``); see ``.paths`` on the returned function.
 
     Args:
@@ -125,6 +127,7 @@ class _PerExample:
         self.f, self.backend, self.device, self.norms = f, backend, device, norms
         self.plans, self.paths = BoundedCache(), BoundedCache(64)
         self.programs = BoundedCache() if compile else None
+        self.analyses = BoundedCache(64)  # torch: the analysis of each program recorded
 
     def function(self):
         def per_example_f(*args):
@@ -151,6 +154,11 @@ class _PerExample:
         tape = _tape_backend(b)
         if tape is not None and call.diff:
             outs, blocks, paths = _tape_rows(call.flat_f, call.diff, batch, self.norms, fname)
+            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
+                b, outs, call.diff, self.norms)))
+        elif call.diff and _torch.is_torch_backend(b) and (found := _torch.torch_rows(
+                b, call.flat_f, call.diff, batch, self.norms, fname, self.analyses)) is not None:
+            outs, blocks, paths = found
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))
         elif call.diff and _jaxpr.is_jax_backend(b):

@@ -34,13 +34,20 @@ class Unknown:
         self.why = why
 
 
-def prove_rows(program, batch):
+def prove_rows(program, batch, seeds=None):
     """``("row", None)``, ``("mixed", Mixed)`` or ``("unknown", why)`` for a program whose inputs all
-    have the batch (size ``batch``) on axis 0, and whose outputs must have it on axis 0."""
+    have the batch (size ``batch``) on axis 0, and whose outputs must have it on axis 0.
+
+    ``seeds`` (value id -> number of dimensions), when given, replaces the inputs: the question is then
+    whether row i of every output depends on those values through their row i alone (on axis 0), every
+    other value held constant -- what per-example gradients need of a layer's output."""
     env = {}
-    for vid, shape in zip(program.inputs, program.input_shapes):
-        if len(shape) and shape[0] == batch:
-            env[vid] = -len(shape)
+    if seeds is not None:
+        env.update({vid: -ndim for vid, ndim in seeds.items()})
+    else:
+        for vid, shape in zip(program.inputs, program.input_shapes):
+            if len(shape) and shape[0] == batch:
+                env[vid] = -len(shape)
     _walk(program, env, batch)
     unknown = None
     for k, (vid, shape) in enumerate(zip(program.outputs, program.output_shapes)):
@@ -80,7 +87,7 @@ def _walk(program, env, batch):
 
 
 def _name(node):
-    return node.name[4:] if node.name.startswith("lax.") else node.name
+    return node.name.split(".", 1)[1] if node.name.startswith(("lax.", "aten.")) else node.name
 
 
 def _apply(node, ins, batch):
@@ -117,6 +124,19 @@ def _apply(node, ins, batch):
         return [outs[0]] * n_out
     if kind == "structural":
         return [_structural(node, ins, batch)]
+    if kind == "take":  # out[.., i, .., j] = x[.., i, .., index[.., i, .., j]] along one axis (the index: no derivative)
+        if set(ins) != {0}:
+            return [Unknown(f"{_name(node)} with a row-dependent operand other than its data")] * n_out
+        d = ins[0]
+        nd = len(node.shape(0))
+        axis = node.params["axis"] % nd - nd
+        out_shape = node.out_shapes[0]
+        if d == axis:
+            return [Mixed(node, f"{_name(node)} along the batch axis")] + [None] * (n_out - 1)
+        out_d = d + 1 if node.params.get("drop") and d < axis else d
+        if len(out_shape) + out_d < 0 or out_shape[out_d] != node.shape(0)[d]:
+            return [Unknown(f"{_name(node)} keeps fewer rows than its data has")] * n_out
+        return [out_d] + [None] * (n_out - 1)
     if kind == "matmul":
         found = set()
         for pos, d in ins.items():

@@ -118,6 +118,10 @@ def test_dense_layers_from_one_backward_pass(name):
     pn = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend)
     pn(params, x, labels)
     assert pn.paths["argument 0['W1']"] == _per_example.DENSE_OUTER  # |x|^2 |g|^2: one position per example
+    if name == "jax":  # the same proof inside jit (the labels are then traced: their values unknown)
+        pc = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend, compile=True)
+        pc(params, x, labels)
+        assert pc.paths == pn.paths
     seq = rng.standard_normal((B, 3, 4))
     pn(params, seq, labels)
     assert pn.paths["argument 0['W1']"] == _per_example.DENSE_GHOST  # 3 positions: (X X^T) * (G G^T)

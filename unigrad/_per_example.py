@@ -13,9 +13,9 @@ respect to the parameters: ``d f(params, batch)[i] / d params``. Two ways to get
   ``Z * s``) gets its rows from one ordinary backward pass: with ``G`` the cotangent of ``Y`` for the
   cotangent ``ones(B)``, example i's gradient is ``X_i^T G_i`` (``G_i`` summed over the bias's
   broadcast axes). That is exact when row i of the losses depends on ``Y`` through ``Y_i`` alone,
-  which is *proved* from the recorded program (see :func:`_rows_stay_apart`: every operation from
-  ``Y`` to the losses keeps rows apart); where the proof fails, or the parameter is used another way,
-  that parameter is materialised. Norms of dense layers never form ``X_i^T G_i``: for one position
+  which is *proved* from the recorded program (:mod:`unigrad.dependence`, the one analysis of
+  traced programs: every operation from ``Y`` to the losses keeps rows apart); where the proof
+  fails, or the parameter is used another way, that parameter is materialised. Norms of dense layers never form ``X_i^T G_i``: for one position
   per example its squared norm is ``|x_i|^2 |g_i|^2`` (Goodfellow 2015), for P positions
   ``sum((X_i X_i^T) * (G_i G_i^T))`` when ``P^2`` is below the layer's size ("ghost clipping",
   Li et al. 2022).
@@ -266,7 +266,7 @@ def _tape_rows(flat_f, leaves, batch, norms, fname):
     out_index = out_idx[0]
     n = len(leaves)
     nested = any(isinstance(x, Tracer) for x in leaves)
-    plans = [None] * n if nested or out_index is None else _dense_plans(trace.tape, n, out_index, batch)
+    plans = [None] * n if nested or out_index is None else _dense_plans(trace, leaves, outs, out_index, batch)
     fast = {k: p for k, p in enumerate(plans) if p is not None}
     rows = [None] * n
     sq_norms = [None] * n
@@ -313,9 +313,14 @@ class _NumpyShapes:
         return np.dtype(x.dtype).name
 
 
-def _dense_plans(tape, n, out_index, batch):
+def _dense_plans(trace, leaves, outs, out_index, batch):
     """For each of the first ``n`` tape entries (the parameters): None, or ``(kind, consumer index,
-    detail)`` when the parameter's one use is a dense layer whose rows stay apart up to the losses."""
+    detail)`` when the parameter's one use is a dense layer whose rows stay apart up to the losses
+    (proved by the dependence analysis, :func:`unigrad.dependence.prove_rows` from the layer's output)."""
+    from .dependence import from_tape, prove_rows
+
+    tape, n = trace.tape, len(leaves)
+    program = None
     uses: dict = {}
     for idx in range(n, len(tape)):
         entry = tape[idx]
@@ -330,7 +335,10 @@ def _dense_plans(tape, n, out_index, batch):
         if plan is not None:
             consumer = plan[1]
             if consumer not in proved:
-                proved[consumer] = _rows_stay_apart(tape, consumer, out_index, batch)
+                if program is None:
+                    program = from_tape(trace, n, [out_index], leaves, outs)
+                seeds = {consumer: np.ndim(tape[consumer][3])}
+                proved[consumer] = prove_rows(program, batch, seeds=seeds)[0] == "row"
             if not proved[consumer]:
                 plan = None
         plans.append(plan)
@@ -446,93 +454,3 @@ def _dense_rows(kind, entry, detail, g, param, batch, norms):
     if sign != 1.0:
         rows = -rows
     return rows, None, BIAS if kind == "bias" else SCALE
-
-
-# ---------------------------------------------------------------------------------------------
-# The proof that rows stay apart
-# ---------------------------------------------------------------------------------------------
-
-_ROW, _MIXED = 1, 2
-_REDUCTIONS = frozenset({"sum", "max", "min", "prod"})
-_ELEMENTWISE_TOO = frozenset({"astype", "clip", "where"})
-
-
-def _rows_stay_apart(tape, seed, out_index, batch) -> bool:
-    """Whether row i of the losses (entry ``out_index``) depends on entry ``seed`` through its row i
-    alone, for every i: abstract interpretation of the recorded entries after ``seed``, each value
-    ROW (row i depends on row i of the seed only, rows on axis 0) or MIXED, from a rule per primitive.
-    Values that do not depend on the seed are constants here. An operation without a rule, or one
-    that moves or reduces the batch axis, is MIXED: the proof gives up (the caller then materialises).
-    """
-    state = {seed: _ROW}
-    for idx in range(seed + 1, out_index + 1):
-        entry = tape[idx]
-        if entry is None:
-            continue
-        got = [(i, state[p]) for i, p in entry[1] if p in state]
-        if not got:
-            continue
-        if any(s == _MIXED for _, s in got):  # (a MIXED value refuses only if it reaches the losses)
-            state[idx] = _MIXED
-            continue
-        state[idx] = _ROW if _keeps_rows(entry, [i for i, _ in got], batch) else _MIXED
-    return state.get(out_index, _ROW) == _ROW
-
-
-def _keeps_rows(entry, rows, batch) -> bool:
-    """The rule of one primitive: given that the operands at positions ``rows`` are ROW (the others
-    constant), is its output ROW?"""
-    prim, parents, vals, ans, params = entry
-    ash = np.shape(ans)
-    if not ash or ash[0] != batch:
-        return False
-    name = prim.name
-    shapes = [np.shape(vals[i]) for i in rows]
-    if prim.elementwise or name in _ELEMENTWISE_TOO:
-        return all(len(s) == len(ash) and s[0] == batch for s in shapes)
-    x_shape = shapes[0]
-    nd = len(x_shape)
-    if name in _REDUCTIONS or name == "cumsum":
-        axis = params.get("axis")
-        if axis is None or nd == 0:
-            return False
-        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
-        return all(a % nd != 0 for a in axes)
-    if name == "reshape":
-        return nd >= 1 and x_shape[0] == batch
-    if name == "broadcast_to":
-        return nd == len(ash)
-    if name == "permute_dims":
-        return nd >= 1 and params["axes"][0] % nd == 0
-    if name == "matrix_transpose":
-        return nd >= 3
-    if name == "matmul":
-        na, nb = np.ndim(vals[0]), np.ndim(vals[1])
-        if rows == [0]:
-            return na >= 2 and (nb == 2 or nb == na) and len(ash) == na
-        return na == nb >= 3 and len(ash) == na  # batched products: row i of one with row i of the other
-    if name == "getitem":
-        return _index_keeps_rows(params.get("index"), x_shape, batch)
-    if name == "take_along_axis":
-        return rows == [0] and params["axis"] % nd != 0
-    if name == "concat":
-        return params["axis"] % len(ash) != 0 and all(len(s) == len(ash) for s in shapes)
-    return False
-
-
-def _index_keeps_rows(index, shape, batch) -> bool:
-    """``x[index]`` keeps the batch axis in place: a full slice first, then ints and slices (or one
-    integer array, which NumPy leaves where it stands)."""
-    if not isinstance(index, tuple) or not index:
-        return False
-    first = index[0]
-    if not isinstance(first, slice) or first.step not in (None, 1) or first.start not in (None, 0) or (
-            first.stop is not None and first.stop < batch):
-        return False
-    arrays = [i for i in index[1:] if isinstance(i, np.ndarray)]
-    plain = all(isinstance(i, (int, np.integer, slice)) or i is None for i in index[1:] if not isinstance(i, np.ndarray))
-    if not plain:
-        return False
-    if arrays:
-        return len(arrays) == 1 and not any(isinstance(i, (int, np.integer)) or i is None for i in index[1:])
-    return True

@@ -214,6 +214,14 @@ def _structural(node, ins, batch):
     if name == "matrix_transpose":
         (pos, d), = ins.items()
         return {-1: -2, -2: -1}.get(d, d)
+    if name == "gather" and "dimension_numbers" in node.params and set(ins) == {0}:
+        # a jaxpr gather whose operand and indices share the batch as their first batching axis (what
+        # take_along_axis makes): row i reads row i, whatever the indices' values
+        dn = node.params["dimension_numbers"]
+        d = ins[0]
+        if d == -len(node.shape(0)) and tuple(getattr(dn, "operand_batching_dims", ()))[:1] == (0,) and tuple(
+                getattr(dn, "start_indices_batching_dims", ()))[:1] == (0,) and 0 not in tuple(dn.offset_dims):
+            return -len(node.out_shapes[0])
     # every other structural operation: its own implementation applied to row numbers (0: not a row)
     args = list(node.args)
     for pos in sorted(node.data):

@@ -66,7 +66,7 @@ CASES = [
     ("mean loss", lambda x: F.cross_entropy(x[:, :3], LABELS).expand(B), X2,
      "mixed: nll_loss_reduced over the batch axis"),
     ("flip batch", lambda x: x.flip(0).sum(1), X2, "mixed: flip moves or combines rows of the batch"),
-    ("merge batch", lambda x: x.reshape(-1).sum().expand(B), X2, "mixed: reshape merges or splits the batch axis"),
+    ("merge batch", lambda x: x.reshape(-1).sum().expand(B), X2, "mixed: sum over the batch axis"),
     # unknown: no rule (the caller materialises or probes)
     ("sort", lambda x: torch.sort(x, 0)[0].sum(1), X2, "unknown: no row rule for the primitive 'sort'"),
 ]
@@ -94,3 +94,16 @@ def test_index_values_decide_only_when_known():
     idx = torch.tensor([1, 0, 3])
     assert verdict(lambda x: x[:, torch.arange(3)].sum(1), X2) == "row"
     assert verdict(lambda x: x[:, idx].sum(1), X2).startswith("unknown")  # a constant whose value is not read
+
+
+def test_batch_merged_with_positions_and_split_back():
+    """A sequence loss that reshapes (B, T, C) to (B*T, C), takes a per-position loss and reshapes
+    back keeps rows apart; one that reduces or reorders the merged axis does not."""
+    y = torch.randint(4, (B * 6,))
+    assert verdict(lambda x: F.cross_entropy(x.reshape(-1, 4), y, reduction="none").reshape(B, -1).sum(1),
+                   X3) == "row"
+    assert verdict(lambda x: torch.tanh(x.reshape(-1, 4)).sum(1).reshape(B, 6).sum(1), X3) == "row"
+    assert verdict(lambda x: torch.log_softmax(x.reshape(-1, 4), 0).reshape(B, -1).sum(1), X3) == \
+        "mixed: _log_softmax along the batch axis"
+    assert verdict(lambda x: x.reshape(-1, 4).flip(0).reshape(B, -1).sum(1), X3).startswith("mixed: flip")
+    assert verdict(lambda x: x.reshape(-1, 4)[:B].sum(1), X3).startswith("mixed")

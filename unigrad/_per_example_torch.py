@@ -120,14 +120,12 @@ class _Recorder(_recorder_base()):
         self.consts = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.utils import _pytree
-
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         torch = self.torch
         if func is torch.ops.aten.detach.default:  # autograd's copies for backward, or the user's detach
             return out
-        flat, spec = _pytree.tree_flatten((args, kwargs))
+        flat, spec = _flatten(args, kwargs)
         refs = []
         for a in flat:
             if isinstance(a, torch.Tensor):
@@ -142,7 +140,7 @@ class _Recorder(_recorder_base()):
                 refs.append(a)
         k = len(self.ops)
         self.ops.append((func, flat, spec, out))
-        self.sig.append((func, str(spec), tuple(refs)))
+        self.sig.append((func, spec, tuple(refs)))
         if isinstance(out, (tuple, list)):
             for j, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
@@ -173,7 +171,6 @@ class _Recorder(_recorder_base()):
         import operator
 
         from torch.fx import Graph
-        from torch.utils import _pytree
 
         torch = self.torch
         g = Graph()
@@ -203,7 +200,7 @@ class _Recorder(_recorder_base()):
                     items.append(node_of(self._ref(a, k), a))
                 else:
                     items.append(a)
-            args, kwargs = _pytree.tree_unflatten(items, spec)
+            args, kwargs = _unflatten(items, spec)
             node = g.call_function(func, tuple(args), dict(kwargs))
             node.meta["val"] = out
             if isinstance(out, (tuple, list)):
@@ -229,6 +226,36 @@ class _Recorder(_recorder_base()):
                     refs[id(a)] = r[0]
             self._at = cache = (k, refs)
         return cache[1]
+
+
+def _flatten(args, kwargs):
+    """``(operands, spec)``: the arguments of an operation as a flat list (lists and tuples opened, to
+    any depth, so no tensor is missed) and a hashable description of their structure."""
+    flat = []
+
+    def walk(a):
+        if isinstance(a, (list, tuple)):
+            return (type(a) is tuple, tuple(walk(b) for b in a))
+        flat.append(a)
+        return None
+
+    spec = (tuple(walk(a) for a in args), tuple((k, walk(v)) for k, v in kwargs.items()))
+    return flat, spec
+
+
+def _unflatten(items, spec):
+    """The arguments again, from ``_flatten``'s spec and new operands."""
+    it = iter(items)
+
+    def build(sp):
+        if sp is None:
+            return next(it)
+        is_tuple, inner = sp
+        built = [build(b) for b in inner]
+        return tuple(built) if is_tuple else built
+
+    args = tuple(build(sp) for sp in spec[0])
+    return args, {k: build(sp) for k, sp in spec[1]}
 
 
 # ---------------------------------------------------------------------------------------------

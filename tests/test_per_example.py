@@ -318,3 +318,22 @@ def test_torch_program_read_each_call():
         got = pe(w, x)
         assert pe.paths == {"argument 0": path}
         torch.testing.assert_close(got, torch.func.jacrev(f)(w, x), rtol=1e-12, atol=1e-12)
+
+
+def test_torch_under_no_grad_and_inference_mode():
+    """The one-pass path under the caller's no_grad (grad mode restored after), and the materialised
+    path for inference tensors (they cannot take part in a backward pass)."""
+    torch = pytest.importorskip("torch")
+    w, x = torch.randn(4, 3, dtype=torch.float64), torch.randn(B, 4, dtype=torch.float64)
+
+    def f(w, x):
+        return torch.tanh(x @ w).sum(1)
+
+    want = torch.func.jacrev(f)(w, x)
+    pe = unigrad.per_example_grad(f)
+    with torch.no_grad():
+        torch.testing.assert_close(pe(w, x), want, rtol=1e-12, atol=1e-12)
+        assert not torch.is_grad_enabled() and pe.paths == {"argument 0": _per_example.DENSE}
+    with torch.inference_mode():
+        torch.testing.assert_close(pe(w.clone(), x.clone()), want, rtol=1e-12, atol=1e-12)
+        assert pe.paths == {"argument 0": _per_example.MATERIALISED}

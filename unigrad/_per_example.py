@@ -157,7 +157,7 @@ class _PerExample:
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))
         elif call.diff and _torch.is_torch_backend(b) and (found := _torch.torch_rows(
-                b, call.flat_f, call.diff, batch, self.norms, fname, self.analyses)) is not None:
+                b, call.flat_f, call.diff, batch, self.norms, fname, self.analyses, call.dynamic)) is not None:
             outs, blocks, paths = found
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))

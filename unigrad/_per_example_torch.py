@@ -36,7 +36,7 @@ def is_torch_backend(b) -> bool:
     return module is not None and isinstance(b, getattr(module, "TorchBackend", ()))
 
 
-def torch_rows(b, flat_f, leaves, batch, norms, fname, cache):
+def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
     """``(outputs, blocks, paths)``: rows (or one block of norms) of per-example gradients on torch, or
     None where this path does not apply. ``cache`` (a BoundedCache) keeps the analysis of each program seen."""
     import torch
@@ -44,6 +44,8 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache):
     n = len(leaves)
     if any(torch._C._functorch.is_functorch_wrapped_tensor(x) for x in leaves):
         return None  # inside torch.func's own transforms: the materialised path
+    if any(isinstance(a, torch.Tensor) and a.is_inference() for a in dynamic):
+        return None  # inference tensors f closes over cannot take part in a backward pass: materialised
     with torch.inference_mode(False), torch.enable_grad():
         inputs = [x.detach().clone() if x.is_inference() else x.detach() for x in leaves]
         for x in inputs:

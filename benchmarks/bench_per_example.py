@@ -5,7 +5,9 @@ example's gradient norm over all parameters. Reported as ratios to ``torch.func`
 ``vmap(grad(loss))`` followed by the norms, measured in the same run (median of per-round ratios):
   * unigrad.per_example_grad_norms on the NumPy tape (dense layers found in the recorded program:
     norms from one backward pass)                                                  (goal <= 0.2)
-  * unigrad.per_example_grad_norms on torch and on JAX (compile=True): materialised Jacobian rows
+  * unigrad.per_example_grad_norms on torch (the ATen operations of one forward pass read by the
+    dependence analysis: norms from one backward pass)                             (goal <= 0.2)
+    and on JAX (compile=True, the jaxpr read the same way)
   * Opacus (GradSampleModule, hooks) and BackPACK (BatchL2Grad), when installed (``pip install
     unigrad[bench]``); skipped when absent.
 

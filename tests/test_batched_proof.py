@@ -31,7 +31,7 @@ def test_value_dependent_coupling_raises_on_every_call(engine):
         for mode in ("rev", "fwd"):
             jac = unigrad.batched_jacobian(value_dependent, mode=mode, backend=engine, compile=compile)
             for x in (positive, -positive, positive):  # first call with positive data, then negative
-                with pytest.raises(ValueError, match=r"not independent: .*sum over the batch axis at "
+                with pytest.raises(ValueError, match=r"not independent: .*(sum|mean) over the batch axis at "
                                                      r".*test_batched_proof.py:\d+"):
                     jac(x)
 
@@ -119,3 +119,27 @@ def test_jax_native_coupling_is_named_from_the_jaxpr():
     for _ in range(2):
         with pytest.raises(ValueError, match="cumsum along the batch axis"):
             jac(x)
+
+
+def test_native_torch_rows_proved_from_the_aten_graph(monkeypatch):
+    """Native torch code (F.linear, log_softmax) cannot be read on the tape: its ATen graph (make_fx on
+    fake tensors) proves it, without a probe: independent rows computed, mixed rows refused with the
+    operation and the user's line."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(_batched, "_settle_independence", _no_probe)
+    lin = torch.nn.Linear(3, 4).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+
+    def rows(x):
+        return torch.log_softmax(torch.nn.functional.linear(torch.tanh(x), lin.weight, lin.bias), -1)
+
+    def mixed(x):
+        h = torch.nn.functional.linear(x, lin.weight, lin.bias)
+        return h - h.mean(0)
+
+    got = unigrad.batched_jacobian(rows)(x)
+    want = torch.stack([torch.autograd.functional.jacobian(lambda r: rows(r[None])[0], x[i]) for i in range(5)])
+    torch.testing.assert_close(got, want.detach(), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match=r"not independent: mean over the batch axis at test_batched_proof.py:\d+ "
+                                         r"\(in mixed\)"):
+        unigrad.batched_jacobian(mixed)(x)

@@ -220,7 +220,8 @@ MIXED = {  # rows mixed, with the operation named
     "matmul_contracts_batch": (lambda x: x.T @ x @ W, "matmul contracts the batch axis"),
     "cumsum_along_batch": (lambda x: xp(x).cumulative_sum(x, axis=0), "cumsum along the batch axis"),
     "flip_batch": (lambda x: xp(x).flip(x, axis=0), "flip moves or combines rows"),
-    "reshape_merges_batch": (lambda x: xp(x).reshape(x, (-1,))[:x.shape[0]] * 1.0, "reshape"),
+    # (the merged batch is followed, rows in blocks: the slice is what combines them)
+    "reshape_merges_batch": (lambda x: xp(x).reshape(x, (-1,))[:x.shape[0]] * 1.0, "getitem moves or combines"),
     "where_one_branch_mixed": (lambda x: xp(x).where(x > 0, x, x - xp(x).sum(x, axis=0)), "sum over the batch"),
 }
 

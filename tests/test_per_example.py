@@ -64,8 +64,9 @@ def test_equals_materialised_per_example_gradients_on_every_backend(backend, com
 
 
 @pytest.mark.parametrize("case", ["sequence", "mixing"])
-def test_equals_materialised_per_example_gradients_on_the_tape(case):
-    check_against_materialised("numpy", False, case)
+@pytest.mark.parametrize("name", ["numpy", "torch"])  # (JAX: the mixing case in test_proof_materialises_...)
+def test_equals_materialised_per_example_gradients_where_programs_are_read(name, case):
+    check_against_materialised(fast_backend(name), False, case)
 
 
 def check_against_materialised(backend, compile, case):
@@ -88,7 +89,8 @@ def check_against_materialised(backend, compile, case):
     assert set(pe.paths) == {f"argument 0['{k}']" for k in params}
 
 
-FAST = ["numpy", "jax"]  # the backends whose programs per_example_grad reads (the tape's record, the jaxpr)
+FAST = ["numpy", "jax", "torch"]  # the backends whose programs per_example_grad reads (the tape's record, the
+# jaxpr, the ATen operations torch ran)
 
 
 def fast_backend(name):
@@ -97,19 +99,29 @@ def fast_backend(name):
     return name
 
 
-@pytest.mark.parametrize("name", FAST)
-def test_dense_layers_from_one_backward_pass(name):
+def problem(name, seed, f):
+    """(backend, params, x, labels, per_example_grad of f) for one of the FAST backends."""
     backend = fast_backend(name)
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     params = make_params(rng)
     x, labels = rng.standard_normal((B, 4)), rng.integers(3, size=B)
-    pe = unigrad.per_example_grad(mlp_losses, batch_argnum=(1, 2), backend=backend)
+    return backend, params, x, labels, unigrad.per_example_grad(f, batch_argnum=(1, 2), backend=backend)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_dense_layers_from_one_backward_pass(name):
+    backend, params, x, labels, pe = problem(name, 1, mlp_losses)
+    rng = np.random.default_rng(1)
     pe(params, x, labels)
     assert pe.paths == {"argument 0['W1']": _per_example.DENSE, "argument 0['b1']": _per_example.BIAS,
                         "argument 0['W2']": _per_example.DENSE, "argument 0['b2']": _per_example.BIAS}
     pn = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend)
     pn(params, x, labels)
     assert pn.paths["argument 0['W1']"] == _per_example.DENSE_OUTER  # |x|^2 |g|^2: one position per example
+    if name == "jax":  # the same proof inside jit (the labels are then traced: their values unknown)
+        pc = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend, compile=True)
+        pc(params, x, labels)
+        assert pc.paths == pn.paths
     seq = rng.standard_normal((B, 3, 4))
     pn(params, seq, labels)
     assert pn.paths["argument 0['W1']"] == _per_example.DENSE_GHOST  # 3 positions: (X X^T) * (G G^T)
@@ -117,11 +129,7 @@ def test_dense_layers_from_one_backward_pass(name):
 
 @pytest.mark.parametrize("name", FAST)
 def test_proof_materialises_what_rows_mix_after(name):
-    backend = fast_backend(name)
-    rng = np.random.default_rng(2)
-    params = make_params(rng)
-    x, labels = rng.standard_normal((B, 4)), rng.integers(3, size=B)
-    pe = unigrad.per_example_grad(mixing_losses, batch_argnum=(1, 2), backend=backend)
+    backend, params, x, labels, pe = problem(name, 2, mixing_losses)
     got = {k: unigrad.to_numpy(v) for k, v in pe(params, x, labels).items()}
     assert pe.paths["argument 0['W1']"] == pe.paths["argument 0['b1']"] == _per_example.MATERIALISED
     assert pe.paths["argument 0['W2']"] == _per_example.DENSE
@@ -213,3 +221,119 @@ def test_no_examples_gives_empty_rows(name):
     assert {k: unigrad.to_numpy(v).shape for k, v in got.items()} == {k: (0, *v.shape) for k, v in params.items()}
     norms = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend)(params, x, labels)
     assert unigrad.to_numpy(norms).shape == (0,)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch: native code (nn.Module through functional_call), read from the ATen operations it ran
+# ---------------------------------------------------------------------------------------------
+
+def torch_model(torch, d_in, hidden, n_out, norm, dtype):
+    layers = [torch.nn.Linear(d_in, hidden)] + ([torch.nn.LayerNorm(hidden)] if norm else []) + [
+        torch.nn.Tanh(), torch.nn.Linear(hidden, n_out)]
+    return torch.nn.Sequential(*layers).to(dtype)
+
+
+@pytest.mark.parametrize("dtype, sequence, norm", [("float32", False, False), ("float64", True, False),
+                                                   ("float64", False, True)])
+def test_torch_module_norms_equal_torch_func(dtype, sequence, norm):
+    """An nn.Module's per-example losses (cross-entropy, over positions for a sequence): the dense
+    layers' norms from one backward pass, LayerNorm's parameters (no trick) materialised; the values
+    those of torch.func's vmap(grad) to rounding."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    dt = getattr(torch, dtype)
+    model = torch_model(torch, 4, 6, 3, norm, dt)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x = torch.randn((B, 2, 4) if sequence else (B, 4), dtype=dt)
+    y = torch.randint(3, (B, 2) if sequence else (B,))
+
+    def losses(p, x, y):
+        z = torch.func.functional_call(model, p, (x,))
+        if sequence:  # the batch merged with the positions for the loss, then split back
+            return torch.nn.functional.cross_entropy(z.reshape(-1, 3), y.reshape(-1), reduction="none").reshape(
+                x.shape[0], -1).sum(1)
+        return torch.nn.functional.cross_entropy(z, y, reduction="none")
+
+    def one(p, xi, yi):
+        return losses(p, xi[None], yi[None])[0]
+
+    grads = torch.func.vmap(torch.func.grad(one), in_dims=(None, 0, 0))(params, x, y)
+    want = torch.sqrt(sum((g.reshape(B, -1) ** 2).sum(1) for g in grads.values()))
+    pn = unigrad.per_example_grad_norms(losses, batch_argnum=(1, 2))
+    got = pn(params, x, y)
+    assert got.dtype == dt
+    torch.testing.assert_close(got, want, rtol=2e-5 if dtype == "float32" else 1e-10, atol=0)
+    dense = _per_example.DENSE_GHOST if sequence else _per_example.DENSE_OUTER
+    last = "3" if norm else "2"
+    assert pn.paths[f"argument 0['0.weight']"] == pn.paths[f"argument 0['{last}.weight']"] == dense
+    assert pn.paths[f"argument 0['0.bias']"] == pn.paths[f"argument 0['{last}.bias']"] == _per_example.BIAS
+    if norm:  # LayerNorm's scale and shift are not a layer the trick covers: materialised, and right
+        assert pn.paths["argument 0['1.weight']"] == pn.paths["argument 0['1.bias']"] == _per_example.MATERIALISED
+    rows = unigrad.per_example_grad(losses, batch_argnum=(1, 2))(params, x, y)
+    for k in params:
+        torch.testing.assert_close(rows[k], grads[k], rtol=2e-5 if dtype == "float32" else 1e-10, atol=1e-6)
+
+
+def test_torch_rows_mixed_through_views_and_in_place_operations_are_materialised():
+    """The record follows views, transposes and in-place operations on the layer's output: rows mixed
+    through any of them make the parameter materialised (the one-pass rows would be wrong)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    w = torch.randn(4, 6, dtype=torch.float64)
+    x = torch.randn(B, 4, dtype=torch.float64)
+
+    def in_place(y):
+        y = y.clone()
+        y -= y.mean(0)
+        return y
+
+    mixes = {"view": lambda y: y.view(B, 2, 3) - y.view(B, 2, 3).mean(0),
+             "transpose": lambda y: y.T.T - y.T.mean(1), "slice": lambda y: y[:, :3] - y[:, :3].mean(0),
+             "in place": in_place}
+    for name, mix in mixes.items():
+        def f(w, x):
+            return (mix(torch.tanh(x @ w)) ** 2).reshape(B, -1).sum(1)
+
+        pe = unigrad.per_example_grad(f)
+        got = pe(w, x)
+        assert pe.paths == {"argument 0": _per_example.MATERIALISED}, name
+        torch.testing.assert_close(got, torch.func.jacrev(f)(w, x), rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_torch_program_read_each_call():
+    """The analysis belongs to the program a call ran: a branch on the data that mixes rows on one
+    call and not on the next is read again, and both results are right."""
+    torch = pytest.importorskip("torch")
+    w = torch.randn(4, 3, dtype=torch.float64)
+
+    def f(w, x):
+        y = torch.tanh(x @ w)
+        if bool(x.sum() > 0):
+            y = y - y.mean(0)
+        return (y ** 2).sum(1)
+
+    pe = unigrad.per_example_grad(f)
+    for sign, path in ((1, _per_example.MATERIALISED), (-1, _per_example.DENSE), (1, _per_example.MATERIALISED)):
+        x = sign * (torch.rand(B, 4, dtype=torch.float64) + 0.1)
+        got = pe(w, x)
+        assert pe.paths == {"argument 0": path}
+        torch.testing.assert_close(got, torch.func.jacrev(f)(w, x), rtol=1e-12, atol=1e-12)
+
+
+def test_torch_under_no_grad_and_inference_mode():
+    """The one-pass path under the caller's no_grad (grad mode restored after), and the materialised
+    path for inference tensors (they cannot take part in a backward pass)."""
+    torch = pytest.importorskip("torch")
+    w, x = torch.randn(4, 3, dtype=torch.float64), torch.randn(B, 4, dtype=torch.float64)
+
+    def f(w, x):
+        return torch.tanh(x @ w).sum(1)
+
+    want = torch.func.jacrev(f)(w, x)
+    pe = unigrad.per_example_grad(f)
+    with torch.no_grad():
+        torch.testing.assert_close(pe(w, x), want, rtol=1e-12, atol=1e-12)
+        assert not torch.is_grad_enabled() and pe.paths == {"argument 0": _per_example.DENSE}
+    with torch.inference_mode():
+        torch.testing.assert_close(pe(w.clone(), x.clone()), want, rtol=1e-12, atol=1e-12)
+        assert pe.paths == {"argument 0": _per_example.MATERIALISED}

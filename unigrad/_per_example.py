@@ -7,14 +7,15 @@ respect to the parameters: ``d f(params, batch)[i] / d params``. Two ways to get
   (vectorised over the examples' unit cotangents: a batch of cotangents on the tape, ``vmap`` of the
   VJP on torch and JAX, ``pfor`` on TensorFlow). Exact for any ``f``; it costs about B backward
   passes of the batch.
-* **Dense layers** (the tape): ``f`` is recorded once, and each parameter whose one use is a matrix
+* **Dense layers** (the tape; JAX in ``_per_example_jaxpr.py``, torch in ``_per_example_torch.py``, the
+  same method on their programs): ``f`` is recorded once, and each parameter whose one use is a matrix
   product ``Y = X @ W`` (``W`` directly or through a transpose) or a bias ``Y = Z + b`` (or a scale
   ``Z * s``) gets its rows from one ordinary backward pass: with ``G`` the cotangent of ``Y`` for the
   cotangent ``ones(B)``, example i's gradient is ``X_i^T G_i`` (``G_i`` summed over the bias's
   broadcast axes). That is exact when row i of the losses depends on ``Y`` through ``Y_i`` alone,
-  which is *proved* from the recorded program (see :func:`_rows_stay_apart`: every operation from
-  ``Y`` to the losses keeps rows apart); where the proof fails, or the parameter is used another way,
-  that parameter is materialised. Norms of dense layers never form ``X_i^T G_i``: for one position
+  which is *proved* from the recorded program (:mod:`unigrad.dependence`, the one analysis of
+  traced programs: every operation from ``Y`` to the losses keeps rows apart); where the proof
+  fails, or the parameter is used another way, that parameter is materialised. Norms of dense layers never form ``X_i^T G_i``: for one position
   per example its squared norm is ``|x_i|^2 |g_i|^2`` (Goodfellow 2015), for P positions
   ``sum((X_i X_i^T) * (G_i G_i^T))`` when ``P^2`` is below the layer's size ("ghost clipping",
   Li et al. 2022).
@@ -30,6 +31,7 @@ import numpy as np
 
 from . import _checks
 from . import _per_example_jaxpr as _jaxpr
+from . import _per_example_torch as _torch
 from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
 from ._per_example_common import check_losses as _check_losses
 from ._call import BoundedCache, execute, prepare
@@ -53,11 +55,11 @@ def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, co
     (``unigrad.dask.per_example_grad``, over Dask arrays, takes the loss of *one* example and maps
     it; a loss written for one example that also works on a batch gives the same values here.)
 
-    On the NumPy tape, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``, ``* s``)
-    get their rows from one ordinary backward pass, where the program proves that rows of the losses
-    stay apart after the layer; others are materialised as Jacobian rows (about B backward passes;
-    every parameter on the other backends). The returned function's ``.paths`` maps each parameter
-    leaf to the way it took on the last call.
+    On the NumPy tape, JAX and torch, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``,
+    ``* s``; ``nn.Linear`` on torch) get their rows from one ordinary backward pass, where the program
+    proves that rows of the losses stay apart after the layer; others are materialised as Jacobian
+    rows (about B backward passes; every parameter on TensorFlow and plugins). The returned
+    function's ``.paths`` maps each parameter leaf to the way it took on the last call.
 
     Args:
       f: ``f(*args)`` returning the per-example losses, a real array of shape ``(B,)``.
@@ -87,8 +89,8 @@ def per_example_grad_norms(f: Callable, argnums=0, batch_argnum=1, *, backend=No
     """The Euclidean norm of each example's gradient over all parameters, as differential privacy needs.
 
     The same gradients as :func:`per_example_grad` (the same ``f``, arguments and rules), reduced to
-    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, dense layers' norms come from
-    one backward pass without forming the per-example gradients (``|x_i|^2 |g_i|^2``; for sequences
+    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, JAX and torch, dense layers'
+    norms come from one backward pass without forming the per-example gradients (``|x_i|^2 |g_i|^2``; for sequences
     ``sum((X_i X_i^T) * (G_i G_i^T))``); see ``.paths`` on the returned function.
 
     Args:
@@ -125,6 +127,7 @@ class _PerExample:
         self.f, self.backend, self.device, self.norms = f, backend, device, norms
         self.plans, self.paths = BoundedCache(), BoundedCache(64)
         self.programs = BoundedCache() if compile else None
+        self.analyses = BoundedCache(64)  # torch: the analysis of each program recorded
 
     def function(self):
         def per_example_f(*args):
@@ -151,6 +154,11 @@ class _PerExample:
         tape = _tape_backend(b)
         if tape is not None and call.diff:
             outs, blocks, paths = _tape_rows(call.flat_f, call.diff, batch, self.norms, fname)
+            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
+                b, outs, call.diff, self.norms)))
+        elif call.diff and _torch.is_torch_backend(b) and (found := _torch.torch_rows(
+                b, call.flat_f, call.diff, batch, self.norms, fname, self.analyses, call.dynamic)) is not None:
+            outs, blocks, paths = found
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))
         elif call.diff and _jaxpr.is_jax_backend(b):
@@ -258,7 +266,7 @@ def _tape_rows(flat_f, leaves, batch, norms, fname):
     out_index = out_idx[0]
     n = len(leaves)
     nested = any(isinstance(x, Tracer) for x in leaves)
-    plans = [None] * n if nested or out_index is None else _dense_plans(trace.tape, n, out_index, batch)
+    plans = [None] * n if nested or out_index is None else _dense_plans(trace, leaves, outs, out_index, batch)
     fast = {k: p for k, p in enumerate(plans) if p is not None}
     rows = [None] * n
     sq_norms = [None] * n
@@ -305,9 +313,14 @@ class _NumpyShapes:
         return np.dtype(x.dtype).name
 
 
-def _dense_plans(tape, n, out_index, batch):
+def _dense_plans(trace, leaves, outs, out_index, batch):
     """For each of the first ``n`` tape entries (the parameters): None, or ``(kind, consumer index,
-    detail)`` when the parameter's one use is a dense layer whose rows stay apart up to the losses."""
+    detail)`` when the parameter's one use is a dense layer whose rows stay apart up to the losses
+    (proved by the dependence analysis, :func:`unigrad.dependence.prove_rows` from the layer's output)."""
+    from .dependence import from_tape, prove_rows
+
+    tape, n = trace.tape, len(leaves)
+    program = None
     uses: dict = {}
     for idx in range(n, len(tape)):
         entry = tape[idx]
@@ -322,7 +335,10 @@ def _dense_plans(tape, n, out_index, batch):
         if plan is not None:
             consumer = plan[1]
             if consumer not in proved:
-                proved[consumer] = _rows_stay_apart(tape, consumer, out_index, batch)
+                if program is None:
+                    program = from_tape(trace, n, [out_index], leaves, outs)
+                seeds = {consumer: np.ndim(tape[consumer][3])}
+                proved[consumer] = prove_rows(program, batch, seeds=seeds)[0] == "row"
             if not proved[consumer]:
                 plan = None
         plans.append(plan)
@@ -438,93 +454,3 @@ def _dense_rows(kind, entry, detail, g, param, batch, norms):
     if sign != 1.0:
         rows = -rows
     return rows, None, BIAS if kind == "bias" else SCALE
-
-
-# ---------------------------------------------------------------------------------------------
-# The proof that rows stay apart
-# ---------------------------------------------------------------------------------------------
-
-_ROW, _MIXED = 1, 2
-_REDUCTIONS = frozenset({"sum", "max", "min", "prod"})
-_ELEMENTWISE_TOO = frozenset({"astype", "clip", "where"})
-
-
-def _rows_stay_apart(tape, seed, out_index, batch) -> bool:
-    """Whether row i of the losses (entry ``out_index``) depends on entry ``seed`` through its row i
-    alone, for every i: abstract interpretation of the recorded entries after ``seed``, each value
-    ROW (row i depends on row i of the seed only, rows on axis 0) or MIXED, from a rule per primitive.
-    Values that do not depend on the seed are constants here. An operation without a rule, or one
-    that moves or reduces the batch axis, is MIXED: the proof gives up (the caller then materialises).
-    """
-    state = {seed: _ROW}
-    for idx in range(seed + 1, out_index + 1):
-        entry = tape[idx]
-        if entry is None:
-            continue
-        got = [(i, state[p]) for i, p in entry[1] if p in state]
-        if not got:
-            continue
-        if any(s == _MIXED for _, s in got):  # (a MIXED value refuses only if it reaches the losses)
-            state[idx] = _MIXED
-            continue
-        state[idx] = _ROW if _keeps_rows(entry, [i for i, _ in got], batch) else _MIXED
-    return state.get(out_index, _ROW) == _ROW
-
-
-def _keeps_rows(entry, rows, batch) -> bool:
-    """The rule of one primitive: given that the operands at positions ``rows`` are ROW (the others
-    constant), is its output ROW?"""
-    prim, parents, vals, ans, params = entry
-    ash = np.shape(ans)
-    if not ash or ash[0] != batch:
-        return False
-    name = prim.name
-    shapes = [np.shape(vals[i]) for i in rows]
-    if prim.elementwise or name in _ELEMENTWISE_TOO:
-        return all(len(s) == len(ash) and s[0] == batch for s in shapes)
-    x_shape = shapes[0]
-    nd = len(x_shape)
-    if name in _REDUCTIONS or name == "cumsum":
-        axis = params.get("axis")
-        if axis is None or nd == 0:
-            return False
-        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
-        return all(a % nd != 0 for a in axes)
-    if name == "reshape":
-        return nd >= 1 and x_shape[0] == batch
-    if name == "broadcast_to":
-        return nd == len(ash)
-    if name == "permute_dims":
-        return nd >= 1 and params["axes"][0] % nd == 0
-    if name == "matrix_transpose":
-        return nd >= 3
-    if name == "matmul":
-        na, nb = np.ndim(vals[0]), np.ndim(vals[1])
-        if rows == [0]:
-            return na >= 2 and (nb == 2 or nb == na) and len(ash) == na
-        return na == nb >= 3 and len(ash) == na  # batched products: row i of one with row i of the other
-    if name == "getitem":
-        return _index_keeps_rows(params.get("index"), x_shape, batch)
-    if name == "take_along_axis":
-        return rows == [0] and params["axis"] % nd != 0
-    if name == "concat":
-        return params["axis"] % len(ash) != 0 and all(len(s) == len(ash) for s in shapes)
-    return False
-
-
-def _index_keeps_rows(index, shape, batch) -> bool:
-    """``x[index]`` keeps the batch axis in place: a full slice first, then ints and slices (or one
-    integer array, which NumPy leaves where it stands)."""
-    if not isinstance(index, tuple) or not index:
-        return False
-    first = index[0]
-    if not isinstance(first, slice) or first.step not in (None, 1) or first.start not in (None, 0) or (
-            first.stop is not None and first.stop < batch):
-        return False
-    arrays = [i for i in index[1:] if isinstance(i, np.ndarray)]
-    plain = all(isinstance(i, (int, np.integer, slice)) or i is None for i in index[1:] if not isinstance(i, np.ndarray))
-    if not plain:
-        return False
-    if arrays:
-        return len(arrays) == 1 and not any(isinstance(i, (int, np.integer)) or i is None for i in index[1:])
-    return True

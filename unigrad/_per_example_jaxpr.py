@@ -6,7 +6,8 @@ one use is ``dot_general`` with a batched left operand (``x @ W``, or ``x @ W.T`
 a scale), gets its rows from one backward pass -- the jaxpr is evaluated with a zero added to each
 such layer's output, and the gradient with respect to those zeros is ``G`` -- wherever the jaxpr
 proves that rows of the losses depend on the layer's output through their own row alone (a rule
-per primitive; nested ``jit``/``custom_jvp`` calls are read inside; anything else gives up). Other
+per primitive, the one dependence analysis's (:mod:`unigrad.dependence`); nested ``jit``/``custom_jvp``
+calls are read inside; anything else gives up). Other
 parameters are materialised with ``jax.jacrev``. Everything is traced, so ``compile=True`` makes
 one XLA program of it.
 """
@@ -17,19 +18,6 @@ import numpy as np
 
 from . import _per_example_common as pe
 
-_ROW, _MIXED = 1, 2
-
-_ELEMENTWISE = frozenset({
-    "add", "sub", "mul", "div", "neg", "max", "min", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt",
-    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan",
-    "sinh", "cosh", "asinh", "acosh", "atanh", "atan2", "abs", "sign", "floor", "ceil", "round", "erf", "erfc",
-    "erf_inv", "lgamma", "digamma", "select_n", "convert_element_type", "copy", "copy_p", "clamp", "nextafter",
-    "rem", "real", "imag", "conj", "reduce_precision", "is_finite"})
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin",
-                         "reduce_and", "reduce_or"})
-_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr"}
 _BIAS_CHAIN = frozenset({"broadcast_in_dim", "reshape", "convert_element_type", "squeeze"})
 
 
@@ -88,13 +76,13 @@ def _rows(jaxpr, consts, leaves, batch, norms):
         if _is_var(v):
             uses.setdefault(v, []).append((None, None))
     out_var = jaxpr.outvars[0]
-    plans, proved = [], {}
+    plans, proved, program = [], {}, {}
     for p in jaxpr.invars:
         plan = _plan(eqns, uses, p, batch)
         if plan is not None:
             consumer = plan[1]
             if consumer not in proved:
-                proved[consumer] = _rows_stay_apart(jaxpr, eqns[consumer].outvars[0], out_var, batch)
+                proved[consumer] = _rows_stay_apart(jaxpr, consts, eqns[consumer].outvars[0], batch, program)
             if not proved[consumer]:
                 plan = None
         plans.append(plan)
@@ -269,90 +257,28 @@ def _dense_rows(kind, eqn, detail, chain, g, invals, param, batch, norms):
 
 
 # ---------------------------------------------------------------------------------------------
-# The proof that rows stay apart, on a jaxpr
+# The proof that rows stay apart: the dependence analysis on the jaxpr
 # ---------------------------------------------------------------------------------------------
 
-def _rows_stay_apart(jaxpr, seed, out_var, batch) -> bool:
-    state = _interpret(jaxpr, {seed: _ROW}, batch)
-    return state.get(out_var, _ROW) == _ROW if _is_var(out_var) else True
+class _Closed:
+    __slots__ = ("jaxpr", "consts")
+
+    def __init__(self, jaxpr, consts):
+        self.jaxpr, self.consts = jaxpr, consts
 
 
-def _differentiable(v):
-    return np.issubdtype(np.dtype(v.aval.dtype), np.inexact)
+def _rows_stay_apart(jaxpr, consts, seed, batch, cache) -> bool:
+    """Whether row i of the losses depends on ``seed`` (a variable of ``jaxpr``, batch on axis 0)
+    through its row i alone: :func:`unigrad.dependence.prove_rows` from that value, on the program of
+    the jaxpr (built once per call of this function's caller, in ``cache``)."""
+    from .dependence import prove_rows
+    from .dependence._jaxpr import from_closed_jaxpr
 
-
-def _interpret(jaxpr, state, batch):
-    """Propagate ROW / MIXED through ``jaxpr`` (a ``Jaxpr``) from ``state`` (var -> state); values
-    absent from it do not depend on the seed. Integer and boolean values carry no derivative."""
-    state = dict(state)
-    for eqn in jaxpr.eqns:
-        got = [(pos, state[v]) for pos, v in enumerate(eqn.invars) if _is_var(v) and v in state]
-        if not got:
-            continue
-        name = eqn.primitive.name
-        if name == "stop_gradient":
-            continue
-        if any(s == _MIXED for _, s in got):
-            verdicts = [_MIXED] * len(eqn.outvars)
-        elif name in _CALLS:
-            verdicts = _through_call(eqn, dict(got), batch)
-        else:
-            verdicts = [_ROW if _keeps_rows(eqn, [pos for pos, _ in got], batch) else _MIXED] * len(eqn.outvars)
-        for v, s in zip(eqn.outvars, verdicts):
-            if _differentiable(v):
-                state[v] = s
-    return state
-
-
-def _through_call(eqn, positions, batch):
-    inner = eqn.params.get(_CALLS[eqn.primitive.name])
-    inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's Jaxpr
-    if inner is None or not hasattr(inner, "eqns"):
-        return [_MIXED] * len(eqn.outvars)
-    offset = len(inner.invars) - len(eqn.invars)  # (none in practice: the call's operands are its invars)
-    start = {inner.invars[pos + offset]: s for pos, s in positions.items() if 0 <= pos + offset < len(inner.invars)}
-    state = _interpret(inner, start, batch)
-    return [state.get(v, None) if _is_var(v) else None for v in inner.outvars]
-
-
-def _keeps_rows(eqn, rows, batch) -> bool:
-    out = eqn.outvars[0]
-    ash = tuple(out.aval.shape)
-    if not ash or ash[0] != batch:
+    if "program" not in cache:
+        env = {}
+        cache["program"] = from_closed_jaxpr(_Closed(jaxpr, consts), env=env)
+        cache["env"] = env
+    vid = cache["env"].get(seed)
+    if vid is None:
         return False
-    name, params = eqn.primitive.name, eqn.params
-    shapes = [tuple(eqn.invars[pos].aval.shape) for pos in rows]
-    if name in _ELEMENTWISE:
-        return all(len(s) == len(ash) and s[0] == batch for s in shapes)
-    x_shape = shapes[0]
-    if name in _REDUCTIONS:
-        return 0 not in tuple(params["axes"])
-    if name in _CUMULATIVE:
-        return params["axis"] % len(x_shape) != 0
-    if name == "broadcast_in_dim":
-        dims = tuple(params["broadcast_dimensions"])
-        return bool(dims) and dims[0] == 0 and x_shape[0] == batch
-    if name == "reshape":
-        return params.get("dimensions") is None and x_shape and x_shape[0] == batch
-    if name == "squeeze":
-        return 0 not in tuple(d % len(x_shape) for d in params["dimensions"])
-    if name == "transpose":
-        return tuple(params["permutation"])[0] == 0
-    if name == "dot_general":
-        (lc, rc), (lb, rb) = params["dimension_numbers"]
-        if rows == [0]:
-            return not tuple(lb) and 0 not in tuple(lc)
-        return tuple(lb)[:1] == (0,) and tuple(rb)[:1] == (0,)  # batched products: row i with row i
-    if name == "gather":
-        dn = params["dimension_numbers"]
-        return rows == [0] and tuple(dn.operand_batching_dims) == (0,) and \
-            tuple(dn.start_indices_batching_dims) == (0,) and 0 not in tuple(dn.offset_dims)
-    if name == "concatenate":
-        return params["dimension"] != 0 and all(len(s) == len(ash) for s in shapes)
-    if name == "slice":
-        strides = params.get("strides")
-        return params["start_indices"][0] == 0 and params["limit_indices"][0] == batch and (
-            strides is None or strides[0] == 1)
-    if name == "pad":
-        return tuple(params["padding_config"][0]) == (0, 0, 0) and rows == [0]
-    return False
+    return prove_rows(cache["program"], batch, seeds={vid: len(seed.aval.shape)})[0] == "row"

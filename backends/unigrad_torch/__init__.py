@@ -248,6 +248,11 @@ class TorchBackend(Backend):
                              for block, p in zip(columns.split(sizes, dim=1), primals)))
         return outputs, tuple(jac), aux
 
+    def batch_rows(self, f, primals, *, has_aux=False):
+        """Rows of ``f`` proved from its ATen graph (``make_fx``): ``(verdict, detail, False)`` (see ``_proof``)."""
+        from ._proof import batch_rows
+        return batch_rows(f, tuple(primals), has_aux)
+
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """Per-example Jacobians by the sum trick (rows independent, so one sweep serves every example).
 

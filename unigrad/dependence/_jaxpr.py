@@ -36,12 +36,16 @@ def jaxpr_program(f, args):
     return from_closed_jaxpr(closed)
 
 
-def from_closed_jaxpr(closed):
+def from_closed_jaxpr(closed, env=None):
+    """The program of a closed jaxpr; ``env``, a dict when given, receives its variables' value ids."""
     builder = _Builder()
     jaxpr = closed.jaxpr
-    env = {}
+    env = {} if env is None else env
     for v, c in zip(jaxpr.constvars, closed.consts):
-        builder.known[builder.key(v, env)] = c
+        if _is_tracer(c):  # (made inside an enclosing trace, jit: its value is not known here)
+            builder.key(v, env)
+        else:
+            builder.known[builder.key(v, env)] = c
     inputs = [builder.key(v, env) for v in jaxpr.invars]
     builder.walk(jaxpr, env)
     outputs, shapes = builder.outs(jaxpr, env)
@@ -149,6 +153,11 @@ class _Builder:
         self.nodes.append(node)
 
 
+def _is_tracer(c):
+    import jax
+    return isinstance(c, jax.core.Tracer)
+
+
 def _inner(eqn):
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         j = eqn.params.get(key)
@@ -163,8 +172,10 @@ def _inner(eqn):
 
 def _binder(prim):
     def fn(*args, **params):
+        import jax
         import jax.numpy as jnp
-        out = prim.bind(*[jnp.asarray(a) for a in args], **params)
+        with jax.ensure_compile_time_eval():  # concrete values, also inside an enclosing jit's trace
+            out = prim.bind(*[jnp.asarray(a) for a in args], **params)
         return out[0] if prim.multiple_results else out
     return fn
 

@@ -27,6 +27,28 @@ class Mixed:
         return f"{self.why}{where}"
 
 
+class Blocked(tuple):
+    """ROW along a negative axis whose length is the batch times ``m``, rows in consecutive blocks of m
+    (element j belongs to row ``j // m``): a batch merged with the axes after it, ``(B, T, C) -> (B*T, C)``,
+    as a sequence loss reshapes it. ``Blocked(d, 1)`` is never made: that is plain ROW ``d``."""
+    __slots__ = ()
+
+    def __new__(cls, axis, m):
+        return tuple.__new__(cls, (axis, m))
+
+    @property
+    def axis(self):
+        return self[0]
+
+    @property
+    def m(self):
+        return self[1]
+
+
+def _row(axis, m):
+    return axis if m == 1 else Blocked(axis, m)
+
+
 class Unknown:
     __slots__ = ("why",)
 
@@ -34,13 +56,20 @@ class Unknown:
         self.why = why
 
 
-def prove_rows(program, batch):
+def prove_rows(program, batch, seeds=None):
     """``("row", None)``, ``("mixed", Mixed)`` or ``("unknown", why)`` for a program whose inputs all
-    have the batch (size ``batch``) on axis 0, and whose outputs must have it on axis 0."""
+    have the batch (size ``batch``) on axis 0, and whose outputs must have it on axis 0.
+
+    ``seeds`` (value id -> number of dimensions), when given, replaces the inputs: the question is then
+    whether row i of every output depends on those values through their row i alone (on axis 0), every
+    other value held constant -- what per-example gradients need of a layer's output."""
     env = {}
-    for vid, shape in zip(program.inputs, program.input_shapes):
-        if len(shape) and shape[0] == batch:
-            env[vid] = -len(shape)
+    if seeds is not None:
+        env.update({vid: -ndim for vid, ndim in seeds.items()})
+    else:
+        for vid, shape in zip(program.inputs, program.input_shapes):
+            if len(shape) and shape[0] == batch:
+                env[vid] = -len(shape)
     _walk(program, env, batch)
     unknown = None
     for k, (vid, shape) in enumerate(zip(program.outputs, program.output_shapes)):
@@ -52,6 +81,9 @@ def prove_rows(program, batch):
         if isinstance(s, Unknown):
             unknown = unknown or s
             continue
+        if isinstance(s, Blocked):
+            return "mixed", Mixed(None, f"output {k} has the batch merged with other axes on its axis "
+                                        f"{s.axis + len(shape)}")
         if s != -len(shape):
             return "mixed", Mixed(None, f"output {k} has the batch on axis {s + len(shape)}, not 0")
     if unknown is not None:
@@ -80,10 +112,34 @@ def _walk(program, env, batch):
 
 
 def _name(node):
-    return node.name[4:] if node.name.startswith("lax.") else node.name
+    return node.name.split(".", 1)[1] if node.name.startswith(("lax.", "aten.")) else node.name
+
+
+_KEEP_BLOCKS = frozenset({"elementwise", "reduce", "scan", "lane", "take", "matmul"})
 
 
 def _apply(node, ins, batch):
+    if any(isinstance(s, Blocked) for s in ins.values()):
+        return _apply_blocked(node, ins, batch)
+    return _apply_rows(node, ins, batch)
+
+
+def _apply_blocked(node, ins, batch):
+    """A merged batch (:class:`Blocked`) through the rules that only move the axis it is on (the same
+    rule answers where that axis goes; the blocks stay), and structural operations (row numbers)."""
+    n_out = len(node.outs)
+    kind = rule_for(node.name).kind
+    ms = {s.m if isinstance(s, Blocked) else 1 for s in ins.values()}
+    if kind == "structural":
+        return [_structural(node, ins, batch)]
+    if kind not in _KEEP_BLOCKS or len(ms) != 1:
+        return [Unknown(f"{_name(node)} of a batch merged with other axes")] * n_out
+    m = ms.pop()
+    outs = _apply_rows(node, {pos: s.axis if isinstance(s, Blocked) else s for pos, s in ins.items()}, batch)
+    return [_row(o, m) if isinstance(o, int) and not isinstance(o, bool) else o for o in outs]
+
+
+def _apply_rows(node, ins, batch):
     rule = rule_for(node.name)
     kind = rule.kind
     n_out = len(node.outs)
@@ -117,6 +173,19 @@ def _apply(node, ins, batch):
         return [outs[0]] * n_out
     if kind == "structural":
         return [_structural(node, ins, batch)]
+    if kind == "take":  # out[.., i, .., j] = x[.., i, .., index[.., i, .., j]] along one axis (the index: no derivative)
+        if set(ins) != {0}:
+            return [Unknown(f"{_name(node)} with a row-dependent operand other than its data")] * n_out
+        d = ins[0]
+        nd = len(node.shape(0))
+        axis = node.params["axis"] % nd - nd
+        out_shape = node.out_shapes[0]
+        if d == axis:
+            return [Mixed(node, f"{_name(node)} along the batch axis")] + [None] * (n_out - 1)
+        out_d = d + 1 if node.params.get("drop") and d < axis else d
+        if len(out_shape) + out_d < 0 or out_shape[out_d] != node.shape(0)[d]:
+            return [Unknown(f"{_name(node)} keeps fewer rows than its data has")] * n_out
+        return [out_d] + [None] * (n_out - 1)
     if kind == "matmul":
         found = set()
         for pos, d in ins.items():
@@ -178,30 +247,43 @@ def _apply(node, ins, batch):
 
 def _structural(node, ins, batch):
     name = _name(node)
-    if name == "reshape":
+    blocked = any(isinstance(s, Blocked) for s in ins.values())
+    if name == "reshape" and not blocked:
         (pos, d), = ins.items()
         s, t = node.shape(pos), node.out_shapes[0]
         prefix = math.prod(s[:d + len(s)])
         for q in range(len(t)):
             if math.prod(t[:q]) == prefix and t[q] == batch:
                 return q - len(t)
-        return Mixed(node, "reshape merges or splits the batch axis")
-    if name in ("permute_dims", "transpose"):
+        # the batch merged with other axes (or split): read from row numbers below
+    elif name in ("permute_dims", "transpose"):
         (pos, d), = ins.items()
         axes = node.params.get("axes", node.params.get("permutation"))
         nd = len(node.shape(pos))
-        return list(int(a) % nd for a in axes).index(d + nd) - nd
-    if name == "matrix_transpose":
+        m = d.m if blocked else 1
+        d = d.axis if blocked else d
+        return _row(list(int(a) % nd for a in axes).index(d + nd) - nd, m)
+    elif name == "matrix_transpose":
         (pos, d), = ins.items()
+        if blocked:
+            return Blocked({-1: -2, -2: -1}.get(d.axis, d.axis), d.m)
         return {-1: -2, -2: -1}.get(d, d)
+    if name == "gather" and "dimension_numbers" in node.params and set(ins) == {0}:
+        # a jaxpr gather whose operand and indices share the batch as their first batching axis (what
+        # take_along_axis makes): row i reads row i, whatever the indices' values
+        dn = node.params["dimension_numbers"]
+        d = ins[0]
+        if d == -len(node.shape(0)) and tuple(getattr(dn, "operand_batching_dims", ()))[:1] == (0,) and tuple(
+                getattr(dn, "start_indices_batching_dims", ()))[:1] == (0,) and 0 not in tuple(dn.offset_dims):
+            return -len(node.out_shapes[0])
     # every other structural operation: its own implementation applied to row numbers (0: not a row)
     args = list(node.args)
     for pos in sorted(node.data):
         shape = node.shape(pos)
         if pos in ins:
-            d = ins[pos]
-            rows = np.arange(1, shape[d] + 1, dtype=np.int64).reshape([-1 if k == d + len(shape) else 1
-                                                                       for k in range(len(shape))])
+            d, m = (ins[pos].axis, ins[pos].m) if isinstance(ins[pos], Blocked) else (ins[pos], 1)
+            rows = (1 + np.arange(shape[d], dtype=np.int64) // m).reshape([-1 if k == d + len(shape) else 1
+                                                                          for k in range(len(shape))])
             args[pos] = np.broadcast_to(rows, shape).copy()
         else:
             args[pos] = np.zeros(shape, dtype=np.int64)
@@ -213,9 +295,10 @@ def _structural(node, ins, batch):
         return None
     nd = out.ndim
     for q in range(nd):
-        if out.shape[q] != batch:
+        if batch == 0 or out.shape[q] % batch or not out.shape[q]:
             continue
-        expected = np.arange(1, batch + 1).reshape([-1 if k == q else 1 for k in range(nd)])
+        m = out.shape[q] // batch  # rows in blocks of m along q (m == 1: plain rows)
+        expected = (1 + np.arange(out.shape[q]) // m).reshape([-1 if k == q else 1 for k in range(nd)])
         if np.all((out == expected) | (out == 0)):
-            return q - nd
+            return _row(q - nd, m)
     return Mixed(node, f"{name} moves or combines rows of the batch")

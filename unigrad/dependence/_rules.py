@@ -22,7 +22,8 @@ import numpy as np
 
 # ---------------------------------------------------------------------------------------- classes
 # kind: "elementwise" | "structural" | "reduce" | "scan" | "lane" | "matmul" | "einsum" | "core"
-#       | "linear_probe" | "zero" | "call" | "unknown"
+#       | "take" (a gather along an axis, the index an operand without derivative) | "linear_probe" | "zero"
+#       | "call" | "unknown"
 # order: "linear" (no second derivative), "bilinear" (products of distinct operands), "divide",
 #        "nonlinear"
 
@@ -91,6 +92,28 @@ _put("dot_general", Rule("einsum", "bilinear"), "lax.")
 _put("pjit closed_call core_call custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr remat checkpoint "
      "custom_lin jit", Rule("call"), "lax.")
 _put("cond", Rule("call", branches=True), "lax.")
+
+# ATen operations (a torch.fx graph, see ._fx), under "aten."
+_put("add sub rsub neg clone _to_copy alias lift_fresh_copy where clamp clamp_min clamp_max abs maximum minimum "
+     "masked_fill remainder fmod positive conj real imag", Rule("elementwise", "linear"), "aten.")
+_put("mul", Rule("elementwise", "bilinear"), "aten.")
+_put("div", Rule("elementwise", "divide"), "aten.")
+_put("tanh exp exp2 log log2 log10 log1p expm1 sqrt rsqrt sin cos tan asin acos atan sinh cosh asinh acosh atanh "
+     "sigmoid relu gelu silu softplus elu leaky_relu hardtanh erf erfc reciprocal pow atan2 logit square xlogy "
+     "mish hardsigmoid hardswish threshold", Rule("elementwise", "nonlinear"), "aten.")
+_put("eq ne lt le gt ge sign floor ceil round trunc logical_and logical_or logical_not logical_xor bitwise_and "
+     "bitwise_or bitwise_not bitwise_xor isnan isinf isfinite ones_like zeros_like full_like empty_like "
+     "scalar_tensor arange full zeros ones empty new_zeros new_ones new_full new_empty argmax argmin detach "
+     "_local_scalar_dense rand rand_like randn randn_like randint bernoulli", Rule("zero"), "aten.")
+_put("reshape permute_dims t transpose expand unsqueeze squeeze select slice cat stack flip roll index "
+     "index_select narrow repeat constant_pad_nd diagonal", Rule("structural"), "aten.")
+_put("sum mean amax amin nll_loss_reduced", Rule("reduce", "linear"), "aten.")
+_put("prod logsumexp var std norm linalg_vector_norm", Rule("reduce", "nonlinear"), "aten.")
+_put("cumsum", Rule("scan", "linear"), "aten.")
+_put("cumprod logcumsumexp", Rule("scan", "nonlinear"), "aten.")
+_put("_softmax _log_softmax native_layer_norm", Rule("lane", "nonlinear"), "aten.")
+_put("mm bmm", Rule("matmul", "bilinear"), "aten.")
+_put("gather nll_loss_forward", Rule("take", "linear"), "aten.")
 
 _UNKNOWN = Rule("unknown", "nonlinear")
 

@@ -1,0 +1,423 @@
+"""Per-example gradients on torch: dense layers found in the ATen program the call ran.
+
+The same method as the tape's and JAX's (``_per_example.py``, ``_per_example_jaxpr.py``), for native
+torch code (``torch.func.functional_call`` of an ``nn.Module``, ``F.linear``, ``x @ W``) and portable code:
+
+1. ``f`` runs once, an ordinary forward pass with grad on for the parameters, under a
+   ``TorchDispatchMode`` that records every ATen operation it runs (the mechanism ``make_fx`` traces
+   with), with the data flow between them. Views and in-place operations are followed by the tensors'
+   identities; an operand that depends on the parameters but was not produced by a recorded operation
+   makes the record unusable (then everything is materialised, as before).
+2. For a new program (its operations, data flow, shapes, dtypes and literal arguments are the cache
+   key), the record becomes a ``torch.fx`` graph, read by the dependence analysis's fx front-end
+   (``unigrad.dependence._fx``). A parameter whose one use is a dense layer -- ``mm``/``addmm`` (through
+   ``t``/``transpose``; over positions: reshape, product, reshape back), a bias (``addmm``'s, or
+   ``add``/``sub`` of a broadcast parameter), a scale (``mul``) -- takes the fast path where the row
+   proof shows that row i of the losses depends on the layer's output through its row i alone.
+3. ``G``, the gradient of ``sum(losses)`` with respect to those layers' outputs, comes from one
+   ``torch.autograd.grad`` of this very forward pass; ``X`` is the layer's recorded input. Norms:
+   ``|x_i|^2 |g_i|^2``, ghost ``sum((X_i X_i^T) * (G_i G_i^T))`` or ``X_i^T G_i``, as on the other engines.
+
+Parameters the trick does not cover (used twice, by a convolution, before rows mix...) are
+materialised with the backend's ``jacrev`` of the losses.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import _per_example_common as pe
+
+_MAX_PLANS = 64
+
+
+def is_torch_backend(b) -> bool:
+    module = sys.modules.get("unigrad_torch")
+    return module is not None and isinstance(b, getattr(module, "TorchBackend", ()))
+
+
+def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
+    """``(outputs, blocks, paths)``: rows (or one block of norms) of per-example gradients on torch, or
+    None where this path does not apply. ``cache`` (a BoundedCache) keeps the analysis of each program seen."""
+    import torch
+
+    n = len(leaves)
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(x) for x in leaves):
+        return None  # inside torch.func's own transforms: the materialised path
+    if any(isinstance(a, torch.Tensor) and a.is_inference() for a in dynamic):
+        return None  # inference tensors f closes over cannot take part in a backward pass: materialised
+    with torch.inference_mode(False), torch.enable_grad():
+        inputs = [x.detach().clone() if x.is_inference() else x.detach() for x in leaves]
+        for x in inputs:
+            if x.is_floating_point():
+                x.requires_grad_(True)
+        recorder = _Recorder(inputs)
+        with recorder:
+            outs = flat_f(*inputs)
+        pe.check_losses(b, outs, batch, fname)
+        losses = outs[0]
+        key = recorder.key(losses, batch)
+        analysis = cache.get(key) if key is not None else None
+        if analysis is None:
+            analysis = _Analysis(recorder, losses, n, batch) if key is not None else _Analysis.none(n)
+            if key is not None:
+                cache.put(key, analysis)
+        fast = analysis.plans
+        rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
+        if fast:
+            ys = [recorder.value(ref) for ref in analysis.captures]
+            usable = [y.requires_grad for y in ys]
+            grads = torch.autograd.grad(losses.sum(), [y for y, u in zip(ys, usable) if u], allow_unused=True)
+            it = iter(grads)
+            gs = [next(it) if u else None for u in usable]
+            gs = [torch.zeros_like(y) if g is None else g for g, y in zip(gs, ys)]
+            for k, plan in fast.items():
+                rows[k], squares[k], paths[k] = plan.rows(recorder, gs[plan.capture], leaves[k], batch, norms)
+    losses = losses.detach()
+    slow = [k for k in range(n) if k not in fast]
+    if slow:
+        from ._transform import promoted_blocks
+
+        def of_slow(*s):
+            merged = list(leaves)
+            for k, v in zip(slow, s):
+                merged[k] = v
+            return flat_f(*merged)
+
+        outs2, jac, _ = b.jacrev(of_slow, [leaves[k] for k in slow])
+        for k, r in zip(slow, promoted_blocks(b, outs2, [leaves[k] for k in slow], jac)[0]):
+            rows[k] = r
+    if not norms:
+        return (losses,), tuple(r.detach() for r in rows), paths
+    total = None
+    for k in range(n):
+        sq = squares[k]
+        if sq is None:
+            sq = (rows[k].reshape(batch, -1) ** 2).sum(1)
+        total = sq if total is None else total + sq
+    return (losses,), (total.detach().sqrt(),), paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording the ATen operations of one forward pass
+# ---------------------------------------------------------------------------------------------
+
+def _recorder_base():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    return TorchDispatchMode
+
+
+class _Recorder(_recorder_base()):
+    """Every ATen operation run while active: ``ops[k] = (func, flat operands, spec, output)``, and the
+    program's signature (operations, data flow, shapes, dtypes, literal arguments)."""
+
+    def __init__(self, inputs):
+        super().__init__()
+        import torch
+        self.torch = torch
+        self.inputs = inputs
+        self.where = {id(t): ("in", k) for k, t in enumerate(inputs)}
+        self.ops, self.sig = [], []
+        self.broken = False  # an operand depends on the parameters but its origin was not seen
+        self.consts = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        torch = self.torch
+        if func is torch.ops.aten.detach.default:  # autograd's copies for backward, or the user's detach
+            return out
+        flat, spec = _flatten(args, kwargs)
+        refs = []
+        for a in flat:
+            if isinstance(a, torch.Tensor):
+                ref = self.where.get(id(a))
+                if ref is None:
+                    if a.grad_fn is not None:  # computed from the parameters, by no operation seen here
+                        self.broken = True
+                    ref = ("c", len(self.consts))
+                    self.consts.append(a)
+                refs.append((ref, tuple(a.shape), a.dtype))
+            else:
+                refs.append(a)
+        k = len(self.ops)
+        self.ops.append((func, flat, spec, out))
+        self.sig.append((func, spec, tuple(refs)))
+        if isinstance(out, (tuple, list)):
+            for j, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    self.where[id(o)] = (k, j)
+        elif isinstance(out, torch.Tensor):
+            self.where[id(out)] = (k, None)
+        return out
+
+    def key(self, losses, batch):
+        ref = self.where.get(id(losses))
+        if self.broken or ref is None or ref[0] in ("in", "c"):
+            return None
+        try:
+            return hash(tuple(self.sig)), tuple(self.sig), ref, batch
+        except TypeError:  # an unhashable literal argument: no cache, no fast path
+            return None
+
+    def value(self, ref):
+        if ref[0] == "in":
+            return self.inputs[ref[1]]
+        if ref[0] == "c":
+            return self.consts[ref[1]]
+        out = self.ops[ref[0]][3]
+        return out if ref[1] is None else out[ref[1]]
+
+    def graph(self, losses):
+        """The record as a ``torch.fx`` graph (placeholders: the parameters); and node -> ref."""
+        import operator
+
+        from torch.fx import Graph
+
+        torch = self.torch
+        g = Graph()
+        nodes, refs = {}, {}
+        for k, x in enumerate(self.inputs):
+            node = g.placeholder(f"p{k}")
+            node.meta["val"] = x
+            nodes[("in", k)] = node
+            refs[node] = ("in", k)
+
+        def node_of(ref, value):
+            node = nodes.get(ref)
+            if node is None:
+                if ref[0] == "c":
+                    node = g.get_attr(f"c{ref[1]}")
+                else:  # a result of an operation with several
+                    node = g.call_function(operator.getitem, (nodes[(ref[0], "all")], ref[1]))
+                node.meta["val"] = value
+                nodes[ref] = node
+                refs[node] = ref
+            return node
+
+        for k, (func, flat, spec, out) in enumerate(self.ops):
+            items = []
+            for a in flat:
+                if isinstance(a, torch.Tensor):
+                    items.append(node_of(self._ref(a, k), a))
+                else:
+                    items.append(a)
+            args, kwargs = _unflatten(items, spec)
+            node = g.call_function(func, tuple(args), dict(kwargs))
+            node.meta["val"] = out
+            if isinstance(out, (tuple, list)):
+                nodes[(k, "all")] = node
+            else:
+                nodes[(k, None)] = node
+                refs[node] = (k, None)
+        g.output((node_of(self.where[id(losses)], losses),))
+        return g, refs
+
+    def _ref(self, a, k):
+        """The ref an operand of operation k had when it ran (the signature kept it)."""
+        return self._refs_at(k)[id(a)]
+
+    def _refs_at(self, k):
+        cache = getattr(self, "_at", None)
+        if cache is None or cache[0] != k:
+            torch = self.torch
+            refs = {}
+            flat = self.ops[k][1]
+            for a, r in zip(flat, self.sig[k][2]):
+                if isinstance(a, torch.Tensor):
+                    refs[id(a)] = r[0]
+            self._at = cache = (k, refs)
+        return cache[1]
+
+
+def _flatten(args, kwargs):
+    """``(operands, spec)``: the arguments of an operation as a flat list (lists and tuples opened, to
+    any depth, so no tensor is missed) and a hashable description of their structure."""
+    flat = []
+
+    def walk(a):
+        if isinstance(a, (list, tuple)):
+            return (type(a) is tuple, tuple(walk(b) for b in a))
+        flat.append(a)
+        return None
+
+    spec = (tuple(walk(a) for a in args), tuple((k, walk(v)) for k, v in kwargs.items()))
+    return flat, spec
+
+
+def _unflatten(items, spec):
+    """The arguments again, from ``_flatten``'s spec and new operands."""
+    it = iter(items)
+
+    def build(sp):
+        if sp is None:
+            return next(it)
+        is_tuple, inner = sp
+        built = [build(b) for b in inner]
+        return tuple(built) if is_tuple else built
+
+    args = tuple(build(sp) for sp in spec[0])
+    return args, {k: build(sp) for k, sp in spec[1]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The analysis of one program: which parameters are dense layers whose rows stay apart
+# ---------------------------------------------------------------------------------------------
+
+class _Plan:
+    __slots__ = ("kind", "capture", "x", "other", "transposed", "sign", "seed_shape", "positions")
+
+    def __init__(self, kind, capture, seed_shape, x=None, other=None, transposed=False, sign=1.0):
+        self.kind, self.capture, self.seed_shape = kind, capture, seed_shape
+        self.x, self.other, self.transposed, self.sign = x, other, transposed, sign
+
+    def rows(self, recorder, g, param, batch, norms):
+        """``(rows or None, squared norms or None, path)`` from G, the gradient at the captured output."""
+        import torch
+
+        dtype = param.dtype
+        g = g.detach().reshape(self.seed_shape)
+        if self.kind == "matmul":
+            x = recorder.value(self.x).detach()
+            d, k = x.shape[-1], g.shape[-1]
+            xs = x.reshape(batch, -1, d)
+            gs = g.reshape(batch, -1, k)
+            positions = xs.shape[1]
+            if norms and positions == 1:
+                sq = (xs[:, 0] ** 2).sum(1) * (gs[:, 0] ** 2).sum(1)
+                return None, sq.to(dtype), pe.DENSE_OUTER
+            if norms and positions * positions <= d * k:
+                xx = torch.bmm(xs, xs.transpose(1, 2))
+                gg = torch.bmm(gs, gs.transpose(1, 2))
+                return None, (xx * gg).reshape(batch, -1).sum(1).to(dtype), pe.DENSE_GHOST
+            rows = torch.bmm(xs.transpose(1, 2), gs)  # (B, d, k): X_i^T G_i
+            if self.transposed:
+                rows = rows.transpose(1, 2)
+            return rows.contiguous().to(dtype), None, pe.DENSE
+        contribution = g if self.kind == "bias" else g * recorder.value(self.other).detach()
+        shape = tuple(param.shape)
+        nd = len(self.seed_shape)
+        padded = (1,) * (nd - len(shape)) + shape
+        axes = tuple(a for a in range(1, nd) if padded[a] == 1 and self.seed_shape[a] != 1)
+        if axes:
+            contribution = contribution.sum(axes, keepdim=True)
+        rows = contribution.reshape(batch, *shape).to(dtype)
+        if self.sign != 1.0:
+            rows = -rows
+        return rows, None, pe.BIAS if self.kind == "bias" else pe.SCALE
+
+
+class _Analysis:
+    """The plans of one program: ``plans`` (leaf -> _Plan) and ``captures`` (the refs whose gradient is G)."""
+
+    def __init__(self, recorder, losses, n, batch):
+        from .dependence import prove_rows
+        from .dependence._fx import fx_program
+
+        self.plans, self.captures = {}, []
+        graph, refs = recorder.graph(losses)
+        ids = {}
+        program = fx_program(graph, ids=ids)
+        placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+        proved = {}
+        for k in range(n):
+            found = _find(placeholders[k], batch)
+            if found is None:
+                continue
+            plan, seed, capture_node = found
+            if seed not in proved:
+                vid = ids.get(seed)
+                proved[seed] = vid is not None and prove_rows(
+                    program, batch, seeds={vid: len(plan.seed_shape)})[0] == "row"
+            if not proved[seed]:
+                continue
+            ref = refs[capture_node]
+            if ref not in self.captures:
+                self.captures.append(ref)
+            plan.capture = self.captures.index(ref)
+            if plan.x is not None:
+                plan.x = refs[plan.x]
+            if plan.other is not None:
+                plan.other = refs.get(plan.other)
+                if plan.other is None:
+                    continue
+            self.plans[k] = plan
+
+    @classmethod
+    def none(cls, n):
+        self = cls.__new__(cls)
+        self.plans, self.captures = {}, []
+        return self
+
+
+def _aten(node):
+    from .dependence._fx import _aten_name
+    return _aten_name(node)
+
+
+def _only_use(node):
+    """The one node using ``node``, using it once; else None."""
+    from torch.utils import _pytree
+
+    if len(node.users) != 1:
+        return None
+    user = next(iter(node.users))
+    flat, _ = _pytree.tree_flatten((user.args, user.kwargs))
+    return user if sum(1 for a in flat if a is node) == 1 else None
+
+
+def _shape(node):
+    return tuple(node.meta["val"].shape)
+
+
+def _find(p, batch):
+    """``(plan, seed node, capture node)`` for a parameter whose one use is a dense layer, else None."""
+    import torch
+
+    from .dependence._fx import positions_product
+
+    val = p.meta["val"]
+    if not val.is_floating_point():
+        return None
+    user = _only_use(p)
+    if user is None:
+        return None
+    operand, transposed = p, False
+    name = _aten(user)
+    if name in ("t", "transpose", "permute") and val.dim() == 2:
+        if name == "permute" and tuple(d % 2 for d in user.args[1]) != (1, 0):
+            return None
+        operand, transposed, user = user, True, _only_use(user)
+        if user is None:
+            return None
+        name = _aten(user)
+    if name in ("mm", "addmm") and not user.kwargs:
+        at = 1 if name == "addmm" else 0
+        folded = positions_product(user)
+        seed, x = (folded[1], folded[0]) if folded is not None else (user, user.args[at])
+        if user.args[at + 1] is operand:
+            a = user.args[at]
+            if _shape(seed)[0] != batch or (folded is None and (len(_shape(a)) != 2 or _shape(a)[0] != batch)):
+                return None
+            del x
+            return _Plan("matmul", user, _shape(seed), x=a, transposed=transposed), seed, user
+        if name == "addmm" and user.args[0] is operand and not transposed and len(_shape(p)) <= 2 and (
+                len(_shape(p)) < 2 or _shape(p)[0] == 1) and _shape(seed)[0] == batch:
+            return _Plan("bias", user, _shape(seed)), seed, user
+        return None
+    if transposed or name not in ("add", "sub", "mul") or user.target._overloadname != "Tensor":
+        return None
+    if user.kwargs.get("alpha", 1) != 1 or len(user.args) != 2:
+        return None
+    pos = 0 if user.args[0] is p else 1
+    other = user.args[1 - pos]
+    out = _shape(user)
+    if not isinstance(other, torch.fx.Node) or _shape(other) != out or not out or out[0] != batch:
+        return None
+    shape = _shape(p)
+    if len(shape) > len(out) or (len(shape) == len(out) and shape[0] != 1):
+        return None  # the parameter has an axis along the batch: not shared by the rows
+    sign = -1.0 if (name == "sub" and pos == 1) else 1.0
+    if name == "mul":
+        return _Plan("scale", user, out, other=other, sign=sign), user, user
+    return _Plan("bias", user, out, sign=sign), user, user

@@ -1,0 +1,273 @@
+"""A torch.fx graph of ATen operations as a :class:`~._program.Program`: native torch code for the same rules.
+
+The graph is what ``torch.fx.experimental.proxy_tensor.make_fx`` traces (its ``call_function`` nodes are
+``torch.ops.aten`` overloads, multiple results read with ``operator.getitem``), or one built the same
+way from the operations a call actually ran (``unigrad._per_example_torch`` records them with a
+``TorchDispatchMode``, which is how ``make_fx`` itself traces). Each ATen operation becomes one node
+named ``aten.<name>`` in the rule table; a few are put into the table's classes here:
+
+* ``view``/``_unsafe_view``/``reshape`` are ``aten.reshape``, ``permute`` is ``aten.permute_dims``;
+* ``addmm(c, a, b)`` is two nodes, ``mm(a, b)`` then ``add(c, .)``;
+* reductions and softmax-like operations get ``axis``/``keepdims`` from their schema;
+* ``gather`` and ``nll_loss_forward`` (no reduction) are ``take`` along their class axis, with a loss
+  reduced over the batch a reduction.
+
+Values computed from literal arguments alone (``arange``, ``full``) are folded, so index operands built
+from them are known to the structural rules; placeholders' and constants' values are not (a constant
+``get_attr`` tensor is FREE but its value unknown). An operation without a rule, or a Python callable
+that is not an ATen operation, answers "unknown" in the row domain: the proof gives up, never guesses.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from ._program import Node, Program
+
+
+class Aval:
+    """A value known only by its shape and dtype. (The name is what the structural rules look for.)"""
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+_RENAME = {"view": "reshape", "_unsafe_view": "reshape", "reshape": "reshape", "permute": "permute_dims",
+           "softmax": "_softmax", "log_softmax": "_log_softmax"}
+_REDUCE = frozenset({"sum", "mean", "amax", "amin", "prod", "logsumexp", "var", "std", "norm",
+                     "linalg_vector_norm"})
+_AXIS = frozenset({"_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp", "gather"})
+_NOT_DATA = {"where": (0,), "gather": (1,), "index": None, "index_select": (1,), "masked_fill": (1,),
+             "nll_loss_forward": (1, 2, 3)}  # positions (among tensor operands) that carry no derivative
+_FOLD_LIMIT = 1 << 20
+
+
+def fx_program(graph, ids=None) -> Program:
+    """The program of a ``torch.fx`` graph (or GraphModule) of ATen operations.
+
+    Shapes are read from each node's ``meta["val"]`` (``make_fx`` sets it; so does the recorder).
+    ``ids``, a dict when given, receives each fx node's value id in the program.
+    """
+    import torch
+    from torch.utils import _pytree
+
+    graph = getattr(graph, "graph", graph)
+    vids, known = {}, {}
+    inputs, input_shapes, nodes = [], [], []
+    outputs, output_shapes = [], []
+    count = [0]
+    fused = set()
+
+    def new():
+        count[0] += 1
+        return count[0] - 1
+
+    for fx_node in graph.nodes:
+        op = fx_node.op
+        val = fx_node.meta.get("val")
+        if op == "placeholder":
+            vids[fx_node] = new()
+            inputs.append(vids[fx_node])
+            input_shapes.append(tuple(val.shape) if hasattr(val, "shape") else ())
+            continue
+        if op == "get_attr":
+            vids[fx_node] = new()  # a constant: independent of the inputs, its value unknown here
+            continue
+        if op == "output":
+            results = fx_node.args[0]
+            results = results if isinstance(results, (tuple, list)) else (results,)
+            for r in results:
+                if isinstance(r, torch.fx.Node) and r in vids and not isinstance(vids[r], tuple):
+                    outputs.append(vids[r])
+                    v = r.meta.get("val")
+                    output_shapes.append(tuple(v.shape) if hasattr(v, "shape") else ())
+                else:
+                    outputs.append(None)
+                    output_shapes.append(tuple(np.shape(r)) if not hasattr(r, "shape") else tuple(r.shape))
+            continue
+        target = fx_node.target
+        if fx_node in fused:  # the reshape back of a product over positions (below): already its output
+            continue
+        if op == "call_function" and target is operator.getitem:
+            base = vids.get(fx_node.args[0])
+            vids[fx_node] = base[fx_node.args[1]] if isinstance(base, tuple) else new()
+            if fx_node.args[0] in known and isinstance(known[fx_node.args[0]], (tuple, list)):
+                known[fx_node] = known[fx_node.args[0]][fx_node.args[1]]
+            continue
+        flat, spec = _pytree.tree_flatten((fx_node.args, fx_node.kwargs))
+        operand_at = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
+        multiple = isinstance(val, (tuple, list))
+        outs = tuple(new() for _ in val) if multiple else new()
+        vids[fx_node] = outs
+        out_list = list(outs) if multiple else [outs]
+        out_shapes = [tuple(v.shape) if hasattr(v, "shape") else () for v in (val if multiple else [val])]
+        if not isinstance(target, torch._ops.OpOverload) or op != "call_function":
+            what = getattr(target, "__name__", str(target))
+            nodes.append(Node(f"python.{what}", None, [], {k: vids[flat[i]] for k, i in enumerate(operand_at)
+                                                          if not isinstance(vids[flat[i]], tuple)},
+                              {}, out_list, out_shapes))
+            continue
+        name = target._schema.name.split("::")[-1]
+        bound = _bind(target, fx_node.args, fx_node.kwargs)
+        # fold what literal arguments alone decide (arange, full): index operands the rules can read
+        if all(flat[i] in known for i in operand_at) and torch.Tag.nondeterministic_seeded not in target.tags:
+            try:
+                args, kwargs = _pytree.tree_unflatten([known.get(a, a) if isinstance(a, torch.fx.Node) else a
+                                                       for a in flat], spec)
+                value = target(*args, **kwargs)
+                if sum(t.numel() for t in (value if isinstance(value, (tuple, list)) else [value])) <= _FOLD_LIMIT:
+                    known[fx_node] = value
+                    continue
+            except Exception:
+                pass
+        values = [_value(flat[i], known) for i in operand_at]
+        not_data = _NOT_DATA.get(name, ())
+        data = frozenset(range(len(values))) if not_data is not None else frozenset({0})
+        data = frozenset(k for k in data if k not in (not_data or ()))
+        traced = {k: vids[flat[i]] for k, i in enumerate(operand_at)
+                  if k in data and flat[i] not in known and not isinstance(vids[flat[i]], tuple)}
+        fn = _runner(target, flat, spec, operand_at)
+        params = {}
+        folded = positions_product(fx_node)
+        if folded is not None:  # x (B, T.., d) -> (B*T.., d) @ w -> (B, T.., k): one product over positions
+            x_node, back = folded
+            fused.add(back)
+            at = 1 if name == "addmm" else 0
+            w_val, x_val = values[at + 1], _value(x_node, known)
+            mm_traced = {}
+            if x_node not in known:
+                mm_traced[0] = vids[x_node]
+            if at + 1 in traced:
+                mm_traced[1] = traced[at + 1]
+            back_shape = tuple(back.meta["val"].shape)
+            out = vids[back] = new()
+            mid = new() if name == "addmm" else out
+            nodes.append(Node("aten.mm", None, [x_val, w_val], mm_traced, {}, [mid], [back_shape],
+                              data=frozenset({0, 1})))
+            if name == "addmm":
+                add_traced = {1: mid}
+                if 0 in traced:
+                    add_traced[0] = traced[0]
+                nodes.append(Node("aten.add", None, [values[0], Aval(back_shape, None)], add_traced, {}, [out],
+                                  [back_shape], data=frozenset({0, 1})))
+            continue
+        if name == "addmm":  # c + a @ b: a product, then a sum
+            mid = new()
+            mm_traced = {k - 1: v for k, v in traced.items() if k in (1, 2)}
+            nodes.append(Node("aten.mm", _runner(torch.ops.aten.mm.default, [None, None], _pytree.tree_flatten(
+                ((0, 1), {}))[1], [0, 1]), values[1:3], mm_traced, {}, [mid], [out_shapes[0]],
+                data=frozenset({0, 1})))
+            add_traced = {k: v for k, v in traced.items() if k == 0}
+            add_traced[1] = mid
+            nodes.append(Node("aten.add", None, [values[0], Aval(out_shapes[0], None)], add_traced, {}, out_list,
+                              out_shapes, data=frozenset({0, 1})))
+            continue
+        if name in _REDUCE:
+            dims = bound.get("dim")
+            if isinstance(dims, int):
+                dims = (dims,)
+            params = {"axis": tuple(dims) if dims else None, "keepdims": bool(bound.get("keepdim", False))}
+        elif name in _AXIS or name in _RENAME and _RENAME[name] in _AXIS:
+            params = {"axis": bound.get("dim")}
+        elif name == "native_layer_norm":  # normalised over its trailing axes
+            params = {"axis": tuple(range(-len(bound["normalized_shape"]), 0))}
+        elif name == "permute":
+            params = {"axes": tuple(bound["dims"])}
+        elif name in ("t", "transpose"):  # as a permutation (the rules read one)
+            nd = len(values[0].shape)
+            axes = list(range(nd))
+            d0, d1 = (0, 1) if name == "t" else (bound["dim0"], bound["dim1"])
+            if nd >= 2:
+                axes[d0 % nd], axes[d1 % nd] = axes[d1 % nd], axes[d0 % nd]
+            name, params = "permute", {"axes": tuple(axes)}
+        elif name == "nll_loss_forward":
+            nd = len(values[0].shape) if hasattr(values[0], "shape") else 0
+            if bound.get("reduction", 1) != 0 or nd != 2:
+                name = "nll_loss_reduced"
+                params = {"axis": None, "keepdims": False}
+            else:
+                params = {"axis": 1, "drop": True}
+        nodes.append(Node("aten." + _RENAME.get(name, name), fn, values, traced, params, out_list, out_shapes,
+                          data=data))
+    if ids is not None:
+        ids.update((k, v) for k, v in vids.items() if not isinstance(v, tuple))
+    return Program(inputs, input_shapes, nodes, outputs, output_shapes)
+
+
+_RESHAPES = ("view", "_unsafe_view", "reshape")
+
+
+def _aten_name(fx_node):
+    import torch
+
+    target = fx_node.target
+    if fx_node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    return target._schema.name.split("::")[-1]
+
+
+def positions_product(fx_node):
+    """``(x, back)`` when ``fx_node`` is ``mm(reshape(x), w)`` (or ``addmm(c, reshape(x), w)``) with x of
+    shape (B, T.., d) flattened to (B*T.., d), and its one use ``back`` reshapes the product to (B, T.., k):
+    how ATen spells ``x @ w`` and ``linear`` over positions. Else None."""
+    name = _aten_name(fx_node)
+    if name not in ("mm", "addmm") or fx_node.kwargs:
+        return None
+    a = fx_node.args[1 if name == "addmm" else 0]
+    if _aten_name(a) not in _RESHAPES or len(fx_node.users) != 1:
+        return None
+    x = a.args[0]
+    back = next(iter(fx_node.users))
+    if _aten_name(back) not in _RESHAPES:
+        return None
+    try:
+        xs, a_s = tuple(x.meta["val"].shape), tuple(a.meta["val"].shape)
+        out, back_s = tuple(fx_node.meta["val"].shape), tuple(back.meta["val"].shape)
+    except (AttributeError, KeyError):
+        return None
+    if len(xs) < 3 or len(a_s) != 2 or xs[-1] != a_s[1] or xs[:-1] != back_s[:-1] or back_s[-1] != out[1]:
+        return None
+    n = 1
+    for s in xs[:-1]:
+        n *= s
+    return (x, back) if n == a_s[0] else None
+
+
+def _bind(target, args, kwargs):
+    """Arguments by name, defaults filled in, from the operation's schema."""
+    bound = {}
+    for k, a in enumerate(target._schema.arguments):
+        if k < len(args) and not a.kwarg_only:
+            bound[a.name] = args[k]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+    return bound
+
+
+def _value(fx_node, known):
+    if fx_node in known:
+        v = known[fx_node]
+        return v.detach().cpu().numpy() if hasattr(v, "detach") else v
+    val = fx_node.meta.get("val")
+    return Aval(getattr(val, "shape", ()), getattr(val, "dtype", None))
+
+
+def _runner(target, flat, spec, operand_at):
+    """The operation on NumPy operands (the structural rules apply it to arrays of row numbers)."""
+    def fn(*operands, **_params):
+        import torch
+        from torch.utils import _pytree
+
+        items = list(flat)
+        for i, v in zip(operand_at, operands):
+            items[i] = torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v
+        args, kwargs = _pytree.tree_unflatten(items, spec)
+        out = target(*args, **kwargs)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return out.detach().cpu().numpy()
+    return fn

@@ -75,6 +75,17 @@ def pytest_configure(config):
         config.option.unigrad_programs = CONFORMANCE_PROGRAMS
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The cases a module lists in ``SLOW_CASES`` (test names with their ids, ``test_x[jax-compiled-custom_jvp]``)
+    get the ``slow`` marker before ``-m`` selects: the cases of the ``backend`` fixture are made by the plugin, so
+    they cannot carry a marker of their own. Each module says there what stays in the default run."""
+    for item in items:
+        slow = getattr(getattr(item, "module", None), "SLOW_CASES", ())
+        if item.name in slow:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_report_header(config):
     seed = getattr(config.option, "hypothesis_seed", None) or HYPOTHESIS_SEED
     return (f"unigrad: hypothesis profile {PROFILE!r}, seed {seed} "

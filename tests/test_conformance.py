@@ -24,9 +24,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 JAX_THOROUGH_OPS = (
     "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "expm1", "log1p", "log2", "log10", "negative",
     "positive", "sinh", "square", "tan", "ceil", "trunc", "round", "imag",  # smooth or piecewise unary: JAX's own
-    "subtract", "multiply",  # add and divide keep broadcasting binary arithmetic
-    "mean", "min", "var", "cumulative_sum",  # sum, max, std, cumulative_prod stay
-    "matrix_transpose", "linalg.diagonal", "linalg.outer", "linalg.trace", "linalg.svdvals", "linalg.eigvalsh",
+    "subtract", "multiply", "hypot",  # add, divide, atan2 keep binary arithmetic and broadcasting
+    "mean", "min", "std", "cumulative_sum",  # sum, max, var, cumulative_prod stay
+    "matrix_transpose", "linalg.diagonal", "linalg.outer", "linalg.trace",
+    # decompositions: cholesky, eigh, svdvals, det, solve, matrix_norm and matrix_power stay
+    "linalg.svd", "linalg.eigvalsh", "linalg.qr", "linalg.pinv", "linalg.inv", "linalg.slogdet",
     "expand_dims", "squeeze", "permute_dims", "moveaxis", "flip", "stack", "triu",
 )
 SLOW_CASES = {f"test_op[jax-{op}]" for op in JAX_THOROUGH_OPS}

@@ -360,10 +360,16 @@ def test_caches_off_switch_stores_nothing(monkeypatch):
     assert cache.get("k") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("UNIGRAD_NO_CACHE") is not None, reason="already the uncached run")
 def test_transform_suites_pass_with_every_cache_off():
     """The tests that exercise the transforms, run again in a process with every cache off: a cache that
-    returns what the uncached path would not is caught here, not by luck."""
+    returns what the uncached path would not is caught here, not by luck.
+
+    The thorough job's (marker slow: a second process importing every framework, minutes on 2 cores). The
+    default run compares cached calls with uncached ones directly: every signature component in
+    tests/test_call_keys.py, random call orders and the fresh references here, each against a transform made
+    and run under ``conftest.uncached()``."""
     here = os.path.dirname(__file__)
     modules = ["test_calls.py", "test_api.py", "test_errors.py", "test_selection.py", "test_generic_defaults.py"]
     env = dict(os.environ, UNIGRAD_NO_CACHE="1", TF_CPP_MIN_LOG_LEVEL="2")

@@ -58,11 +58,32 @@ def examples(ci: int, thorough: int | None = None) -> int:
     return max(ci, thorough if thorough is not None else settings.get_profile("thorough").max_examples)
 
 
+# The conformance suite's budget of random programs per backend (its own default, 100, is for a plugin
+# author's run): CONFORMANCE_PROGRAMS under the ci profile, unless --unigrad-programs is given. The
+# suite's own bulk run of random programs on every backend, at least 500 of them, is
+# tests/test_programs.py::test_random_programs_agree_across_backends; the thorough profile keeps 100 here.
+CONFORMANCE_PROGRAMS = 20
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     # hypothesis' own --hypothesis-seed wins; else the seed above, through that same option
     if getattr(config.option, "hypothesis_seed", "absent") is None:
         config.option.hypothesis_seed = str(HYPOTHESIS_SEED)
+    given = any(a.startswith("--unigrad-programs") for a in config.invocation_params.args)
+    if PROFILE != "thorough" and not given and hasattr(config.option, "unigrad_programs"):
+        config.option.unigrad_programs = CONFORMANCE_PROGRAMS
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The cases a module lists in ``SLOW_CASES`` (test names with their ids, ``test_x[jax-compiled-custom_jvp]``)
+    get the ``slow`` marker before ``-m`` selects: the cases of the ``backend`` fixture are made by the plugin, so
+    they cannot carry a marker of their own. Each module says there what stays in the default run."""
+    for item in items:
+        slow = getattr(getattr(item, "module", None), "SLOW_CASES", ())
+        if item.name in slow:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_report_header(config):

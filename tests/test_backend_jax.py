@@ -104,6 +104,13 @@ CASES = {
 }
 
 
+# Chunked reverse mode compiles a program per chunk shape (the slowest cases here): eager, it runs in the thorough
+# job (marker slow); the default run keeps chunked reverse mode compiled (test_compiled_transforms_match_eager:
+# jacobian and batched_jacobian rev with chunk_size=2) and chunked forward mode and vmap eager here.
+SLOW_CASES = {"test_transform_matches_tape[jacobian_rev_chunk2]",
+              "test_transform_matches_tape[batched_jacobian_rev_chunk2]"}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_transform_matches_tape(case, data):
     expected = CASES[case](data, "numpy")

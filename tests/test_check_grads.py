@@ -43,6 +43,12 @@ def test_order_three_on_the_tape():
     check_grads(smooth, (X, Y), order=3)
 
 
+# check_grads to second order, both modes, on JAX and TensorFlow (tens of seconds each) is also the default run's
+# conformance test test_check_grads_second_order[jax/tensorflow] (a function of the same kind and an MLP); here those
+# two cases run in the thorough job (marker slow, through conftest's SLOW_CASES), the other backends by default.
+SLOW_CASES = {"test_every_backend_order_two[jax]", "test_every_backend_order_two[tensorflow]"}
+
+
 def test_every_backend_order_two(backend):
     order = 2 if unigrad.get_backend(backend).capabilities.higher_order else 1
     check_grads(smooth, (X, Y), order=order, backend=backend)

@@ -62,8 +62,17 @@ def point():
     return rng.standard_normal((3, 4)), rng.standard_normal((4, 4)) / 2
 
 
-@pytest.mark.parametrize("transform", list(TRANSFORMS))
-@pytest.mark.parametrize("be", BACKENDS)
+# On JAX and TensorFlow (seconds a case) the default run keeps a transform of each kind -- reverse (grad, vjp),
+# compiled (grad_compiled), forward (jvp), second order (hessian), vmap (vmap_grad) -- and the thorough job
+# (marker slow) adds the other spellings of those modes there (jacrev, jacfwd, hvp); the tape, torch and
+# autograd run every transform by default.
+SLOW_ON = {"jax": ("jacrev", "jacfwd", "hvp"), "tensorflow": ("jacrev", "jacfwd", "hvp")}
+CASES = [pytest.param(be, transform, id=f"{be}-{transform}",
+                      marks=[pytest.mark.slow] if transform in SLOW_ON.get(be, ()) else [])
+         for be in BACKENDS for transform in TRANSFORMS]
+
+
+@pytest.mark.parametrize("be, transform", CASES)
 def test_same_derivatives_as_the_plain_function(be, transform, point):
     x, w = point
     run = TRANSFORMS[transform]

@@ -330,9 +330,18 @@ def test_python_dash_m_and_the_examples_on_the_tape():
     assert "overall: agree" in result.stdout and "argnums (0, 1, 2)" in result.stdout
 
 
-@pytest.mark.parametrize("target", ["mlp_loss.py:loss", "per_example_jacobian.py:features",
-                                    "per_example_jacobian.py:jacobian_penalty", "linear_regression.py:loss",
-                                    "newton_cg_hvp.py:logistic_loss"])
+# The default run checks the README's target (mlp_loss: value, VJP, JVP and Jacobian on every backend) and the
+# second-order one (jacobian_penalty: derivatives of per-example Jacobians, through batched_jacobian); the other
+# targets run in the thorough job (marker slow): their examples run on every backend in test_examples.py, each
+# asserting its own result (features against hand-written Jacobians, newton_cg's hvp against the Hessian).
+_THOROUGH = [pytest.mark.slow]
+
+
+@pytest.mark.parametrize("target", ["mlp_loss.py:loss",
+                                    pytest.param("per_example_jacobian.py:features", marks=_THOROUGH),
+                                    "per_example_jacobian.py:jacobian_penalty",
+                                    pytest.param("linear_regression.py:loss", marks=_THOROUGH),
+                                    pytest.param("newton_cg_hvp.py:logistic_loss", marks=_THOROUGH)])
 def test_examples_check_on_every_installed_backend(unigrad_backends, target):
     # the penalty's derivatives go through batched_jacobian (second order): no full Jacobian of it, for time
     extra = ["--jacobian", "no"] if target.endswith("jacobian_penalty") else []

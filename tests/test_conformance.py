@@ -15,6 +15,32 @@ from unigrad.testing import conformance
 from conftest import BUGS, CONFORMANCE_BUGS, make_broken_backend, skip_unless
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The per-op tests on JAX compile each operation for each case's shapes in eager mode (seconds an op), and the
+# derivatives of jax.numpy's own functions are JAX's: the default run keeps on JAX the ops unigrad's JAX namespace
+# overrides (abs, clip, pow, linalg.vector_norm) and a representative of each kind (smooth unary, piecewise,
+# complex parts, broadcasting binary, reductions, scans, each decomposition, each manipulation family, indexing,
+# sort); the ops below run on JAX in the thorough job (marker slow, through conftest's SLOW_CASES). Every op still
+# runs on the tape, torch, TensorFlow and the autograd plugin by default.
+JAX_THOROUGH_OPS = (
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "expm1", "log1p", "log2", "log10", "negative",
+    "positive", "sinh", "square", "tan", "ceil", "trunc", "round", "imag",  # smooth or piecewise unary: JAX's own
+    "subtract", "multiply", "hypot",  # add, divide, atan2, maximum, remainder keep binary ops and broadcasting
+    "mean", "min", "std", "cumulative_sum",  # sum, max, var, cumulative_prod stay
+    "matrix_transpose", "linalg.diagonal", "linalg.outer", "linalg.trace",
+    # decompositions: cholesky, eigh, svdvals, det, solve and matrix_norm stay
+    "linalg.svd", "linalg.eigvalsh", "linalg.qr", "linalg.pinv", "linalg.inv", "linalg.slogdet",
+    "expand_dims", "squeeze", "permute_dims", "moveaxis", "flip", "stack", "triu",
+    "logaddexp", "copysign", "minimum", "linalg.matrix_power", "linalg.cross", "tensordot",
+)
+assert len(set(JAX_THOROUGH_OPS)) == len(JAX_THOROUGH_OPS)
+# TensorFlow's namespace is unigrad's own, and tests/test_backend_tensorflow.py checks it op by op (values against
+# NumPy, gradients against the tape): of the per-op conformance cases on TensorFlow, the slowest ops that test
+# also checks run in the thorough job; every other op, all the other decompositions included, stays here.
+TF_THOROUGH_OPS = ("linalg.pinv", "linalg.cholesky", "hypot", "std", "minimum", "prod", "linalg.matrix_norm")
+SLOW_CASES = ({f"test_op[jax-{op}]" for op in JAX_THOROUGH_OPS}
+              | {f"test_op[tensorflow-{op}]" for op in TF_THOROUGH_OPS})
+assert set(JAX_THOROUGH_OPS + TF_THOROUGH_OPS) <= set(conformance._BY_NAME)
+
 # bug -> the ops of the suite that must catch it
 CAUGHT_BY = {"where_broadcast": ["where"], "inv_no_jvp": ["linalg.inv"], "det_vjp_transposed": ["linalg.det"],
              "sin_scale": ["sin"], "matmul_transposed": ["matmul"], "broadcast_sum": ["multiply"],

@@ -56,6 +56,15 @@ def _sin_jvp_rule(primals, tangents):
 RULES = {"custom_vjp": sin_vjp, "custom_jvp": sin_jvp}
 COMPILES = {"jax", "tensorflow"}
 
+# Moved to the thorough job (marker slow, through conftest's SLOW_CASES). Compiled: one program per transform,
+# seconds each; the default run compiles each kind of rule on one compiler (custom_vjp on JAX, custom_jvp on
+# TensorFlow), both modes there (grad, hessian, the jacobian of the other mode). Every kind on every backend
+# stays in the default run eager. Nestings: JAX's custom_jvp is JAX's own in every nesting; the default run
+# keeps the custom_vjp one there (forward mode by transposition) and every nesting on the other backends.
+SLOW_CASES = {"test_the_rule_is_what_comes_back[jax-compiled-custom_jvp]",
+              "test_the_rule_is_what_comes_back[tensorflow-compiled-custom_vjp]",
+              "test_second_order_in_every_nesting[jax-custom_jvp]"}
+
 
 def _total(fn):
     return lambda x: _xp(x).sum(fn(x))

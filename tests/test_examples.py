@@ -30,6 +30,15 @@ def _main(script):
     return runpy.run_path(str(EXAMPLES / script), run_name="example")["main"]
 
 
+# Every script runs on every backend in the thorough job; the default run leaves out these pairs (tens of seconds
+# each of eager compiles), keeping every script on the tape, torch and autograd, and JAX and TensorFlow with
+# the scripts not listed (JAX: linear_regression, scipy_minimize; TensorFlow: all but brusselator_newton).
+SLOW_CASES = {"test_example_on_each_backend[jax-brusselator_newton.py]",
+              "test_example_on_each_backend[jax-custom_derivatives.py]",
+              "test_example_on_each_backend[jax-newton_cg_hvp.py]",
+              "test_example_on_each_backend[tensorflow-brusselator_newton.py]"}
+
+
 @pytest.mark.parametrize("script", PER_BACKEND)
 def test_example_on_each_backend(script, backend, capsys):
     _main(script)(backend)

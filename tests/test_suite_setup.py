@@ -33,6 +33,40 @@ def test_thorough_profile_raises_every_pinned_count(monkeypatch):
     assert conftest.examples(1000, thorough=200) == 1000  # never fewer than the default
 
 
+def _configured(monkeypatch, profile, args):
+    """conftest's pytest_configure on a stand-in config (``args``: the command line); returns the options."""
+    import types
+
+    monkeypatch.setattr(conftest, "PROFILE", profile)
+    option = types.SimpleNamespace(hypothesis_seed="7", unigrad_programs=100)
+    conftest.pytest_configure(types.SimpleNamespace(option=option,
+                                                    invocation_params=types.SimpleNamespace(args=tuple(args))))
+    return option
+
+
+def test_ci_runs_fewer_conformance_programs_unless_told(monkeypatch):
+    assert _configured(monkeypatch, "ci", ["tests"]).unigrad_programs == conftest.CONFORMANCE_PROGRAMS < 100
+    assert _configured(monkeypatch, "ci", ["--unigrad-programs=100"]).unigrad_programs == 100
+    assert _configured(monkeypatch, "thorough", ["tests"]).unigrad_programs == 100
+
+
+def test_slow_cases_of_a_module_get_the_slow_marker():
+    import types
+
+    class Item:
+        def __init__(self, name, module):
+            self.name, self.module, self.markers = name, module, []
+
+        def add_marker(self, marker):
+            self.markers.append(marker.name)
+
+    module = types.SimpleNamespace(SLOW_CASES={"test_a[jax-compiled]"})
+    items = [Item("test_a[jax-compiled]", module), Item("test_a[jax-eager]", module),
+             Item("test_a[jax-compiled]", types.SimpleNamespace())]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [item.markers for item in items] == [["slow"], [], []]
+
+
 def _pytest(*args, env=None, prelude=""):
     code = prelude + "import sys, pytest\nsys.exit(pytest.main(sys.argv[1:]))\n"
     return subprocess.run([sys.executable, "-c", code, "-p", "no:cacheprovider", *args], cwd=ROOT,

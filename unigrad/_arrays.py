@@ -87,13 +87,7 @@ def namespace(*arrays):
         else:
             if own:
                 return active.namespace()
-    owner = None
-    for x in arrays:
-        name = _registry._array_owner(x)
-        if name is not None:
-            if owner is not None and owner != name:
-                raise TypeError(f"namespace: arrays of backends {owner!r} and {name!r} are mixed")
-            owner = name
+    owner = _registry.arrays_owner(arrays, "namespace: arrays of backends {!r} and {!r} are mixed")
     return _registry.get_backend(owner or _registry.DEFAULT).namespace()
 
 

@@ -137,13 +137,7 @@ def _backend_of(leaves):
     active = _registry.active_backend.get()
     if active is not None and any(active.is_array(x) for x in leaves):
         return active
-    owner = None
-    for x in leaves:
-        name = _registry._array_owner(x)
-        if name is not None:
-            if owner is not None and owner != name:
-                raise TypeError(f"checkpoint: the arguments mix arrays of backends {owner!r} and {name!r}")
-            owner = name
+    owner = _registry.arrays_owner(leaves, "checkpoint: the arguments mix arrays of backends {!r} and {!r}")
     if owner is None:
         return active if active is not None else _registry.get_backend(_registry.DEFAULT)
     return _registry.get_backend(owner)

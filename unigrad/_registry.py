@@ -290,6 +290,19 @@ _UNKNOWN = object()
 _owners: dict = {}  # array type -> backend name (cleared when registrations change)
 
 
+def arrays_owner(arrays, mixed: str) -> str | None:
+    """Name of the backend owning the arrays among ``arrays`` (None where none does: NumPy arrays and
+    Python scalars only). Two owners: TypeError with ``mixed.format(first, other)``."""
+    owner = None
+    for x in arrays:
+        name = _array_owner(x)
+        if name is not None:
+            if owner is not None and owner != name:
+                raise TypeError(mixed.format(owner, name))
+            owner = name
+    return owner
+
+
 def _find_owner(t) -> str | None:
     mod = t.__module__.partition(".")[0]
     if mod in ("builtins", "numpy"):

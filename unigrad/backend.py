@@ -72,7 +72,7 @@ from typing import Callable, Sequence
 
 from ._dtypes import dtype_name
 
-__all__ = ["Backend", "Capabilities", "chunks"]
+__all__ = ["Backend", "Capabilities", "chunks", "fft_norm"]
 
 
 @dataclass(frozen=True)
@@ -527,6 +527,35 @@ def chunks(n: int, chunk_size: int | None) -> list[tuple[int, int]]:
 
 
 _chunks = chunks  # the name adapters used before it was public
+
+
+_FFT_NORMS = ("backward", "ortho", "forward")
+_FFT_NORM_SWAP = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
+
+
+def fft_norm(norm: str | None, fname: str, *, swap: bool = False) -> str:
+    """The ``norm`` argument of an Array API ``fft`` function, checked: one rule for every namespace.
+
+    Args:
+      norm: ``"backward"`` (also for None), ``"ortho"`` or ``"forward"``.
+      fname: the function's name, for the error message (``"rfft"``).
+      swap: return the norm of the paired transform instead (``hfft`` is an ``irfft`` with it).
+
+    Returns:
+      The norm's name.
+
+    Raises:
+      ValueError: any other ``norm``, naming ``fft.<fname>`` and the three allowed values.
+
+    Example:
+      >>> from unigrad.backend import fft_norm
+      >>> fft_norm(None, "fft"), fft_norm("forward", "hfft", swap=True)
+      ('backward', 'backward')
+    """
+    norm = "backward" if norm is None else norm
+    if norm not in _FFT_NORMS:
+        raise ValueError(f'fft.{fname}: invalid norm value {norm!r}; should be "backward", "ortho" or "forward"')
+    return _FFT_NORM_SWAP[norm] if swap else norm
 
 
 def _take(xp, a, i, axis):

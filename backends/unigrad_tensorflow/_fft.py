@@ -14,21 +14,15 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from unigrad.backend import fft_norm
+
 from . import _shapes
 from ._tensors import _COMPLEX_OF, _dt, _on, _tensor
 
 __all__ = ["fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft", "ihfft", "fftfreq",
            "rfftfreq", "fftshift", "ifftshift"]
 
-_NORMS = ("backward", "ortho", "forward")
-_SWAP = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
-
-
-def _norm(norm, fname):
-    norm = "backward" if norm is None else norm
-    if norm not in _NORMS:
-        raise ValueError(f'fft.{fname}: invalid norm value {norm!r}; should be "backward", "ortho" or "forward"')
-    return norm
+_norm = fft_norm
 
 
 def _axis(axis, ndim, fname):
@@ -132,12 +126,12 @@ def hfft(x, /, *, n=None, axis=-1, norm="backward"):
     x = _complex(x)
     a = _axis(axis, x.shape.rank, "hfft")
     n = 2 * (x.shape[a] - 1) if n is None else n
-    return irfft(tf.math.conj(x), n=n, axis=axis, norm=_SWAP[_norm(norm, "hfft")])
+    return irfft(tf.math.conj(x), n=n, axis=axis, norm=_norm(norm, "hfft", swap=True))
 
 
 def ihfft(x, /, *, n=None, axis=-1, norm="backward"):
     """The inverse of :func:`hfft`."""
-    return tf.math.conj(rfft(x, n=n, axis=axis, norm=_SWAP[_norm(norm, "ihfft")]))
+    return tf.math.conj(rfft(x, n=n, axis=axis, norm=_norm(norm, "ihfft", swap=True)))
 
 
 def _nd(x, s, axes, fname, invreal=False):
@@ -156,22 +150,23 @@ def _nd(x, s, axes, fname, invreal=False):
     return x, s, axes
 
 
-def fftn(x, /, *, s=None, axes=None, norm="backward"):
-    """:func:`fft` over several axes."""
-    x, s, axes = _nd(x, s, axes, "fftn")
+def _c2cn(x, s, axes, norm, inverse, fname):
+    """:func:`_c2c` over several axes, the last axis first (NumPy's order)."""
+    x, s, axes = _nd(x, s, axes, fname)
     x = _complex(x)
     for k in reversed(range(len(axes))):
-        x = fft(x, n=s[k], axis=axes[k], norm=norm)
+        x = _c2c(x, s[k], axes[k], norm, inverse, fname)
     return x
+
+
+def fftn(x, /, *, s=None, axes=None, norm="backward"):
+    """:func:`fft` over several axes."""
+    return _c2cn(x, s, axes, norm, False, "fftn")
 
 
 def ifftn(x, /, *, s=None, axes=None, norm="backward"):
     """:func:`ifft` over several axes."""
-    x, s, axes = _nd(x, s, axes, "ifftn")
-    x = _complex(x)
-    for k in reversed(range(len(axes))):
-        x = ifft(x, n=s[k], axis=axes[k], norm=norm)
-    return x
+    return _c2cn(x, s, axes, norm, True, "ifftn")
 
 
 def rfftn(x, /, *, s=None, axes=None, norm="backward"):

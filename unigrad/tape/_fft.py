@@ -8,17 +8,10 @@ import numpy as np
 
 from . import _functions as xp
 from . import _primitives as P
+from ..backend import fft_norm
 from ._tracer import _ndim, _shape
 
-_NORMS = ("backward", "ortho", "forward")
-_SWAP = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
-
-
-def _norm(norm, fname):
-    norm = "backward" if norm is None else norm
-    if norm not in _NORMS:
-        raise ValueError(f'fft.{fname}: invalid norm value {norm!r}; should be "backward", "ortho" or "forward"')
-    return norm
+_norm = fft_norm
 
 
 def _complex(x):
@@ -80,11 +73,11 @@ def hfft(x, /, *, n=None, axis=-1, norm="backward"):
     x = xp._arr(x)
     a = xp._axis1(axis, _ndim(x))
     n = 2 * (_shape(x)[a] - 1) if n is None else n
-    return irfft(xp.conj(_complex(x)), n=n, axis=axis, norm=_SWAP[_norm(norm, "hfft")])
+    return irfft(xp.conj(_complex(x)), n=n, axis=axis, norm=_norm(norm, "hfft", swap=True))
 
 
 def ihfft(x, /, *, n=None, axis=-1, norm="backward"):
-    return xp.conj(rfft(x, n=n, axis=axis, norm=_SWAP[_norm(norm, "ihfft")]))
+    return xp.conj(rfft(x, n=n, axis=axis, norm=_norm(norm, "ihfft", swap=True)))
 
 
 def _nd(x, s, axes, invreal=False):

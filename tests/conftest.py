@@ -60,8 +60,9 @@ def examples(ci: int, thorough: int | None = None) -> int:
 
 # The conformance suite's budget of random programs per backend (its own default, 100, is for a plugin
 # author's run): CONFORMANCE_PROGRAMS under the ci profile, unless --unigrad-programs is given. The
-# suite's own bulk run of random programs on every backend, at least 500 of them, is
-# tests/test_programs.py::test_random_programs_agree_across_backends; the thorough profile keeps 100 here.
+# suite's own bulk run of random programs on every backend (200 a day, drawn from the date's seed; 5,000
+# under thorough) is tests/test_programs.py::test_random_programs_agree_across_backends; the thorough
+# profile keeps 100 here.
 CONFORMANCE_PROGRAMS = 20
 
 

@@ -130,7 +130,7 @@ class _Repeats(Repeats):
     detected for one value of ``N`` or ``c`` says nothing of another), so a scalar is in the key by its
     type and exact value (``_static_token``: ``1``, ``True``, ``1.0`` differ, so do ``0.0`` and ``-0.0``),
     never by its type alone. Arrays by type, shape and dtype; the device and backend chosen now; a call
-    nested in another transform, a pytree, None or an array type not met before: the full path. The
+    nested in another transform, a pytree, None: the full path. The
     result is one matrix whatever the arguments' structure, so a call with static scalars (whose plan
     was made on the pytree path) is remembered too."""
 
@@ -148,6 +148,11 @@ class _Repeats(Repeats):
                 sig.append(a.dtype)
             elif t in _SCALARS:
                 sig.append(_static_token(a))
+            elif len(_LEAF_ARRAYS) < 64 and not isinstance(a, (tuple, list, dict)) and _registry._array_owner(a):
+                _LEAF_ARRAYS.add(t)  # an array type met for the first time (as Repeats.key and signature() do)
+                sig.append(t)
+                sig.append(a.shape)
+                sig.append(a.dtype)
             else:
                 return None
         sig.append(_registry.resolve(self.backend, args))

@@ -21,7 +21,8 @@ see small allocations), and never less than the result itself (values and indice
 
 Reported per problem and backend: sparse seconds, dense seconds (measured or estimated), the
 speed-up dense / sparse (goal >= 50 at N = 64), the memory ratio (goal >= 100), the colours beside
-the known optimum, and on JAX the ratio unigrad / asdex (goal <= 1.2) with both colour counts.
+the known optimum, and on JAX the ratio unigrad / asdex (goal <= 1.2) with both colour counts: the
+median over 15 rounds of 20 calls of each, the two alternated on their own (no dense call between).
 
 Run: python benchmarks/bench_sparse.py [--quick] [--json] [--backends numpy,jax,torch,tensorflow]
 """
@@ -126,10 +127,10 @@ def _asdex_fn(kind, f, args):
     return call, coloring.num_colors
 
 
-def _time(fns, quick):
+def _time(fns, quick, number=None):
     for fn in fns:
         fn()  # the first call: plan, colouring, compilation
-    number, repeat = (1, 3) if quick else (3, 7)
+    number, repeat = number or ((1, 3) if quick else (3, 7))
     return timed_rounds(fns, number, repeat)
 
 
@@ -148,7 +149,6 @@ def run(backends, quick=False):
             asdex_colours = None
             if backend == "jax" and _have("asdex"):
                 asdex_call, asdex_colours = _asdex_fn(kind, f, args)
-                fns.append(asdex_call)
             rounds = _time(fns, quick)
             row["sparse_seconds"] = min(r[0] for r in rounds)
             row["sparse_peak_measured"] = _memory.peak_bytes(unigrad.get_backend(backend), sparse_call)
@@ -172,9 +172,13 @@ def run(backends, quick=False):
             row["dense_result_bytes"] = n * n * 8
             row["memory_ratio"] = row["dense_result_bytes"] / max(row["sparse_peak_bytes"], 1)
             if asdex_colours is not None:
+                # Its own rounds, the two alone (a dense call of 0.1-0.2 s between them evicted the caches
+                # of whichever ran next), each round 20 calls of each: the small problems' calls last
+                # 0.1-0.3 ms, and one scheduler spike on a shared machine decided a round of 3.
+                head = _time([sparse_call, asdex_call], quick, number=(5, 5) if quick else (20, 15))
                 row["asdex_colours"] = int(asdex_colours)
-                row["asdex_seconds"] = min(r[-1] for r in rounds)
-                row["ratio_vs_asdex"] = ratio(rounds, 0, len(fns) - 1)
+                row["asdex_seconds"] = min(r[1] for r in head)
+                row["ratio_vs_asdex"] = ratio(head, 0, 1)
             print(f"  done: {key} on {backend}", file=sys.stderr, flush=True)  # progress (long runs)
     return results
 

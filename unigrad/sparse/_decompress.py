@@ -137,6 +137,10 @@ def finisher(b, values, structure, format, fname):
     parts, with no check (the values' shape and dtype were checked on these); elsewhere ``assemble``."""
     native = b.to_native(values)
     if _kind(native) == "jax" and format in ("auto", "coo"):
+        key = ("jax", "finisher", native.dtype, tuple(native.shape))
+        done = structure._converted.get(key)
+        if done is not None:
+            return done
         _jax(native, structure, format, fname)  # checks the values, builds and validates one BCOO
 
         def make():
@@ -147,7 +151,7 @@ def finisher(b, values, structure, format, fname):
             unflatten = jsparse.BCOO.tree_unflatten
             return lambda v: unflatten(params, (v, pairs))
 
-        return structure.converted(("jax", "finisher"), make)
+        return structure.converted(key, make)
     return lambda v: assemble(b, v, structure, format, fname)
 
 

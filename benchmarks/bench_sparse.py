@@ -24,6 +24,9 @@ speed-up dense / sparse (goal >= 50 at N = 64), the memory ratio (goal >= 100), 
 the known optimum, and on JAX the ratio unigrad / asdex (goal <= 1.2) with both colour counts: the
 median over 15 rounds of 20 calls of each, the two alternated on their own (no dense call between).
 
+With TensorFlow among the backends, one more row: the Brusselator N = 32 eagerly (``compile=False``),
+sparse against dense, and the sparse first call.
+
 Run: python benchmarks/bench_sparse.py [--quick] [--json] [--backends numpy,jax,torch,tensorflow]
 """
 
@@ -183,6 +186,25 @@ def run(backends, quick=False):
     return results
 
 
+def eager_tensorflow(size=32):
+    """Eager TensorFlow (``compile=False``) on the Brusselator: sparse and dense seconds per call after a
+    first call, 3 alternated rounds of one call each (a dense eager call takes 1-2 s: pfor traces anew
+    on every call; the sparse passes are one traced program per signature)."""
+    kind, f, args, pattern, n, _ = _problem("brusselator", size)
+    b = unigrad.get_backend("tensorflow")
+    call_args = tuple(b.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+    sparse_t = unigrad.sparse_jacobian(f, sparsity=pattern, backend="tensorflow")
+    dense_t = unigrad.jacobian(f, backend="tensorflow")
+    import time
+
+    start = time.perf_counter()
+    sparse_t(*call_args)
+    first = time.perf_counter() - start
+    rounds = _time([lambda: sparse_t(*call_args), lambda: dense_t(*call_args)], True)
+    return {"unknowns": n, "sparse_first_seconds": first, "sparse_seconds": min(r[0] for r in rounds),
+            "dense_seconds": min(r[1] for r in rounds), "speedup": 1.0 / ratio(rounds, 0, 1)}
+
+
 def _have(module):
     try:
         __import__(module)
@@ -194,6 +216,11 @@ def _have(module):
 def report(results):
     print("sparse vs dense (compile=True; speed-up = dense time / sparse time; memory = dense result / sparse peak)")
     for key, entry in results.items():
+        if key.endswith("_tensorflow_eager"):
+            print(f"{key} (compile=False): sparse {entry['sparse_seconds'] * 1e3:.1f} ms (first call "
+                  f"{entry['sparse_first_seconds']:.2f} s), dense {entry['dense_seconds'] * 1e3:.0f} ms, "
+                  f"speed-up {entry['speedup']:.0f}x")
+            continue
         print(f"{key}: {entry['unknowns']} unknowns, {entry['nnz']} non-zeros, optimum colours "
               f"{entry['optimum_colours'] or 'unknown'}")
         for backend, row in entry.items():
@@ -218,7 +245,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     available = {n for n, i in unigrad.backends().items() if i["available"]}
     backends = [b for b in args.backends.split(",") if b in available]
-    show(run(backends, args.quick), args.json, report)
+    results = run(backends, args.quick)
+    if "tensorflow" in backends:
+        results["brusselator_32_tensorflow_eager"] = eager_tensorflow(32)
+    show(results, args.json, report)
 
 
 if __name__ == "__main__":

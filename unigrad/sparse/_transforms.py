@@ -171,7 +171,7 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
     plans, sparse_plans = BoundedCache(), BoundedCache(64)
     programs = BoundedCache() if compile else None
     repeats, finishers = (_Repeats(None, backend, device), BoundedCache()) if compile else (None, None)
-    traced = BoundedCache()  # eager calls on a backend whose vectorised passes trace anyway (see _passes)
+    traced = BoundedCache()  # eager calls on a backend whose vectorised passes trace anyway (see passes)
 
     def plan_of(call):
         if not call.diff:
@@ -263,7 +263,10 @@ def sparse_jacobian(f: Callable, argnums=0, *, sparsity=None, mode: str = "auto"
       has_aux: ``f`` returns ``(output, aux)``; the function then returns ``(jacobian, aux)``, aux as
         ``f`` gave it (not differentiated; its arrays detached).
       backend: backend name or object.
-      compile: one compiled program per signature (``jax.jit``, ``tf.function``).
+      compile: one compiled program per signature (``jax.jit``, ``tf.function``); a call repeating a
+        signature (arrays' types, shapes and dtypes, Python scalars' exact values) goes straight to it.
+        Eagerly on TensorFlow the compressed passes are one traced program per signature as well (its
+        vectorised map would trace anew on every call): ``f``'s Python code runs once per signature.
       device: place the inputs on this device.
 
     Returns:
@@ -302,7 +305,7 @@ def sparse_hessian(f: Callable, argnums=0, *, sparsity=None, format: str = "auto
       chunk_size: at most this many colours per vectorised pass.
       has_aux: ``f`` returns ``(scalar, aux)``; the function then returns ``(hessian, aux)``.
       backend: backend name or object.
-      compile: one compiled program per signature.
+      compile: one compiled program per signature (see :func:`sparse_jacobian`, eager TensorFlow too).
       device: place the inputs on this device.
 
     Returns:

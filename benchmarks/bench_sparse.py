@@ -21,7 +21,11 @@ see small allocations), and never less than the result itself (values and indice
 
 Reported per problem and backend: sparse seconds, dense seconds (measured or estimated), the
 speed-up dense / sparse (goal >= 50 at N = 64), the memory ratio (goal >= 100), the colours beside
-the known optimum, and on JAX the ratio unigrad / asdex (goal <= 1.2) with both colour counts.
+the known optimum, and on JAX the ratio unigrad / asdex (goal <= 1.2) with both colour counts: the
+median over 15 rounds of 20 calls of each, the two alternated on their own (no dense call between).
+
+With TensorFlow among the backends, one more row: the Brusselator N = 32 eagerly (``compile=False``),
+sparse against dense, and the sparse first call.
 
 Run: python benchmarks/bench_sparse.py [--quick] [--json] [--backends numpy,jax,torch,tensorflow]
 """
@@ -126,10 +130,10 @@ def _asdex_fn(kind, f, args):
     return call, coloring.num_colors
 
 
-def _time(fns, quick):
+def _time(fns, quick, number=None):
     for fn in fns:
         fn()  # the first call: plan, colouring, compilation
-    number, repeat = (1, 3) if quick else (3, 7)
+    number, repeat = number or ((1, 3) if quick else (3, 7))
     return timed_rounds(fns, number, repeat)
 
 
@@ -148,7 +152,6 @@ def run(backends, quick=False):
             asdex_colours = None
             if backend == "jax" and _have("asdex"):
                 asdex_call, asdex_colours = _asdex_fn(kind, f, args)
-                fns.append(asdex_call)
             rounds = _time(fns, quick)
             row["sparse_seconds"] = min(r[0] for r in rounds)
             row["sparse_peak_measured"] = _memory.peak_bytes(unigrad.get_backend(backend), sparse_call)
@@ -172,11 +175,34 @@ def run(backends, quick=False):
             row["dense_result_bytes"] = n * n * 8
             row["memory_ratio"] = row["dense_result_bytes"] / max(row["sparse_peak_bytes"], 1)
             if asdex_colours is not None:
+                # Its own rounds, the two alone (a dense call of 0.1-0.2 s between them evicted the caches
+                # of whichever ran next), each round 20 calls of each: the small problems' calls last
+                # 0.1-0.3 ms, and one scheduler spike on a shared machine decided a round of 3.
+                head = _time([sparse_call, asdex_call], quick, number=(5, 5) if quick else (20, 15))
                 row["asdex_colours"] = int(asdex_colours)
-                row["asdex_seconds"] = min(r[-1] for r in rounds)
-                row["ratio_vs_asdex"] = ratio(rounds, 0, len(fns) - 1)
+                row["asdex_seconds"] = min(r[1] for r in head)
+                row["ratio_vs_asdex"] = ratio(head, 0, 1)
             print(f"  done: {key} on {backend}", file=sys.stderr, flush=True)  # progress (long runs)
     return results
+
+
+def eager_tensorflow(size=32):
+    """Eager TensorFlow (``compile=False``) on the Brusselator: sparse and dense seconds per call after a
+    first call, 3 alternated rounds of one call each (a dense eager call takes 1-2 s: pfor traces anew
+    on every call; the sparse passes are one traced program per signature)."""
+    kind, f, args, pattern, n, _ = _problem("brusselator", size)
+    b = unigrad.get_backend("tensorflow")
+    call_args = tuple(b.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+    sparse_t = unigrad.sparse_jacobian(f, sparsity=pattern, backend="tensorflow")
+    dense_t = unigrad.jacobian(f, backend="tensorflow")
+    import time
+
+    start = time.perf_counter()
+    sparse_t(*call_args)
+    first = time.perf_counter() - start
+    rounds = _time([lambda: sparse_t(*call_args), lambda: dense_t(*call_args)], True)
+    return {"unknowns": n, "sparse_first_seconds": first, "sparse_seconds": min(r[0] for r in rounds),
+            "dense_seconds": min(r[1] for r in rounds), "speedup": 1.0 / ratio(rounds, 0, 1)}
 
 
 def _have(module):
@@ -190,6 +216,11 @@ def _have(module):
 def report(results):
     print("sparse vs dense (compile=True; speed-up = dense time / sparse time; memory = dense result / sparse peak)")
     for key, entry in results.items():
+        if key.endswith("_tensorflow_eager"):
+            print(f"{key} (compile=False): sparse {entry['sparse_seconds'] * 1e3:.1f} ms (first call "
+                  f"{entry['sparse_first_seconds']:.2f} s), dense {entry['dense_seconds'] * 1e3:.0f} ms, "
+                  f"speed-up {entry['speedup']:.0f}x")
+            continue
         print(f"{key}: {entry['unknowns']} unknowns, {entry['nnz']} non-zeros, optimum colours "
               f"{entry['optimum_colours'] or 'unknown'}")
         for backend, row in entry.items():
@@ -214,7 +245,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     available = {n for n, i in unigrad.backends().items() if i["available"]}
     backends = [b for b in args.backends.split(",") if b in available]
-    show(run(backends, args.quick), args.json, report)
+    results = run(backends, args.quick)
+    if "tensorflow" in backends:
+        results["brusselator_32_tensorflow_eager"] = eager_tensorflow(32)
+    show(results, args.json, report)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["recovery", "structurally_orthogonal", "FORMATS", "assemble"]
+__all__ = ["recovery", "structurally_orthogonal", "FORMATS", "assemble", "finisher"]
 
 FORMATS = ("auto", "dense", "scipy", "csr", "csc", "coo")
 
@@ -128,6 +128,31 @@ def assemble(b, values, structure, format, fname):
     if format == "dense":
         return _dense(b, kind, values, structure)
     return _BUILDERS[kind](values, structure, format, fname)
+
+
+def finisher(b, values, structure, format, fname):
+    """``values -> matrix``: :func:`assemble` for every later call whose values are like ``values`` (the
+    same framework, dtype and shape: the output of one compiled program), with what it would check or
+    convert on each call done once here. On JAX (``"auto"``/``"coo"``) that is a ``BCOO`` built from its
+    parts, with no check (the values' shape and dtype were checked on these); elsewhere ``assemble``."""
+    native = b.to_native(values)
+    if _kind(native) == "jax" and format in ("auto", "coo"):
+        key = ("jax", "finisher", native.dtype, tuple(native.shape))
+        done = structure._converted.get(key)
+        if done is not None:
+            return done
+        _jax(native, structure, format, fname)  # checks the values, builds and validates one BCOO
+
+        def make():
+            from jax.experimental import sparse as jsparse
+
+            pairs = structure.converted(("jax", "pairs"), None)
+            params = {"shape": structure.shape, "indices_sorted": True, "unique_indices": True}
+            unflatten = jsparse.BCOO.tree_unflatten
+            return lambda v: unflatten(params, (v, pairs))
+
+        return structure.converted(key, make)
+    return lambda v: assemble(b, v, structure, format, fname)
 
 
 def _scipy(values, s, layout):

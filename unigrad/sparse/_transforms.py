@@ -10,7 +10,8 @@ from typing import Callable
 
 import numpy as np
 
-from .._call import BoundedCache, execute, prepare
+from .. import _registry
+from .._call import _LEAF_ARRAYS, BoundedCache, Repeats, _static_token, execute, prepare
 from .._checks import check_chunk, promote, scalar_check
 from .._transform import _wraps
 from . import _coloring, _compress, _decompress, _pattern
@@ -119,6 +120,49 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> 
     return SparsePlan(pattern, coloring, chosen, source, reasons, dtype, index, seeds, groups, _decompress.Structure(pattern))
 
 
+_SCALARS = frozenset({bool, int, float, complex, str})
+_EAGER = object()  # a signature whose compressed passes could not be traced: they run eagerly
+
+
+class _Repeats(Repeats):
+    """The repeat cache of compiled sparse calls (:class:`unigrad._call.Repeats`), keyed as a sparse call's
+    plan is: a sparse transform keeps every Python scalar static, as an eager call does (the pattern
+    detected for one value of ``N`` or ``c`` says nothing of another), so a scalar is in the key by its
+    type and exact value (``_static_token``: ``1``, ``True``, ``1.0`` differ, so do ``0.0`` and ``-0.0``),
+    never by its type alone. Arrays by type, shape and dtype; the device and backend chosen now; a call
+    nested in another transform, a pytree, None: the full path. The
+    result is one matrix whatever the arguments' structure, so a call with static scalars (whose plan
+    was made on the pytree path) is remembered too."""
+
+    __slots__ = ()
+
+    def key(self, args):
+        if _registry.active_backend.get() is not None:
+            return None
+        sig = [_registry.current_device() if self.device is None else self.device, len(args)]
+        for a in args:
+            t = type(a)
+            if t in _LEAF_ARRAYS:
+                sig.append(t)
+                sig.append(a.shape)
+                sig.append(a.dtype)
+            elif t in _SCALARS:
+                sig.append(_static_token(a))
+            elif len(_LEAF_ARRAYS) < 64 and not isinstance(a, (tuple, list, dict)) and _registry._array_owner(a):
+                _LEAF_ARRAYS.add(t)  # an array type met for the first time (as Repeats.key and signature() do)
+                sig.append(t)
+                sig.append(a.shape)
+                sig.append(a.dtype)
+            else:
+                return None
+        sig.append(_registry.resolve(self.backend, args))
+        return tuple(sig)
+
+    def remember(self, key, call):
+        if key is not None and call.program is not None:
+            self.entries.put(key, (call.plan, call.program))
+
+
 def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, compile, device, fname, has_aux):
     if mode not in _MODES:
         raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
@@ -126,6 +170,8 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
     check_chunk(chunk_size, fname)
     plans, sparse_plans = BoundedCache(), BoundedCache(64)
     programs = BoundedCache() if compile else None
+    repeats, finishers = (_Repeats(None, backend, device), BoundedCache()) if compile else (None, None)
+    traced = BoundedCache()  # eager calls on a backend whose vectorised passes trace anyway (see passes)
 
     def plan_of(call):
         if not call.diff:
@@ -147,11 +193,38 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
 
         return run
 
+    def passes(call, plan):
+        decision = ("sparse", plan.mode)
+        if programs is not None or not call.backend.traces_batched_jacobian:
+            return execute(call, kernel_of(plan), programs, decision, keep_outputs=False)
+        # Eager, on a backend whose vectorised passes trace a program on every eager call (TensorFlow:
+        # tf.vectorized_map and tape.jacobian's pfor wrap their loop in a new tf.function each time, ~1.5 s
+        # a call on the Brusselator): the passes run as one program per signature, as batched_jacobian's
+        # do. An f that cannot be traced (it reads values) runs eagerly, as before, for that signature.
+        key = None if call.program_key is None else (call.program_key, decision)
+        if traced.get(key) is _EAGER:
+            return execute(call, kernel_of(plan), None)
+        try:
+            return execute(call, kernel_of(plan), traced, decision, keep_outputs=False)
+        except Exception:
+            traced.put(key, _EAGER)  # replaces the program that failed to trace
+            return execute(call, kernel_of(plan), None)
+
     def transformed(*args):
+        if repeats is not None:  # a compiled call repeating a signature: its program, then its finisher
+            call, key = repeats.find(args, f, has_aux, fname)
+            finish = None if call is None else finishers.get(key)
+            if finish is not None:
+                _, blocks, aux = call.program(call)
+                return (finish(blocks[0]), call.aux(aux)) if has_aux else finish(blocks[0])
         call = prepare(plans, f, args, argnums, has_aux, backend, fname, device)
         plan = plan_of(call)
-        _, blocks, aux = execute(call, kernel_of(plan), programs, ("sparse", plan.mode), keep_outputs=False)
-        matrix = _decompress.assemble(call.backend, blocks[0], plan.structure, format, fname)
+        _, blocks, aux = passes(call, plan)
+        finish = _decompress.finisher(call.backend, blocks[0], plan.structure, format, fname)
+        if repeats is not None and key is not None and call.program is not None:
+            repeats.remember(key, call)
+            finishers.put(key, finish)
+        matrix = finish(blocks[0])
         return (matrix, call.aux(aux)) if has_aux else matrix
 
     def plan(*args) -> SparsePlan:
@@ -190,7 +263,10 @@ def sparse_jacobian(f: Callable, argnums=0, *, sparsity=None, mode: str = "auto"
       has_aux: ``f`` returns ``(output, aux)``; the function then returns ``(jacobian, aux)``, aux as
         ``f`` gave it (not differentiated; its arrays detached).
       backend: backend name or object.
-      compile: one compiled program per signature (``jax.jit``, ``tf.function``).
+      compile: one compiled program per signature (``jax.jit``, ``tf.function``); a call repeating a
+        signature (arrays' types, shapes and dtypes, Python scalars' exact values) goes straight to it.
+        Eagerly on TensorFlow the compressed passes are one traced program per signature as well (its
+        vectorised map would trace anew on every call): ``f``'s Python code runs once per signature.
       device: place the inputs on this device.
 
     Returns:
@@ -229,7 +305,7 @@ def sparse_hessian(f: Callable, argnums=0, *, sparsity=None, format: str = "auto
       chunk_size: at most this many colours per vectorised pass.
       has_aux: ``f`` returns ``(scalar, aux)``; the function then returns ``(hessian, aux)``.
       backend: backend name or object.
-      compile: one compiled program per signature.
+      compile: one compiled program per signature (see :func:`sparse_jacobian`, eager TensorFlow too).
       device: place the inputs on this device.
 
     Returns:

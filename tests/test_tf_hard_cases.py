@@ -110,3 +110,14 @@ def test_numpy_functions_on_traced_arrays_raise_instead_of_returning_a_constant(
         unigrad.grad(lambda x: np.median(x), backend=TF)(np.array([3.0, 1.0, 2.0, 0.0]))
     with pytest.raises(TypeError, match="NumPy cannot take"):
         unigrad.jacobian(lambda x: np.asarray(x) * 2.0, backend=TF)(np.ones(2))
+
+
+def test_a_reverse_pass_over_a_forward_pass_sees_the_recorded_output():
+    """A recorded op's JVP that reads its output (pow's d/dx2 = x1 ** x2 log x1) is differentiated through
+    that output too: grad of jvp of 2 ** x and of y ** x was 0 on TensorFlow, silently."""
+    x, v, y = np.array([0.7, 1.3, 1.9]), np.array([0.3, -0.2, 0.5]), np.array([1.1, 0.4, 2.2])
+    for f in (lambda x: xp_(x).sum(xp_(x).pow(2.0, x) * x), lambda x: xp_(x).sum(xp_(x).pow(xp_(x).asarray(y), x))):
+        want = unigrad.grad(lambda x: unigrad.jvp(f, (x,), (v,), backend="numpy")[1], backend="numpy")(x)
+        for compile in (False, True):
+            got = unigrad.grad(lambda x: unigrad.jvp(f, (x,), (v,), backend=TF)[1], backend=TF, compile=compile)(x)
+            np.testing.assert_allclose(unigrad.to_numpy(got), want, rtol=1e-12)

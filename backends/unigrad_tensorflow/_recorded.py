@@ -64,7 +64,10 @@ def recorded(name, primal, vjp, jvp):
         def forward(*tangents):
             if all(t is None for t in tangents):
                 return [None]
-            return [jvp(tangents, y, *xs)]
+            # ``y`` again, as this op: when this runs, ``y`` is not yet recorded on the tapes that watch
+            # (TensorFlow computes the JVPs before it records the op), so a rule reading ``y`` would give
+            # a reverse pass over this JVP no derivative through it (grad of jvp of 2 ** x was 0)
+            return [jvp(tangents, op(*xs), *xs)]
 
         _record.record_operation(name, [y], list(xs), backward, forward)
         return y

@@ -2,8 +2,8 @@
 signature goes straight to its program, and everything that decided the program makes it miss.
 
 Each test makes a first call (which the transform remembers), then a second call that differs in
-one component, and checks both that the repeat path was not taken (a spy on ``Repeats.call``) and
-that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
+one component, and checks both that the repeat path was not taken (spies on ``Repeats.call`` and
+``Repeats.runner``) and that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
 (the same signature with a new Python float), so the tests cannot pass by never taking it.
 """
 
@@ -33,7 +33,16 @@ def hits(monkeypatch):
         seen.append(call is not None)
         return call
 
+    real_runner = _call.Repeats.runner
+
+    def spy_runner(self, key):  # grad's whole-call runners: a hit skips Repeats.call, a miss goes on to it
+        run = real_runner(self, key)
+        if run is not None:
+            seen.append(True)
+        return run
+
     monkeypatch.setattr(_call.Repeats, "call", spy)
+    monkeypatch.setattr(_call.Repeats, "runner", spy_runner)
     return seen
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import unigrad
-from unigrad import _call
+from unigrad import _api, _call
 
 from conftest import uncached
 
@@ -33,6 +33,8 @@ def full(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_call, "prepare", spy)
+    # vjp's module-level plans start empty here (other tests may have met these signatures before)
+    monkeypatch.setattr(_api, "_PRIMAL_FLAT", _call.FlatPlans(_call.BoundedCache(64)))
     return count
 
 

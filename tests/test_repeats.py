@@ -3,7 +3,7 @@ signature goes straight to its program, and everything that decided the program 
 
 Each test makes a first call (which the transform remembers), then a second call that differs in
 one component, and checks both that the repeat path was not taken (spies on ``Repeats.call`` and
-``Repeats.runner``) and that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
+``Repeats.lookup``) and that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
 (the same signature with a new Python float), so the tests cannot pass by never taking it.
 """
 
@@ -33,16 +33,16 @@ def hits(monkeypatch):
         seen.append(call is not None)
         return call
 
-    real_runner = _call.Repeats.runner
+    real_lookup = _call.Repeats.lookup
 
-    def spy_runner(self, key):  # grad's whole-call runners: a hit skips Repeats.call, a miss goes on to it
-        run = real_runner(self, key)
+    def spy_lookup(self, args):  # grad's whole-call runners: a hit skips Repeats.call, a miss goes on to it
+        run, key = real_lookup(self, args)
         if run is not None:
             seen.append(True)
-        return run
+        return run, key
 
     monkeypatch.setattr(_call.Repeats, "call", spy)
-    monkeypatch.setattr(_call.Repeats, "runner", spy_runner)
+    monkeypatch.setattr(_call.Repeats, "lookup", spy_lookup)
     return seen
 
 
@@ -189,7 +189,7 @@ def pair(c, x):
 
 @pytest.mark.parametrize("form", ["value_and_grad", "argnums-tuple", "float64", "float-first"])
 def test_each_whole_call_runner_gives_the_uncached_result(hits, form):
-    """A repeat of grad / value_and_grad runs as one closure (``Repeats.runner``): each of its forms
+    """A repeat of grad / value_and_grad runs as one closure (found by ``Repeats.lookup``): each of its forms
     (value and gradient, a tuple of gradients, a 64-bit signature run under x64, arguments the
     program takes in another order) gives what an uncached transform gives, on the hit itself."""
     x32 = np.linspace(-1, 1, 5).astype(np.float32)

@@ -101,10 +101,11 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
       (array([0., 2., 4.]),)
     """
     call = _PRIMAL_FLAT.prepare(f, primals, None, has_aux, backend, "vjp")
-    b = call.backend
+    b = call.plan.backend
     if b.mutable_arrays:  # vjp_fn outlives the call: it must read nothing the caller can write into
-        outputs, vjp_flat, aux = b.vjp(call.flat_f, tuple([b.copy(x) for x in call.diff]), has_aux=has_aux)
-        outputs = tuple([b.copy(o) for o in outputs])
+        copy = b.copy
+        outputs, vjp_flat, aux = b.vjp(call.flat_f, tuple([copy(x) for x in call.diff]), has_aux=has_aux)
+        outputs = tuple([copy(o) for o in outputs])
         if aux:
             aux = tuple([b.copy(a) if b.is_array(a) else a for a in aux])
     else:
@@ -127,7 +128,7 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
             checked.append(c)
         return call.inputs_like(vjp_flat(tuple(checked)))
 
-    out = unflatten(out_tree, outputs)
+    out = outputs[0] if out_tree is _LEAF else unflatten(out_tree, outputs)
     if has_aux:
         return out, vjp_fn, call.aux(aux)
     return out, vjp_fn
@@ -229,11 +230,10 @@ def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnum
 
     def value_and_grad_f(*args, **kwargs):
         if repeats is not None and not kwargs:
-            key = repeats.key(args)
+            run, key = repeats.lookup(args)
+            if run is not None:  # a repeat of a compiled signature: arguments to the program to the result
+                return run(args)
             if key is not None:
-                run = repeats.runner(key)
-                if run is not None:  # a repeat of a compiled signature: arguments to the program to the result
-                    return run(args)
                 call = repeats.call(key, f, args, has_aux, "grad")
             else:
                 call = None

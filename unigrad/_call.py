@@ -372,12 +372,6 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
     bound = b.arguments(dynamic) if dynamic else ()  # what f receives for them (the backend may wrap them)
     direct = treedef is None and plan.argnums is None  # vjp/jvp of arrays: f takes the leaves as they are
 
-    def hinted(*diff_leaves):
-        try:
-            return run(*diff_leaves)
-        except Exception as exc:  # whatever went wrong, the list argument is the likely cause: say so
-            raise TypeError(f"{fname}: {plan.list_hint} ({type(exc).__name__}: {exc})") from exc
-
     def run(*diff_leaves):
         if direct:
             call_args = diff_leaves
@@ -426,7 +420,14 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
             return out_leaves, tuple(aux_leaves)
         return out_leaves
 
-    flat_f = run if plan.list_hint is None else hinted  # (one frame fewer on every call of f)
+    if plan.list_hint is None:
+        flat_f = run  # (one frame fewer on every call of f)
+    else:
+        def flat_f(*diff_leaves):
+            try:
+                return run(*diff_leaves)
+            except Exception as exc:  # whatever went wrong, the list argument is the likely cause: say so
+                raise TypeError(f"{fname}: {plan.list_hint} ({type(exc).__name__}: {exc})") from exc
     flat_f.closure_arrays = tuple(dynamic)
     return flat_f
 
@@ -748,8 +749,14 @@ class Repeats:
 
     def key(self, args):
         """The repeat key of ``args``, or None when they take the full path."""
+        return self.lookup(args)[1]
+
+    def lookup(self, args):
+        """``(runner, key)``: the transform's whole call for repeats of ``args``' signature, kept by
+        :meth:`remember` (None: none kept), and the repeat key of ``args`` (None when they take the full
+        path). One call for both: a compiled repeat's whole Python work is this and the runner."""
         if _ACTIVE.get() is not None:  # nested: the full path checks what may nest
-            return None
+            return None, None
         static = self.static
         if static and min(static) < 0:
             static = frozenset(a % len(args) for a in static if -len(args) <= a < len(args))
@@ -767,21 +774,18 @@ class Repeats:
                 _LEAF_ARRAYS.add(t)  # an array type met for the first time (as in signature())
                 sig += (t, a.shape, a.dtype)
             else:
-                return None
+                return None, None
         backend = self.backend
         b = _registry._instances.get(backend) if type(backend) is str else None  # get_backend's own first step
         sig.append(b if b is not None else _registry.resolve(backend, args))
-        return tuple(sig)
+        key = tuple(sig)
+        return self.runners.entries.get(key), key  # (the dict itself: a fresh transform under UNIGRAD_NO_CACHE keeps none)
 
     def find(self, args, f, has_aux, fname):
         """``(call, key)``: the :class:`Call` of a repeat (its program in ``call.program``) or None, and
         the key to :meth:`remember` the call under (None: it takes the full path)."""
         key = self.key(args)
         return (None, None) if key is None else (self.call(key, f, args, has_aux, fname), key)
-
-    def runner(self, key):
-        """The transform's whole call for repeats of ``key``, kept by :meth:`remember`, or None."""
-        return self.runners.get(key)
 
     def call(self, key, f, args, has_aux, fname):
         """The :class:`Call` of a repeat (its program in ``call.program``), or None."""
@@ -806,7 +810,7 @@ class Repeats:
 
         ``finish(call, program)``, when given, may return the transform's whole call for repeats of
         ``key``: a function of the arguments alone (made with :meth:`Program.flat_runner`); it is kept
-        in ``runners`` and the transform calls it instead of :meth:`call`. It returns None where the
+        in ``runners``, :meth:`lookup` finds it, and the transform calls it instead of :meth:`call`. It returns None where the
         transform needs the :class:`Call`."""
         if key is None or call.program is None or call.treedef is not None:
             return

@@ -779,7 +779,8 @@ class Repeats:
         b = _registry._instances.get(backend) if type(backend) is str else None  # get_backend's own first step
         sig.append(b if b is not None else _registry.resolve(backend, args))
         key = tuple(sig)
-        return self.runners.entries.get(key), key  # (the dict itself: a fresh transform under UNIGRAD_NO_CACHE keeps none)
+        # (the dict itself, no method call: a transform made under UNIGRAD_NO_CACHE keeps no runner)
+        return self.runners.entries.get(key), key
 
     def find(self, args, f, has_aux, fname):
         """``(call, key)``: the :class:`Call` of a repeat (its program in ``call.program``) or None, and
@@ -810,8 +811,8 @@ class Repeats:
 
         ``finish(call, program)``, when given, may return the transform's whole call for repeats of
         ``key``: a function of the arguments alone (made with :meth:`Program.flat_runner`); it is kept
-        in ``runners``, :meth:`lookup` finds it, and the transform calls it instead of :meth:`call`. It returns None where the
-        transform needs the :class:`Call`."""
+        in ``runners``, :meth:`lookup` finds it, and the transform calls it instead of :meth:`call`.
+        It returns None where the transform needs the :class:`Call`."""
         if key is None or call.program is None or call.treedef is not None:
             return
         self.entries.put(key, (call.plan, call.program))

@@ -15,7 +15,8 @@ absolute times the best round):
     processes keep the cores busy (hand / tape, target >= 0.3: the tape's small products run on one
     BLAS thread)
 
-Run: python benchmarks/bench_tape.py [--quick] [--json] [--fresh N] [--batched-only]
+Run: python benchmarks/bench_tape.py [--quick] [--json] [--fresh N] [--batched-only] [--tiny-only]
+(``--tiny-only``: only the tiny vjp and grad, for runs in several fresh processes)
 """
 
 from __future__ import annotations
@@ -181,7 +182,6 @@ def run_fresh(n):
 
 def run(quick=False):
     import autograd
-    import autograd.numpy as anp
 
     number, repeat = (5, 3) if quick else (10, 15)
     params, x, onehot = mlp_problem()
@@ -198,6 +198,32 @@ def run(quick=False):
                                lambda: grad_ug(params, x, onehot),
                                lambda: grad_ag(params, x, onehot)], number, repeat)
     t_hand, t_fwd, t_ug, t_ag = (min(col) for col in zip(*mlp_rounds))
+
+    result = {
+        "mlp_grad_seconds": {"hand_backprop": t_hand, "forward_only": t_fwd, "unigrad": t_ug, "autograd": t_ag},
+        "mlp_ratio_unigrad_vs_hand": ratio(mlp_rounds, 2, 0),
+        "mlp_ratio_autograd_vs_hand": ratio(mlp_rounds, 3, 0),
+        "mlp_ratio_unigrad_vs_forward": ratio(mlp_rounds, 2, 1),
+        "mlp_ratio_unigrad_vs_autograd": ratio(mlp_rounds, 2, 3),
+    }
+    result.update(run_tiny(quick))
+    batched = run_batched(*((10, 5) if quick else (20, 15)))
+    loaded = run_loaded(number=5 if quick else 10, repeat=5 if quick else 9)
+    result.update({
+        "batched_jacobian": batched,
+        "batched_jacobian_loaded": loaded,
+        "targets": {"mlp_ratio_unigrad_vs_hand": 1.10, "tiny_ratio_unigrad_vs_autograd": 0.5,
+                    "tiny_grad_ratio_unigrad_vs_autograd": 0.5,
+                    "batched_jacobian_ratio": 2.0, "batched_jacobian_loaded_hand_over_tape": 0.3,
+                    "batched_jacobian_fresh_hand_over_tape": 0.5},
+    })
+    return result
+
+
+def run_tiny(quick=False):
+    """The tiny vjp and the tiny grad made once, unigrad against HIPS autograd, interleaved."""
+    import autograd
+    import autograd.numpy as anp
 
     xs = np.array([0.1, 0.2, 0.3])
     ones = np.ones(())
@@ -219,24 +245,11 @@ def run(quick=False):
     tn, tr = (200, 3) if quick else (1000, 30)
     tiny_rounds = timed_rounds([ug_vjp, ag_vjp, lambda: ug_grad(xs), lambda: ag_grad(xs)], tn, tr)
     t_tiny_ug, t_tiny_ag, t_grad_ug, t_grad_ag = (min(col) for col in zip(*tiny_rounds))
-    batched = run_batched(*((10, 5) if quick else (20, 15)))
-    loaded = run_loaded(number=5 if quick else 10, repeat=5 if quick else 9)
     return {
-        "batched_jacobian": batched,
-        "batched_jacobian_loaded": loaded,
-        "mlp_grad_seconds": {"hand_backprop": t_hand, "forward_only": t_fwd, "unigrad": t_ug, "autograd": t_ag},
-        "mlp_ratio_unigrad_vs_hand": ratio(mlp_rounds, 2, 0),
-        "mlp_ratio_autograd_vs_hand": ratio(mlp_rounds, 3, 0),
-        "mlp_ratio_unigrad_vs_forward": ratio(mlp_rounds, 2, 1),
-        "mlp_ratio_unigrad_vs_autograd": ratio(mlp_rounds, 2, 3),
         "tiny_vjp_seconds": {"unigrad": t_tiny_ug, "autograd": t_tiny_ag},
         "tiny_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 0, 1),
         "tiny_grad_seconds": {"unigrad": t_grad_ug, "autograd": t_grad_ag},
         "tiny_grad_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 2, 3),
-        "targets": {"mlp_ratio_unigrad_vs_hand": 1.10, "tiny_ratio_unigrad_vs_autograd": 0.5,
-                    "tiny_grad_ratio_unigrad_vs_autograd": 0.5,
-                    "batched_jacobian_ratio": 2.0, "batched_jacobian_loaded_hand_over_tape": 0.3,
-                    "batched_jacobian_fresh_hand_over_tape": 0.5},
     }
 
 
@@ -248,9 +261,14 @@ def main(argv=None):
                         help="also run the batched_jacobian comparison as the first work of N fresh processes")
     parser.add_argument("--batched-only", action="store_true",
                         help="only the batched_jacobian comparison, as this process's first work")
+    parser.add_argument("--tiny-only", action="store_true",
+                        help="only the tiny vjp and grad against HIPS autograd")
     args = parser.parse_args(argv)
     if args.batched_only:
         show(run_batched(*((10, 5) if args.quick else (20, 15))), args.json, report_batched)
+        return 0
+    if args.tiny_only:
+        show(run_tiny(args.quick), args.json, report_tiny)
         return 0
     results = run(args.quick)
     if args.fresh:
@@ -268,20 +286,13 @@ def show(results, as_json, report_fn):
 
 
 def report(r):
-    s, t = r["mlp_grad_seconds"], r["tiny_vjp_seconds"]
+    s = r["mlp_grad_seconds"]
     print("MLP 784-256-256-10, batch 128, float64 (gradient of the loss)")
     print(f"  hand-written backprop {s['hand_backprop'] * 1e3:8.2f} ms   forward alone {s['forward_only'] * 1e3:.2f} ms")
     print(f"  unigrad tape          {s['unigrad'] * 1e3:8.2f} ms   {r['mlp_ratio_unigrad_vs_hand']:.2f}x hand "
           f"(target <= 1.10), {r['mlp_ratio_unigrad_vs_forward']:.1f}x forward")
     print(f"  HIPS autograd         {s['autograd'] * 1e3:8.2f} ms   {r['mlp_ratio_autograd_vs_hand']:.2f}x hand")
-    print("tiny vjp: x of shape (3,), sum(sin(x)**2)")
-    print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
-          f"ratio {r['tiny_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
-    if "tiny_grad_seconds" in r:
-        t = r["tiny_grad_seconds"]
-        print("tiny grad made once, called many times")
-        print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
-              f"ratio {r['tiny_grad_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
+    report_tiny(r)
     print("per-example Jacobian, MLP 32-64-16, B = 256, float32 (tape batched_jacobian / hand-written NumPy)")
     report_batched(r["batched_jacobian"], "after other work")
     if "batched_jacobian_loaded" in r:
@@ -296,6 +307,18 @@ def report(r):
               f"ratio {min(ratios):.2f}-{max(ratios):.2f} (target <= 2); first round alone "
               f"{min(firsts):.2f}-{max(firsts):.2f}; hand / tape {1 / max(ratios):.2f}-{1 / min(ratios):.2f} "
               f"(target >= 0.5)")
+
+
+def report_tiny(r):
+    t = r["tiny_vjp_seconds"]
+    print("tiny vjp: x of shape (3,), sum(sin(x)**2)")
+    print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
+          f"ratio {r['tiny_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
+    if "tiny_grad_seconds" in r:
+        t = r["tiny_grad_seconds"]
+        print("tiny grad made once, called many times")
+        print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
+              f"ratio {r['tiny_grad_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
 
 
 def report_batched(b, when="first work of this process"):

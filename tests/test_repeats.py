@@ -2,8 +2,8 @@
 signature goes straight to its program, and everything that decided the program makes it miss.
 
 Each test makes a first call (which the transform remembers), then a second call that differs in
-one component, and checks both that the repeat path was not taken (a spy on ``Repeats.call``) and
-that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
+one component, and checks both that the repeat path was not taken (spies on ``Repeats.call`` and
+``Repeats.lookup``) and that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
 (the same signature with a new Python float), so the tests cannot pass by never taking it.
 """
 
@@ -33,7 +33,16 @@ def hits(monkeypatch):
         seen.append(call is not None)
         return call
 
+    real_lookup = _call.Repeats.lookup
+
+    def spy_lookup(self, args):  # grad's whole-call runners: a hit skips Repeats.call, a miss goes on to it
+        run, key = real_lookup(self, args)
+        if run is not None:
+            seen.append(True)
+        return run, key
+
     monkeypatch.setattr(_call.Repeats, "call", spy)
+    monkeypatch.setattr(_call.Repeats, "lookup", spy_lookup)
     return seen
 
 
@@ -171,3 +180,40 @@ def test_batched_jacobian_repeat_still_sees_a_mixing_f_of_another_signature(hits
         bj(jnp_array(np.ones((4, 2))))
     with pytest.raises(ValueError, match="not independent"):
         bj(jnp_array(np.ones((4, 2))))
+
+
+def pair(c, x):
+    xp = unigrad.namespace(x)
+    return xp.sum(xp.sin(x * c) * x)
+
+
+@pytest.mark.parametrize("form", ["value_and_grad", "argnums-tuple", "float64", "float-first"])
+def test_each_whole_call_runner_gives_the_uncached_result(hits, form):
+    """A repeat of grad / value_and_grad runs as one closure (found by ``Repeats.lookup``): each of its forms
+    (value and gradient, a tuple of gradients, a 64-bit signature run under x64, arguments the
+    program takes in another order) gives what an uncached transform gives, on the hit itself."""
+    x32 = np.linspace(-1, 1, 5).astype(np.float32)
+    if form == "value_and_grad":
+        transform, f, options, args = unigrad.value_and_grad, loss, {}, lambda c: (jnp_array(x32), c)
+    elif form == "argnums-tuple":
+        transform, f, options = unigrad.grad, lambda x, y, c: loss(x * y, c), {"argnums": (0, 1)}
+        args = lambda c: (jnp_array(x32), jnp_array(x32[::-1].copy()), c)  # noqa: E731
+    elif form == "float64":
+        transform, f, options, args = unigrad.grad, loss, {}, lambda c: (jnp_array(x32.astype(np.float64)), c)
+    else:  # the float first: the program takes (x, c), the call gives (c, x)
+        transform, f, options, args = unigrad.grad, pair, {"argnums": 1}, lambda c: (c, jnp_array(x32))
+    g = transform(f, backend="jax", compile=True, **options)
+    g(*args(0.5))
+    got = g(*args(1.25))
+    assert hits == [False, True]
+    want = fresh(transform, f, args(1.25), backend="jax", compile=True, **options)
+    for a, b in zip(optree_leaves(got), optree_leaves(want)):
+        check(a, b)
+    if form == "float64":
+        assert unigrad.to_numpy(got).dtype == np.float64
+
+
+def optree_leaves(tree):
+    import optree
+
+    return optree.tree_leaves(tree)

@@ -18,7 +18,7 @@ import optree
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
 from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
-from ._call import _LEAF, BoundedCache, Call, Repeats, execute, prepare, reject_lazy, unflatten
+from ._call import _LEAF, BoundedCache, Call, FlatPlans, Repeats, execute, prepare, reject_lazy, unflatten
 from . import _memory
 from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
                          promoted_blocks, static_arguments)
@@ -44,6 +44,7 @@ def _normalize_argnums(argnums, nargs, fname):
 # The plans of vjp, jvp and hvp calls (functions, not transforms: one cache for all of them). A plan
 # depends on the arguments alone, never on f.
 _PRIMAL_PLANS = BoundedCache(64)
+_PRIMAL_FLAT = FlatPlans(_PRIMAL_PLANS)  # the same plans, for calls on arrays alone: one lookup
 
 
 def _tangent_leaves(call: Call, tangents, fname):
@@ -99,11 +100,12 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
       >>> vjp_fn(np.ones(3))
       (array([0., 2., 4.]),)
     """
-    call = prepare(_PRIMAL_PLANS, f, primals, None, has_aux, backend, "vjp")
-    b = call.backend
+    call = _PRIMAL_FLAT.prepare(f, primals, None, has_aux, backend, "vjp")
+    b = call.plan.backend
     if b.mutable_arrays:  # vjp_fn outlives the call: it must read nothing the caller can write into
-        outputs, vjp_flat, aux = b.vjp(call.flat_f, tuple([b.copy(x) for x in call.diff]), has_aux=has_aux)
-        outputs = tuple([b.copy(o) for o in outputs])
+        copy = b.copy
+        outputs, vjp_flat, aux = b.vjp(call.flat_f, tuple([copy(x) for x in call.diff]), has_aux=has_aux)
+        outputs = tuple([copy(o) for o in outputs])
         if aux:
             aux = tuple([b.copy(a) if b.is_array(a) else a for a in aux])
     else:
@@ -126,7 +128,7 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
             checked.append(c)
         return call.inputs_like(vjp_flat(tuple(checked)))
 
-    out = unflatten(out_tree, outputs)
+    out = outputs[0] if out_tree is _LEAF else unflatten(out_tree, outputs)
     if has_aux:
         return out, vjp_fn, call.aux(aux)
     return out, vjp_fn
@@ -204,17 +206,51 @@ def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnum
                                 check=lambda outputs: scalar_check(b, outputs, "grad"))
 
     repeats = Repeats(static, backend, device) if compile else None
+    flat = FlatPlans(plans) if not compile and device is None else None
+
+    def finish(call, program):
+        """A repeat's whole call, arguments to result, where the results need no structure but the
+        program's: no aux (see ``Repeats.remember``)."""
+        if has_aux or program.aux_static:
+            return None
+        single, n_out, out_tree = call.plan.single, program.n_out, program.out_tree
+        if not keep_value:
+            if single:
+                return program.flat_runner(call, 0)
+            run = program.flat_runner(call)
+            return None if run is None else (lambda args: tuple(run(args)))
+        run = program.flat_runner(call)
+        if run is None or out_tree is not _LEAF:
+            return None
+
+        def value_and_grad_run(args):
+            flat = run(args)
+            return flat[0], (flat[n_out] if single else tuple(flat[n_out:]))
+        return value_and_grad_run
 
     def value_and_grad_f(*args, **kwargs):
-        call, key = repeats.find(args, f, has_aux, "grad") if repeats is not None and not kwargs else (None, None)
+        if repeats is not None and not kwargs:
+            run, key = repeats.lookup(args)
+            if run is not None:  # a repeat of a compiled signature: arguments to the program to the result
+                return run(args)
+            if key is not None:
+                call = repeats.call(key, f, args, has_aux, "grad")
+            else:
+                call = None
+        else:
+            call, key = None, None
         if call is not None:  # a repeat of a compiled signature: straight to its program
             outputs, grads, aux = call.program(call)
         else:
-            g = f if not kwargs else (lambda *a: f(*a, **kwargs))
-            call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device, static if not kwargs else None)
+            if flat is not None and not kwargs:  # eager, on arrays alone: the plan in one lookup
+                call = flat.prepare(f, args, argnums, has_aux, backend, "grad")
+            else:
+                g = f if not kwargs else (lambda *a: f(*a, **kwargs))
+                call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device,
+                               static if not kwargs else None)
             outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value)
             if key is not None:
-                repeats.remember(key, call)
+                repeats.remember(key, call, finish)
         if not call.diff:
             scalar_check(call.backend, outputs, "grad")
         grads = call.inputs_like(grads)

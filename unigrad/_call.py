@@ -36,6 +36,7 @@ from ._dtypes import INEXACT
 from .backend import Backend
 
 _NONE = type(None)
+_ACTIVE, _DEVICE = _registry.active_backend, _registry._context_device
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,15 +372,7 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
     bound = b.arguments(dynamic) if dynamic else ()  # what f receives for them (the backend may wrap them)
     direct = treedef is None and plan.argnums is None  # vjp/jvp of arrays: f takes the leaves as they are
 
-    def flat_f(*diff_leaves):
-        if plan.list_hint is None:
-            return run(diff_leaves)
-        try:
-            return run(diff_leaves)
-        except Exception as exc:  # whatever went wrong, the list argument is the likely cause: say so
-            raise TypeError(f"{fname}: {plan.list_hint} ({type(exc).__name__}: {exc})") from exc
-
-    def run(diff_leaves):
+    def run(*diff_leaves):
         if direct:
             call_args = diff_leaves
         else:
@@ -427,6 +420,14 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
             return out_leaves, tuple(aux_leaves)
         return out_leaves
 
+    if plan.list_hint is None:
+        flat_f = run  # (one frame fewer on every call of f)
+    else:
+        def flat_f(*diff_leaves):
+            try:
+                return run(*diff_leaves)
+            except Exception as exc:  # whatever went wrong, the list argument is the likely cause: say so
+                raise TypeError(f"{fname}: {plan.list_hint} ({type(exc).__name__}: {exc})") from exc
     flat_f.closure_arrays = tuple(dynamic)
     return flat_f
 
@@ -568,6 +569,46 @@ def prepare(plans: BoundedCache, f, args, argnums, has_aux, backend, fname, devi
     return Call(plan, key, f, args, leaves, treedef, has_aux, fname, weak)
 
 
+class FlatPlans:
+    """The plans of eager calls whose arguments are all arrays of types met before (the common small
+    call: ``vjp(f, x)``, ``grad(f)(x)``), found in one lookup of a plain tuple: the device chosen now,
+    each argument's type, shape and dtype, and the backend the selection rules pick now -- what
+    :func:`prepare` keys the same plan on. Anything else (a pytree, a number, a call nested in another
+    transform, a ``device=``) goes through :func:`prepare`. Calls found here have no ``key`` (they
+    are eager: no cache of programs, shapes or proofs reads it)."""
+
+    __slots__ = ("plans", "flat")
+
+    def __init__(self, plans: BoundedCache):
+        self.plans, self.flat = plans, BoundedCache(plans.maxsize)
+
+    def prepare(self, f, args, argnums, has_aux, backend, fname) -> Call:
+        """:func:`prepare` (eager, no ``device=``), through the flat lookup where the arguments allow."""
+        if _ACTIVE.get() is not None:  # nested: the full path checks what may nest
+            return prepare(self.plans, f, args, argnums, has_aux, backend, fname)
+        sig = [_DEVICE.get() or _registry._getenv("UNIGRAD_DEVICE") or None]  # _registry.current_device()
+        for a in args:
+            t = type(a)
+            if t not in _LEAF_ARRAYS:
+                return prepare(self.plans, f, args, argnums, has_aux, backend, fname)
+            sig += (t, a.shape, a.dtype)
+        sig.append(_registry.resolve(backend, args))
+        sig = tuple(sig)
+        plan = self.flat.get(sig)
+        if plan is None or plan.convert:
+            call = prepare(self.plans, f, args, argnums, has_aux, backend, fname)
+            if call.treedef is None and not call.plan.convert:
+                self.flat.put(sig, call.plan)
+            return call
+        call = Call.__new__(Call)  # the arguments are the leaves, as they are (nothing to convert)
+        call.plan, call.program_key, call._key, call._weak, call.f, call.args = plan, None, None, None, f, args
+        call.treedef, call.template, call.has_aux, call.fname = None, args, has_aux, fname
+        call.seen, call._flat_f, call.program = Seen(), None, None
+        call.diff = args if plan.argnums is None else tuple([args[p] for p in plan.diff_positions])
+        call.dynamic = tuple([args[p] for p in plan.dynamic_positions])
+        return call
+
+
 # ---------------------------------------------------------------------------------------------
 # Step 4: running a kernel, eagerly or compiled
 # ---------------------------------------------------------------------------------------------
@@ -613,8 +654,7 @@ class Program:
         try:
             flat = self.compiled(*call.diff, *call.dynamic)
         except Exception as exc:
-            if self.weak and _uses_value(exc):
-                raise TypeError(_weak_hint(call, exc)) from exc
+            self.explain(exc, call)
             raise
         seen = call.seen
         seen.out_tree, seen.aux_tree = self.out_tree, self.aux_tree
@@ -625,6 +665,64 @@ class Program:
         for k, a in self.aux_static:
             aux.insert(k, a)
         return flat[:n_out], flat[n_out:end], tuple(aux)
+
+    def explain(self, exc, call: Call):
+        """Raise the error that says what to do when ``exc`` (raised by the compiled program for
+        ``call``) comes from using a dynamic Python float as a Python value; else return."""
+        if self.weak and _uses_value(exc):
+            raise TypeError(_weak_hint(call, exc)) from exc
+
+    def flat_runner(self, call: Call, index=None):
+        """A function of the arguments of calls that repeat ``call``'s signature (a flat signature:
+        arrays of the backend, nothing to convert or place, and dynamic Python floats), returning the
+        program's flat outputs (only the one at ``index``, where given): what :meth:`__call__` does,
+        without building a :class:`Call`. None where ``call`` is not such a call.
+
+        A compiled function may offer ``specialize(args) -> (fn, translate)``: ``fn`` is itself, leaner,
+        for arguments with the types, shapes and dtypes of ``args`` (those of the signature), and
+        ``translate(exc)`` the error to raise for an error ``fn`` raised (None: that error).
+        """
+        plan = call.plan
+        if call.treedef is not None or plan.convert:
+            return None
+        order = plan.diff_positions + plan.dynamic_positions
+        if sorted(order) != list(range(len(call.args))):  # (a static leaf: not a repeat's signature)
+            return None
+        specialize = getattr(self.compiled, "specialize", None)
+        fn, translate = (self.compiled, None) if specialize is None else specialize(
+            tuple([call.args[p] for p in order]))
+        f, has_aux, fname = call.f, call.has_aux, call.fname
+        in_order = order == tuple(range(len(order)))
+
+        def failed(exc, args):
+            self.explain(exc, Call(plan, None, f, args, args, None, has_aux, fname))
+            other = None if translate is None else translate(exc)
+            if other is not None:
+                raise other from exc
+
+        if in_order and index is not None:
+            def run(args):
+                try:
+                    return fn(*args)[index]
+                except Exception as exc:
+                    failed(exc, args)
+                    raise
+        elif in_order:
+            def run(args):
+                try:
+                    return fn(*args)
+                except Exception as exc:
+                    failed(exc, args)
+                    raise
+        else:
+            def run(args):
+                try:
+                    flat = fn(*[args[p] for p in order])
+                except Exception as exc:
+                    failed(exc, args)
+                    raise
+                return flat if index is None else flat[index]
+        return run
 
 
 class Repeats:
@@ -642,37 +740,47 @@ class Repeats:
     :meth:`remember` (the transform decides which decisions hold for a whole signature).
     """
 
-    __slots__ = ("entries", "static", "backend", "device")
+    __slots__ = ("entries", "runners", "static", "backend", "device")
 
     def __init__(self, static_args, backend, device, maxsize: int = 32):
         self.entries = BoundedCache(maxsize)
+        self.runners = BoundedCache(maxsize)  # key -> the transform's whole call, arguments to result (see remember)
         self.static, self.backend, self.device = static_args or frozenset(), backend, device
 
     def key(self, args):
         """The repeat key of ``args``, or None when they take the full path."""
-        if _registry.active_backend.get() is not None:  # nested: the full path checks what may nest
-            return None
+        return self.lookup(args)[1]
+
+    def lookup(self, args):
+        """``(runner, key)``: the transform's whole call for repeats of ``args``' signature, kept by
+        :meth:`remember` (None: none kept), and the repeat key of ``args`` (None when they take the full
+        path). One call for both: a compiled repeat's whole Python work is this and the runner."""
+        if _ACTIVE.get() is not None:  # nested: the full path checks what may nest
+            return None, None
         static = self.static
         if static and min(static) < 0:
             static = frozenset(a % len(args) for a in static if -len(args) <= a < len(args))
-        sig = [_registry.current_device() if self.device is None else self.device, len(args)]
+        device = self.device
+        if device is None:  # _registry.current_device(), inline (every compiled repeat asks)
+            device = _DEVICE.get() or _registry._getenv("UNIGRAD_DEVICE") or None
+        sig = [device, len(args)]
         for p, a in enumerate(args):
             t = type(a)
             if t in _LEAF_ARRAYS:
-                sig.append(t)
-                sig.append(a.shape)
-                sig.append(a.dtype)
+                sig += (t, a.shape, a.dtype)
             elif (t is float or t is complex) and p not in static:
                 sig.append(t)
             elif len(_LEAF_ARRAYS) < 64 and not isinstance(a, (tuple, list, dict)) and _registry._array_owner(a):
                 _LEAF_ARRAYS.add(t)  # an array type met for the first time (as in signature())
-                sig.append(t)
-                sig.append(a.shape)
-                sig.append(a.dtype)
+                sig += (t, a.shape, a.dtype)
             else:
-                return None
-        sig.append(_registry.resolve(self.backend, args))
-        return tuple(sig)
+                return None, None
+        backend = self.backend
+        b = _registry._instances.get(backend) if type(backend) is str else None  # get_backend's own first step
+        sig.append(b if b is not None else _registry.resolve(backend, args))
+        key = tuple(sig)
+        # (the dict itself, no method call: a transform made under UNIGRAD_NO_CACHE keeps no runner)
+        return self.runners.entries.get(key), key
 
     def find(self, args, f, has_aux, fname):
         """``(call, key)``: the :class:`Call` of a repeat (its program in ``call.program``) or None, and
@@ -698,10 +806,20 @@ class Repeats:
         call.program = program
         return call
 
-    def remember(self, key, call: Call):
-        """Keep ``call``'s plan and program for repeats of ``key`` (a flat call run by a program)."""
-        if key is not None and call.program is not None and call.treedef is None:
-            self.entries.put(key, (call.plan, call.program))
+    def remember(self, key, call: Call, finish=None):
+        """Keep ``call``'s plan and program for repeats of ``key`` (a flat call run by a program).
+
+        ``finish(call, program)``, when given, may return the transform's whole call for repeats of
+        ``key``: a function of the arguments alone (made with :meth:`Program.flat_runner`); it is kept
+        in ``runners``, :meth:`lookup` finds it, and the transform calls it instead of :meth:`call`.
+        It returns None where the transform needs the :class:`Call`."""
+        if key is None or call.program is None or call.treedef is not None:
+            return
+        self.entries.put(key, (call.plan, call.program))
+        if finish is not None:
+            whole = finish(call, call.program)
+            if whole is not None:
+                self.runners.put(key, whole)
 
 
 def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=None, keep_outputs=True):

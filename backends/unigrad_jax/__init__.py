@@ -532,12 +532,25 @@ class JaxBackend(Backend):
             except jax.errors.TracerArrayConversionError as exc:
                 raise _numpy_call_error() from exc
 
+        def specialize(args):
+            """``(fn, translate)`` for calls whose arguments have the types, shapes and dtypes of ``args``:
+            ``fn`` is the jitted function itself when neither they nor the closure are 64-bit (then x64
+            does not apply, whatever the configuration says), and ``translate(exc)`` is the error to
+            raise instead of an error ``fn`` raised (None: raise it as it is)."""
+            return (compiled if wide_closure or _wide(args) else jitted), _translate
+
+        compiled.specialize = specialize
         return compiled
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers of the transforms
 # ---------------------------------------------------------------------------------------------
+
+def _translate(exc):
+    """The error a compiled function raises instead of ``exc`` (see ``JaxBackend.compile``), or None."""
+    return _numpy_call_error() if isinstance(exc, jax.errors.TracerArrayConversionError) else None
+
 
 def _jax_vjp(f, primals, has_aux):
     if has_aux:

@@ -179,6 +179,32 @@ def uncached():
             os.environ["UNIGRAD_NO_CACHE"] = saved_env
 
 
+@pytest.fixture
+def repeat_hits(monkeypatch):
+    """The outcomes of the repeat lookups (``unigrad._call.Repeats``, the fast path of a compiled call that
+    repeats a signature) made while the test runs: True for a hit. Spies on ``Repeats.call`` and on
+    ``Repeats.lookup`` (grad's whole-call runners: a hit skips ``Repeats.call``, a miss goes on to it)."""
+    from unigrad import _call
+
+    seen = []
+    real_call, real_lookup = _call.Repeats.call, _call.Repeats.lookup
+
+    def spy_call(self, key, f, args, has_aux, fname):
+        call = real_call(self, key, f, args, has_aux, fname)
+        seen.append(call is not None)
+        return call
+
+    def spy_lookup(self, args):
+        run, key = real_lookup(self, args)
+        if run is not None:
+            seen.append(True)
+        return run, key
+
+    monkeypatch.setattr(_call.Repeats, "call", spy_call)
+    monkeypatch.setattr(_call.Repeats, "lookup", spy_lookup)
+    return seen
+
+
 # ---------------------------------------------------------------------------------------------
 # Broken backends
 # ---------------------------------------------------------------------------------------------

@@ -15,35 +15,10 @@ import numpy as np
 import pytest
 
 import unigrad
-from unigrad import _call
 
 from conftest import uncached
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed")
-
-
-@pytest.fixture
-def hits(monkeypatch):
-    """The outcomes of the repeat lookups made since the last reset: True for a hit."""
-    seen = []
-    real = _call.Repeats.call
-
-    def spy(self, key, f, args, has_aux, fname):
-        call = real(self, key, f, args, has_aux, fname)
-        seen.append(call is not None)
-        return call
-
-    real_lookup = _call.Repeats.lookup
-
-    def spy_lookup(self, args):  # grad's whole-call runners: a hit skips Repeats.call, a miss goes on to it
-        run, key = real_lookup(self, args)
-        if run is not None:
-            seen.append(True)
-        return run, key
-
-    monkeypatch.setattr(_call.Repeats, "call", spy)
-    monkeypatch.setattr(_call.Repeats, "lookup", spy_lookup)
-    return seen
 
 
 def loss(x, c):
@@ -71,17 +46,17 @@ def check(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_a_new_float_repeats_and_is_used(hits):
+def test_a_new_float_repeats_and_is_used(repeat_hits):
     g = unigrad.grad(loss, backend="jax", compile=True)
     x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
     g(x, 0.5)
     got = g(x, 1.25)
-    assert hits == [False, True]
+    assert repeat_hits == [False, True]
     check(got, fresh(unigrad.grad, loss, (x, 1.25), backend="jax", compile=True))
 
 
 @pytest.mark.parametrize("second", ["shape", "dtype", "array-for-float", "int-for-float", "numpy-array"])
-def test_a_changed_argument_misses(hits, second):
+def test_a_changed_argument_misses(repeat_hits, second):
     g = unigrad.grad(loss, backend="jax", compile=True)
     x32 = np.linspace(-1, 1, 5).astype(np.float32)
     first = (jnp_array(x32), 0.5)
@@ -92,81 +67,81 @@ def test_a_changed_argument_misses(hits, second):
             "numpy-array": (x32, 0.5)}[second]
     g(*first)
     got = g(*args)
-    assert True not in hits
+    assert True not in repeat_hits
     check(got, fresh(unigrad.grad, loss, args, backend="jax", compile=True))
     g(*args)  # the second signature is remembered too (an int is static: never a repeat)
-    assert hits.count(True) == (second != "int-for-float")
+    assert repeat_hits.count(True) == (second != "int-for-float")
 
 
-def test_a_static_float_never_repeats(hits):
+def test_a_static_float_never_repeats(repeat_hits):
     g = unigrad.grad(loss, backend="jax", compile=True, static_argnums=1)
     x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
     g(x, 0.5)
     got = g(x, 0.75)
-    assert not any(hits)
+    assert not any(repeat_hits)
     check(got, fresh(unigrad.grad, loss, (x, 0.75), backend="jax", compile=True, static_argnums=1))
 
 
-def test_the_backend_and_device_chosen_now_are_part_of_the_key(hits):
+def test_the_backend_and_device_chosen_now_are_part_of_the_key(repeat_hits):
     g = unigrad.grad(loss, compile=True)  # no backend=: chosen on every call
     x = np.linspace(-1, 1, 5)
     with unigrad.use_backend("jax"):
         g(x, 0.5)
         g(x, 0.6)
     got = g(x, 0.7)  # the NumPy tape now: not the JAX program
-    assert hits == [False, True, False]
+    assert repeat_hits == [False, True, False]
     assert isinstance(got, np.ndarray)
     check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="numpy"))
     with unigrad.use_backend("jax"), unigrad.use_device("cpu"):
         g(x, 0.8)
-    assert hits[-1] is False
+    assert repeat_hits[-1] is False
 
 
-def test_a_call_inside_another_transform_takes_the_full_path(hits):
+def test_a_call_inside_another_transform_takes_the_full_path(repeat_hits):
     g = unigrad.grad(loss, backend="jax", compile=True)
     x = jnp_array(np.linspace(-1, 1, 5))
     g(x, 0.5)
     outer = unigrad.grad(lambda x: unigrad.namespace(x).sum(g(x, 0.5) ** 2), backend="jax")(x)
-    assert hits[-1] is False
+    assert repeat_hits[-1] is False
     with uncached():
         want = unigrad.grad(lambda x: unigrad.namespace(x).sum(
             unigrad.grad(loss, backend="jax", compile=True)(x, 0.5) ** 2), backend="jax")(x)
     check(outer, want)
 
 
-def test_jacobian_repeats(hits):
+def test_jacobian_repeats(repeat_hits):
     jac = unigrad.jacobian(rows, backend="jax", compile=True)
     x = jnp_array(np.linspace(-1, 1, 4).reshape(2, 2))
     jac(x, 0.5)
     got = jac(x, 1.5)
-    assert hits == [False, True]
+    assert repeat_hits == [False, True]
     check(got, fresh(unigrad.jacobian, rows, (x, 1.5), backend="jax", compile=True))
 
 
-def test_batched_jacobian_repeats_only_a_signature_proved_for_all_values(hits):
+def test_batched_jacobian_repeats_only_a_signature_proved_for_all_values(repeat_hits):
     x = jnp_array(np.linspace(-1, 1, 6).reshape(3, 2))
     proved = unigrad.batched_jacobian(lambda x: rows(x, 2.0), backend="jax", compile=True)
     want = fresh(unigrad.batched_jacobian, lambda x: rows(x, 2.0), (x,), backend="jax", compile=True)
-    hits.clear()
+    repeat_hits.clear()
     proved(x)
     check(proved(x), want)
-    assert hits == [False, True]
+    assert repeat_hits == [False, True]
     # a Python float the proof saw: proved for its value only, so never a repeat
-    hits.clear()
+    repeat_hits.clear()
     with_float = unigrad.batched_jacobian(rows, backend="jax", compile=True)
     with_float(x, 0.5)
     with_float(x, 0.5)
-    assert hits == [False, False]
+    assert repeat_hits == [False, False]
     # probed on every call: never a repeat
-    hits.clear()
+    repeat_hits.clear()
     always = unigrad.batched_jacobian(lambda x: rows(x, 2.0), backend="jax", compile=True,
                                       check_independence="always")
     always(x)
     always(x)
-    assert hits == [False, False]
+    assert repeat_hits == [False, False]
 
 
-def test_batched_jacobian_repeat_still_sees_a_mixing_f_of_another_signature(hits):
+def test_batched_jacobian_repeat_still_sees_a_mixing_f_of_another_signature(repeat_hits):
     def f(x):
         xp = unigrad.namespace(x)
         return x - xp.mean(x, axis=0) if x.shape[0] > 3 else x * x
@@ -175,7 +150,7 @@ def test_batched_jacobian_repeat_still_sees_a_mixing_f_of_another_signature(hits
     small = jnp_array(np.ones((3, 2)))
     bj(small)
     bj(small)
-    assert hits == [False, True]
+    assert repeat_hits == [False, True]
     with pytest.raises(ValueError, match="not independent"):
         bj(jnp_array(np.ones((4, 2))))
     with pytest.raises(ValueError, match="not independent"):
@@ -188,7 +163,7 @@ def pair(c, x):
 
 
 @pytest.mark.parametrize("form", ["value_and_grad", "argnums-tuple", "float64", "float-first"])
-def test_each_whole_call_runner_gives_the_uncached_result(hits, form):
+def test_each_whole_call_runner_gives_the_uncached_result(repeat_hits, form):
     """A repeat of grad / value_and_grad runs as one closure (found by ``Repeats.lookup``): each of its forms
     (value and gradient, a tuple of gradients, a 64-bit signature run under x64, arguments the
     program takes in another order) gives what an uncached transform gives, on the hit itself."""
@@ -205,7 +180,7 @@ def test_each_whole_call_runner_gives_the_uncached_result(hits, form):
     g = transform(f, backend="jax", compile=True, **options)
     g(*args(0.5))
     got = g(*args(1.25))
-    assert hits == [False, True]
+    assert repeat_hits == [False, True]
     want = fresh(transform, f, args(1.25), backend="jax", compile=True, **options)
     for a, b in zip(optree_leaves(got), optree_leaves(want)):
         check(a, b)

@@ -19,27 +19,11 @@ import pytest
 sparse = pytest.importorskip("scipy.sparse")
 
 import unigrad  # noqa: E402
-from unigrad import _call  # noqa: E402
 
 from conftest import uncached  # noqa: E402
 
 CACHED = pytest.mark.skipif(os.environ.get("UNIGRAD_NO_CACHE") is not None, reason="counts what the caches keep")
 HAVE = {m: importlib.util.find_spec(m) is not None for m in ("jax", "tensorflow")}
-
-
-@pytest.fixture
-def hits(monkeypatch):
-    """The outcomes of the repeat lookups made since the fixture started: True for a hit."""
-    seen = []
-    real = _call.Repeats.call
-
-    def spy(self, key, f, args, has_aux, fname):
-        call = real(self, key, f, args, has_aux, fname)
-        seen.append(call is not None)
-        return call
-
-    monkeypatch.setattr(_call.Repeats, "call", spy)
-    return seen
 
 
 def shifted(x, k, c):
@@ -76,14 +60,14 @@ def check(got, want):
 
 @CACHED
 @pytest.mark.skipif(not HAVE["jax"], reason="jax not installed")
-def test_compiled_sparse_repeat_takes_the_fast_path_and_misses_on_any_change(hits):
+def test_compiled_sparse_repeat_takes_the_fast_path_and_misses_on_any_change(repeat_hits):
     jac = unigrad.sparse_jacobian(shifted, backend="jax", compile=True)
     x = unigrad.asarray(np.linspace(-1.0, 1.2, 9), backend="jax")  # float64 (JAX's own x * 2.0 would be float32)
     first = (x, 1, 0.5)
     check(jac(*first), fresh(first, backend="jax"))
     again = (unigrad.asarray(np.linspace(-2.0, 2.4, 9), backend="jax"), 1, 0.5)  # new values, the same signature: the program, straight
     got = jac(*again)
-    assert hits == [False, True]
+    assert repeat_hits == [False, True]
     assert type(got).__name__ == "BCOO"
     check(got, fresh(again, backend="jax"))
     changed = {
@@ -93,33 +77,33 @@ def test_compiled_sparse_repeat_takes_the_fast_path_and_misses_on_any_change(hit
         "dtype": (unigrad.asarray(np.linspace(-1.0, 1.2, 9).astype(np.float32), backend="jax"), 1, 0.5),
     }
     for what, args in changed.items():
-        del hits[:]
+        del repeat_hits[:]
         got = jac(*args)
-        assert hits == [False], what
+        assert repeat_hits == [False], what
         check(got, fresh(args, backend="jax"))
-    del hits[:]
+    del repeat_hits[:]
     jac(x, 2, 0.5)  # a changed signature is remembered in its turn
-    assert hits == [True]
+    assert repeat_hits == [True]
 
 
 @CACHED
 @pytest.mark.skipif(not HAVE["jax"], reason="jax not installed")
-def test_compiled_sparse_repeat_follows_the_backend_chosen_now(hits):
+def test_compiled_sparse_repeat_follows_the_backend_chosen_now(repeat_hits):
     jac = unigrad.sparse_jacobian(shifted, compile=True)  # no backend=: chosen on every call
     x = np.linspace(-1.0, 1.2, 7)
     with unigrad.use_backend("jax"):
         jac(x, 1, 0.5)
         got = jac(x + 1.0, 1, 0.5)  # NumPy arguments: converted on the repeat path too
-    assert hits == [False, True]
+    assert repeat_hits == [False, True]
     check(got, fresh((x + 1.0, 1, 0.5), backend="jax"))
     got = jac(x, 1, 0.5)  # the NumPy tape now: not the JAX program
-    assert hits[-1] is False and isinstance(got, sparse.csr_array)
+    assert repeat_hits[-1] is False and isinstance(got, sparse.csr_array)
     check(got, fresh((x, 1, 0.5), backend="numpy"))
 
 
 @CACHED
 @pytest.mark.skipif(not HAVE["jax"], reason="jax not installed")
-def test_compiled_sparse_repeat_with_aux_and_hessian(hits):
+def test_compiled_sparse_repeat_with_aux_and_hessian(repeat_hits):
     def with_aux(x):
         xp = unigrad.namespace(x)
         return xp.sum(x[1:] * x[:-1] ** 2), {"n": 3, "sum": xp.sum(x)}
@@ -128,7 +112,7 @@ def test_compiled_sparse_repeat_with_aux_and_hessian(hits):
     x = np.linspace(-1.0, 1.2, 6)
     hess(unigrad.asarray(x, backend="jax"))
     h, aux = hess(unigrad.asarray(2.0 * x, backend="jax"))
-    assert hits == [False, True]
+    assert repeat_hits == [False, True]
     want = unigrad.hessian(lambda x: with_aux(x)[0])(2.0 * x)
     np.testing.assert_allclose(dense(h), want, rtol=1e-12)
     assert aux["n"] == 3 and float(unigrad.to_numpy(aux["sum"])) == pytest.approx(float(np.sum(2.0 * x)))

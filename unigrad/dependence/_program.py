@@ -100,17 +100,12 @@ def _data_positions(prim, n):
 def trace_tape(f, args, sites=False):
     """Run ``f(*args)`` on the NumPy tape under a detection trace: every operation recorded (a result
     without a derivative is traced too, so its later use is seen). Returns ``(program, outputs)``."""
-    from ..tape._tracer import _depth
+    from ..tape._core import _run_traced
     trace = _DetectTrace(sites)
     n = len(args)
     inputs = [_DTracer(trace, np.asarray(a), i) for i, a in enumerate(args)]
     trace.ids = n
-    token = _depth.set(trace.level)
-    try:
-        result = f(*inputs)
-    finally:
-        _depth.reset(token)
-        trace.active = False
+    result = _run_traced(trace, f, inputs, True)  # (has_aux: the result as f returned it)
     outs = result if isinstance(result, (tuple, list)) else (result,)
     out_ids, out_shapes = [], []
     for o in outs:

@@ -1,6 +1,7 @@
 """The benchmark suite's runner: every benchmark in one process, ratios printed and optionally saved.
 
     python benchmarks/run.py [--quick] [--json PATH] [--plot DIR]     (also: unigrad bench [--quick])
+    python benchmarks/run.py --only tape,per_example --json PATH        (some sections; the file keeps the rest)
     python benchmarks/run.py --from-json PATH --plot DIR                 (figures from a saved run)
 
 Benchmarks report ratios against a native or peer implementation measured in the same run;
@@ -117,7 +118,7 @@ def plot(results, directory) -> list[pathlib.Path]:
     directory.mkdir(parents=True, exist_ok=True)
     noise = results.get("noise", {})
 
-    def bars(ax, entries, target, ylabel):
+    def bars(ax, entries, target, ylabel, log=False):
         labels = [label for label, _ in entries]
         values = [results_at(path) for _, path in entries]
         spread = [noise.get(".".join(path), {}) for _, path in entries]
@@ -131,7 +132,12 @@ def plot(results, directory) -> list[pathlib.Path]:
             ax.legend(loc="upper left", fontsize=9)
         ax.axhline(1.0, color="#888888", linewidth=0.6)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(0, max(max(values) + max(high or [0]), target or 0) * 1.25)
+        top = max(max(values) + max(high or [0]), target or 0)
+        if log:  # ratios over two orders of magnitude
+            ax.set_yscale("log")
+            ax.set_ylim(min(v - d for v, d in zip(values, low)) / 2, top * 2)
+        else:
+            ax.set_ylim(0, top * 1.25)
 
     def results_at(path):
         value = results
@@ -162,7 +168,44 @@ def plot(results, directory) -> list[pathlib.Path]:
         written.append(directory / "bench_batched_jacobian.png")
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
+
+    per_example = results.get("per_example", {}).get("ratio_vs_torch_func", {})
+    if per_example:
+        fig, ax = plt.subplots(figsize=(8, 3.8))
+        bars(ax, [(name.replace(" ", "\n", 1), ("per_example", "ratio_vs_torch_func", name)) for name in per_example],
+             0.2, "time / torch.func vmap(grad)", log=True)
+        ax.set_title("per-example gradient norms (MLP 784-256-10, batch 128, float32)", fontsize=10)
+        fig.tight_layout()
+        written.append(directory / "bench_per_example.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
     return written
+
+
+def _pairs(results):
+    return {str(n): r for n, r in bench_bridge.run(results["quick"]).items()}
+
+
+# The suite's sections in the order they run: (key in the results, heading, what it needs, run, report).
+# ``run`` takes the run's state: {"quick": bool, "names": the compiled backends installed}.
+SECTIONS = [
+    ("tape", "the NumPy tape", (), lambda s: bench_tape.run(s["quick"]), bench_tape.report),
+    ("batched_jacobian", "per-example Jacobians (batched_jacobian, compile=True) against native compiled forms",
+     (), lambda s: bench_batched_jacobian.run(s["names"], s["quick"]), bench_batched_jacobian.report),
+    ("checkpoint", "checkpoint: memory of a gradient through a deep chain of blocks", (),
+     lambda s: bench_checkpoint.run(s["quick"]), bench_checkpoint.report),
+    ("bridge", "bridge: a torch function inside a JAX transform", ("jax", "torch"), _pairs, bench_bridge.report),
+    ("sparse", "sparse Jacobians and Hessians (sparse_jacobian / sparse_hessian) against dense, and asdex on JAX",
+     ("scipy",), lambda s: bench_sparse.run(["numpy"] + s["names"], s["quick"]),
+     lambda r: bench_sparse.report(r)),
+    ("calls", "compiled calls with a new Python float every call (grad, compile=True) against native", (),
+     lambda s: bench_calls.run([n for n in ("jax", "tensorflow") if n in s["names"]], s["quick"]),
+     bench_calls.report),
+    ("first_call", "the first call of batched_jacobian in a fresh process, against the native first call", (),
+     lambda s: bench_first_call.run(s["names"], 2 if s["quick"] else 5), bench_first_call.report),
+    ("per_example", "per-example gradient norms against torch.func (and Opacus, BackPACK where installed)",
+     ("torch",), lambda s: bench_per_example.run(s["quick"]), bench_per_example.report),
+]
 
 
 def main(argv=None) -> int:
@@ -171,52 +214,55 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="DIR", help="also draw the figures of docs/performance.md (PNG) into DIR")
     parser.add_argument("--from-json", metavar="PATH", help="do not run: read the results of an earlier --json run")
+    parser.add_argument("--only", metavar="SECTIONS",
+                        help="run only these sections (comma-separated: " + ", ".join(k for k, *_ in SECTIONS)
+                             + "); with --json, an existing file keeps the sections not run")
     args = parser.parse_args(argv)
     if args.from_json:
         results = json.loads(pathlib.Path(args.from_json).read_text())
         for path in plot(results, args.plot or "."):
             print(f"wrote {path}")
         return 0
-    results = {"versions": {n: i["version"] for n, i in unigrad.backends().items() if i["available"]}}
-    print("== the NumPy tape ==")
-    results["tape"] = bench_tape.run(args.quick)
-    bench_tape.report(results["tape"])
-    print("\n== per-example Jacobians (batched_jacobian, compile=True) against native compiled forms ==")
-    names = [n for n in ("jax", "torch", "tensorflow") if n in results["versions"]]
-    results["batched_jacobian"] = bench_batched_jacobian.run(names, args.quick)
-    bench_batched_jacobian.report(results["batched_jacobian"])
-    print("\n== checkpoint: memory of a gradient through a deep chain of blocks ==")
-    results["checkpoint"] = bench_checkpoint.run(args.quick)
-    bench_checkpoint.report(results["checkpoint"])
-    if "jax" in results["versions"] and "torch" in results["versions"]:
-        print("\n== bridge: a torch function inside a JAX transform ==")
-        results["bridge"] = {str(n): r for n, r in bench_bridge.run(args.quick).items()}
-        bench_bridge.report(results["bridge"])
-    if bench_sparse is not None:
-        print("\n== sparse Jacobians and Hessians (sparse_jacobian / sparse_hessian) against dense, and asdex on JAX ==")
-        results["sparse"] = bench_sparse.run(["numpy"] + names, args.quick)
-        bench_sparse.report(results["sparse"])
-    print("\n== compiled calls with a new Python float every call (grad, compile=True) against native ==")
-    results["calls"] = bench_calls.run([n for n in ("jax", "tensorflow") if n in results["versions"]], args.quick)
-    bench_calls.report(results["calls"])
-    print("\n== the first call of batched_jacobian in a fresh process, against the native first call ==")
-    results["first_call"] = bench_first_call.run(names, 2 if args.quick else 5)
-    bench_first_call.report(results["first_call"])
-    if "torch" in results["versions"]:
-        print("\n== per-example gradient norms against torch.func (and Opacus, BackPACK where installed) ==")
-        results["per_example"] = bench_per_example.run(args.quick)
-        bench_per_example.report(results["per_example"])
+    known = [k for k, *_ in SECTIONS]
+    only = known if not args.only else [k.strip() for k in args.only.split(",") if k.strip()]
+    unknown = [k for k in only if k not in known]
+    if unknown:
+        parser.error(f"--only: unknown section(s) {', '.join(unknown)}; the sections are {', '.join(known)}")
+    versions = {n: i["version"] for n, i in unigrad.backends().items() if i["available"]}
+    have = set(versions) | ({"scipy"} if bench_sparse is not None else set())
+    state = {"quick": args.quick, "names": [n for n in ("jax", "torch", "tensorflow") if n in versions]}
+    results = {"versions": versions}
+    for key, heading, needs, run, report in SECTIONS:
+        if key in only and set(needs) <= have:
+            print(f"\n== {heading} ==")
+            results[key] = run(state)
+            report(results[key])
     results["noise"], warnings = noise_report(results)
     if warnings:
         print(f"\nnoisy ratios (their rounds spread by more than {NOISE_LIMIT:.0%} of the median; "
               f"{'run without --quick, ' if args.quick else ''}on a quieter machine):")
         print("\n".join(warnings))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+        saved = _merged(pathlib.Path(args.json), results) if args.only else results
+        pathlib.Path(args.json).write_text(json.dumps(saved, indent=2))
+        results = saved
     if args.plot:
         for path in plot(results, args.plot):
             print(f"wrote {path}")
     return 0
+
+
+def _merged(path, results):
+    """An earlier run's results (if ``path`` exists) with the sections of this run replacing theirs."""
+    if not path.exists():
+        return results
+    saved = json.loads(path.read_text())
+    ran = [k for k in results if k not in ("versions", "noise")]
+    noise = {name: v for name, v in saved.get("noise", {}).items() if name.split(".")[0] not in ran}
+    saved.update({k: results[k] for k in ran})
+    saved["versions"] = results["versions"]
+    saved["noise"] = {**noise, **results["noise"]}
+    return saved
 
 
 if __name__ == "__main__":

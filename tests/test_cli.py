@@ -270,12 +270,38 @@ def test_bench_draws_the_figures_from_saved_results(tmp_path):
     results = {"tape": {"mlp_ratio_unigrad_vs_hand": 1.18, "mlp_ratio_autograd_vs_hand": 2.07,
                         "tiny_ratio_unigrad_vs_autograd": 0.45},
                "batched_jacobian": {"jax": {"ratio": 1.05}, "torch": {"ratio": 0.89}},
+               "per_example": {"ratio_vs_torch_func": {"unigrad torch": 0.04, "Opacus": 1.4}},
                "noise": {"batched_jacobian.jax.ratio": {"low": 1.0, "high": 1.1}}}
     saved = tmp_path / "results.json"
     saved.write_text(json.dumps(results))
     assert runner.main(["--from-json", str(saved), "--plot", str(tmp_path / "figures")]) == 0
-    for name in ("bench_tape.png", "bench_batched_jacobian.png"):
+    for name in ("bench_tape.png", "bench_batched_jacobian.png", "bench_per_example.png"):
         assert (tmp_path / "figures" / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_bench_only_runs_the_named_sections_and_keeps_the_rest_of_a_saved_run(tmp_path, monkeypatch, capsys):
+    runner = _load_runner()
+    ran = []
+
+    def section(key, value):
+        def run_it(state):
+            ran.append(key)
+            return {"ratio": runner.ratio_with_rounds([[value, 1.0]] * 3, 0, 1)}
+        return key, f"section {key}", (), run_it, lambda results: None
+
+    monkeypatch.setattr(runner, "SECTIONS", [section("tape", 1.2), section("calls", 1.4)])
+    earlier = {"low": 8.0, "high": 10.0, "median": 9.0, "rounds": 3, "noisy": True}
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps({"tape": {"ratio": 9.0}, "calls": {"ratio": 9.0},
+                                 "noise": {"tape.ratio": earlier, "calls.ratio": earlier}}))
+    assert runner.main(["--only", "calls", "--json", str(saved)]) == 0
+    data = json.loads(saved.read_text())
+    assert ran == ["calls"]
+    assert data["tape"] == {"ratio": 9.0} and data["noise"]["tape.ratio"] == earlier  # kept as it was
+    assert data["calls"]["ratio"] == 1.4 and data["noise"]["calls.ratio"]["median"] == 1.4  # replaced
+    with pytest.raises(SystemExit):
+        runner.main(["--only", "tape,nonsense"])
+    assert "unknown section(s) nonsense" in capsys.readouterr().err and ran == ["calls"]
 
 
 def test_the_benchmark_modules_compute_their_ratios_through_the_runners_helper():

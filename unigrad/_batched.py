@@ -21,6 +21,7 @@ from . import _checks, _memory
 from ._call import BoundedCache, Call, Repeats, execute, prepare
 from ._transform import _wraps, budget_chunk, choose_mode, promoted_blocks, static_arguments
 from ._dtypes import COMPLEX
+from ._pystate import python_state
 
 __all__ = ["batched_jacobian", "check_batch_independence"]
 
@@ -137,7 +138,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")
             kernel, decision = kernel_for(chosen, chunk, per_example), (chosen, chunk, per_example)
         if programs is None and call.backend.traces_batched_jacobian:
-            _, blocks, aux = _traced_once(call, kernel, traced, decision)
+            _, blocks, aux = traced_once(call, kernel, traced, decision)
         else:
             _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
             # Repeats skip the proof and the probe: only when both were settled for the whole signature
@@ -281,11 +282,14 @@ def _located(flat_f, leaves, has_aux, batch):
 _EAGER = object()  # a signature whose f could not be traced: it runs eagerly
 
 
-def _traced_once(call: Call, kernel, traced: BoundedCache, decision):
+def traced_once(call: Call, kernel, traced: BoundedCache, decision):
     """An eager call on a backend whose vectorised per-example Jacobian traces a program on every
     eager call (TensorFlow's pfor wraps its loop in a new ``tf.function`` each time: a trace per call,
-    and its "retracing" warnings): run it as one program per signature instead. An ``f`` that cannot
-    be traced (it reads values, ``x.numpy()``) runs eagerly, as before, for that signature."""
+    and its "retracing" warnings): run it as one program per signature instead, and per value of the
+    Python state ``f`` reads (:func:`unigrad._pystate.python_state`: a trace freezes it, and an eager
+    call must see it as it is now). An ``f`` that cannot be traced (it reads values, ``x.numpy()``)
+    runs eagerly, as before, for that signature."""
+    decision = (decision, python_state(call.f))  # f's Python values, frozen by the trace: checked per call
     key = None if call.program_key is None else (call.program_key, decision)
     if traced.get(key) is _EAGER:
         return execute(call, kernel, None)

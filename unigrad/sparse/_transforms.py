@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from .. import _registry
+from .._batched import traced_once
 from .._call import _LEAF_ARRAYS, BoundedCache, Repeats, _static_token, execute, prepare
 from .._checks import check_chunk, promote, scalar_check
 from .._transform import _wraps
@@ -121,7 +122,6 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> 
 
 
 _SCALARS = frozenset({bool, int, float, complex, str})
-_EAGER = object()  # a signature whose compressed passes could not be traced: they run eagerly
 
 
 class _Repeats(Repeats):
@@ -199,16 +199,9 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
             return execute(call, kernel_of(plan), programs, decision, keep_outputs=False)
         # Eager, on a backend whose vectorised passes trace a program on every eager call (TensorFlow:
         # tf.vectorized_map and tape.jacobian's pfor wrap their loop in a new tf.function each time, ~1.5 s
-        # a call on the Brusselator): the passes run as one program per signature, as batched_jacobian's
-        # do. An f that cannot be traced (it reads values) runs eagerly, as before, for that signature.
-        key = None if call.program_key is None else (call.program_key, decision)
-        if traced.get(key) is _EAGER:
-            return execute(call, kernel_of(plan), None)
-        try:
-            return execute(call, kernel_of(plan), traced, decision, keep_outputs=False)
-        except Exception:
-            traced.put(key, _EAGER)  # replaces the program that failed to trace
-            return execute(call, kernel_of(plan), None)
+        # a call on the Brusselator): the passes run as one program per signature and per value of the
+        # Python state f reads, as batched_jacobian's do; an f that cannot be traced runs eagerly.
+        return traced_once(call, kernel_of(plan), traced, decision)
 
     def transformed(*args):
         if repeats is not None:  # a compiled call repeating a signature: its program, then its finisher

@@ -1,0 +1,127 @@
+"""Eager calls that run a program traced once per signature (TensorFlow's batched_jacobian and
+sparse passes) must still see f's Python state as it is at each call: a global, a closed-over NumPy
+array or a value in a dict changed between eager calls gave the first call's numbers (found by the
+audit). unigrad._pystate.python_state is the part of the key that follows that state."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import unigrad
+from unigrad._pystate import python_state
+
+STATE = {"scale": 1.0}
+WEIGHTS = np.array([1.0, 2.0, 3.0])
+
+
+def _helper(x):
+    return x * STATE["scale"]
+
+
+def test_python_state_follows_what_f_reads():
+    A = np.array([1.0, 2.0])
+    box = {"k": [1, 2]}
+
+    class Config:
+        def __init__(self):
+            self.temperature = 0.5
+
+    cfg = Config()
+
+    def f(x, c=2.0):
+        return _helper(x) * A * box["k"][0] * cfg.temperature * c
+
+    before = python_state(f)
+    assert python_state(f) == before  # nothing changed: the same fingerprint (no new trace)
+    for change, undo in [
+        (lambda: A.__setitem__(0, 9.0), lambda: A.__setitem__(0, 1.0)),                 # closed-over array, in place
+        (lambda: STATE.__setitem__("scale", 3.0), lambda: STATE.__setitem__("scale", 1.0)),  # a global, via a helper
+        (lambda: box["k"].__setitem__(0, 7), lambda: box["k"].__setitem__(0, 1)),      # nested containers
+        (lambda: setattr(cfg, "temperature", 0.7), lambda: setattr(cfg, "temperature", 0.5)),  # an object's attribute
+        (lambda: setattr(f, "__defaults__", (3.0,)), lambda: setattr(f, "__defaults__", (2.0,))),  # a default
+    ]:
+        change()
+        assert python_state(f) != before
+        undo()
+        assert python_state(f) == before
+    g = functools.partial(lambda x, w: x * w, w=np.array([1.0]))
+    before = python_state(g)
+    g.keywords["w"][0] = 2.0
+    assert python_state(g) != before
+
+
+def test_python_state_is_bounded_on_cycles_and_large_containers():
+    loop = []
+    loop.append(loop)
+    big = list(range(100_000))
+
+    def f(x):
+        return x, loop, big
+
+    assert python_state(f) == python_state(f)
+
+
+@pytest.fixture
+def tf():
+    return pytest.importorskip("tensorflow")
+
+
+def _changing(tf, transform, f, x, want_of):
+    for s in (1.0, 2.0, 5.0):
+        STATE["scale"] = s
+        WEIGHTS[:] = [s, 2 * s, 3 * s]
+        try:
+            got = transform(x)
+        finally:
+            STATE["scale"] = 1.0
+        got = got.numpy() if hasattr(got, "numpy") else np.asarray(got)
+        np.testing.assert_allclose(got, want_of(s), rtol=1e-12, err_msg=f"scale {s}")
+    WEIGHTS[:] = [1.0, 2.0, 3.0]
+
+
+def test_tensorflow_eager_batched_jacobian_sees_state_changed_between_calls(tf):
+    def f(x):
+        xp = unigrad.namespace(x)
+        return xp.sin(x) * STATE["scale"] * xp.asarray(WEIGHTS)
+
+    x = tf.constant(np.random.default_rng(0).standard_normal((4, 3)))
+    bj = unigrad.batched_jacobian(f, backend="tensorflow")
+    _changing(tf, bj, f, x, lambda s: np.stack([np.diag(np.cos(r) * s * WEIGHTS) for r in x.numpy()]))
+
+
+def test_tensorflow_eager_sparse_jacobian_sees_state_changed_between_calls(tf):
+    def g(x):
+        return x[1:] * x[:-1] * STATE["scale"]
+
+    v = np.random.default_rng(1).standard_normal(5)
+    sj = unigrad.sparse_jacobian(g, backend="tensorflow", format="dense")
+
+    def want(s):
+        J = np.zeros((4, 5))
+        J[np.arange(4), np.arange(4)] = v[1:] * s
+        J[np.arange(4), np.arange(1, 5)] = v[:-1] * s
+        return J
+
+    _changing(tf, sj, g, tf.constant(v), want)
+
+
+def test_tensorflow_eager_program_is_reused_while_state_is_unchanged(tf):
+    import itertools
+
+    traces = itertools.count()  # opaque to the fingerprint (a list that grows would be state that changes)
+
+    def f(x):
+        next(traces)
+        xp = unigrad.namespace(x)
+        return xp.sin(x) * STATE["scale"]
+
+    x = tf.constant(np.ones((3, 2)))
+    bj = unigrad.batched_jacobian(f, backend="tensorflow")
+    bj(x)
+    settled = next(traces)
+    for _ in range(3):
+        bj(x)
+    assert next(traces) == settled + 1  # one program for one signature and one state: no trace per call

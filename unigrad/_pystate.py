@@ -1,0 +1,145 @@
+"""The Python state a function reads, as a fingerprint: what an *eager* call that runs a program traced
+once per signature must check before it reuses that program.
+
+Eager TensorFlow computes ``batched_jacobian``, ``sparse_jacobian`` and per-example gradients with
+``pfor``, which traces a program on every call (a second or more, and "retracing" warnings). unigrad
+traces it once per signature instead. A trace reads ``f``'s Python values once: a global, a closed-over
+NumPy array or a number in a dict that changes between eager calls would be frozen in the program, and
+the next eager call would return the old numbers, where the user asked for eager semantics
+(``compile=False``). :func:`python_state` is the part of the key that changes with those values: the
+contents of ``f``'s closure cells, defaults and the globals its code names (in the functions it
+calls too, as far as they are reachable), with arrays read by value (a digest of their bytes) and
+containers and plain objects walked to a bounded depth. Variables (``tf.Variable``) are read when the
+program runs and need no entry. What it cannot see (state behind a C extension, a file, an object
+graph deeper than the bound) is the contract of ``compile=True`` (docs/transforms.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import types
+
+import numpy as np
+
+__all__ = ["python_state"]
+
+#: How deep containers, objects and called functions are followed, and how many values at most.
+DEPTH, BUDGET = 4, 2048
+
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.MethodWrapperType)
+
+
+def python_state(f) -> tuple:
+    """A hashable fingerprint of the Python values ``f`` reads (see the module docstring): equal
+    fingerprints, equal values, as far as the walk reaches.
+
+    Example:
+      >>> scale = [2.0]
+      >>> f = lambda x: x * scale[0]
+      >>> before = python_state(f); scale[0] = 3.0
+      >>> python_state(f) == before
+      False
+    """
+    walk = _Walk()
+    return tuple(walk.value(f, DEPTH))
+
+
+class _Walk:
+    __slots__ = ("out", "seen", "left")
+
+    def __init__(self):
+        self.out, self.seen, self.left = [], set(), BUDGET
+
+    def value(self, x, depth):
+        self.left -= 1
+        out = self.out
+        t = type(x)
+        if t in _SCALARS:
+            out.append((t, x.hex() if t is float else x))
+            return out
+        if isinstance(x, np.ndarray) or isinstance(x, np.generic):
+            a = np.ascontiguousarray(x)
+            out.append((a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=16).digest()))
+            return out
+        if self.left <= 0 or depth <= 0 or isinstance(x, _OPAQUE) or id(x) in self.seen:
+            out.append((t, id(x)))  # the object itself (its contents are out of reach)
+            return out
+        self.seen.add(id(x))
+        if t in (tuple, list, set, frozenset):
+            out.append((t, len(x)))
+            for item in (sorted(x, key=repr) if t in (set, frozenset) else x):
+                self.value(item, depth - 1)
+        elif t is dict:
+            out.append((t, len(x)))
+            for k, v in x.items():
+                self.value(k, depth - 1)
+                self.value(v, depth - 1)
+        elif isinstance(x, types.FunctionType):
+            self.function(x, depth)
+        elif isinstance(x, types.MethodType):
+            self.value(x.__self__, depth - 1)
+            self.function(x.__func__, depth)
+        elif t.__name__ == "partial" and hasattr(x, "func"):
+            self.value(x.func, depth - 1)
+            self.value(x.args, depth - 1)
+            self.value(x.keywords, depth - 1)
+        else:
+            self.array_or_object(x, t, depth)
+        return out
+
+    def array_or_object(self, x, t, depth):
+        module = t.__module__ or ""
+        name = t.__name__
+        if "Variable" in name:  # read when the program runs: its identity is enough
+            self.out.append((t, id(x)))
+            return
+        if module.startswith(("jax", "tensorflow", "torch")) and hasattr(x, "shape"):
+            try:  # a framework's array, closed over: its value
+                self.value(np.asarray(x), depth)
+            except Exception:  # (a torch tensor that requires grad)
+                self.out.append((t, id(x)))
+            return
+        attributes = getattr(x, "__dict__", None)
+        self.out.append((t, id(x)))
+        if isinstance(attributes, dict):
+            self.value(attributes, depth - 1)
+        for name in getattr(t, "__slots__", ()):
+            if isinstance(name, str) and hasattr(x, name):
+                self.value(getattr(x, name), depth - 1)
+        call = getattr(t, "__call__", None)
+        if isinstance(call, types.FunctionType):
+            self.function(call, depth - 1)
+
+    def function(self, fn, depth):
+        code = fn.__code__
+        self.out.append((code,))
+        for cell in fn.__closure__ or ():
+            try:
+                self.value(cell.cell_contents, depth - 1)
+            except ValueError:  # an empty cell (a name assigned later)
+                self.out.append(("empty",))
+        self.value(fn.__defaults__, depth - 1)
+        self.value(fn.__kwdefaults__, depth - 1)
+        env = fn.__globals__
+        for name in _global_names(code):
+            if name in env:
+                self.value(name, 0)
+                self.value(env[name], depth - 1)
+
+
+_NAMES: dict = {}  # code object -> the global names it and its nested code objects read
+
+
+def _global_names(code):
+    names = _NAMES.get(code)
+    if names is None:
+        found, stack = [], [code]
+        while stack:
+            c = stack.pop()
+            found.extend(c.co_names)
+            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        names = _NAMES[code] = tuple(dict.fromkeys(found))
+        if len(_NAMES) > 4096:
+            _NAMES.clear()
+    return names

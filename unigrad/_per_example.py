@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from . import _checks
+from . import _per_example_common as _common
 from . import _per_example_jaxpr as _jaxpr
 from . import _per_example_torch as _torch
 from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
@@ -291,14 +292,7 @@ def _tape_rows(flat_f, leaves, batch, norms, fname):
             rows[k] = full[k]
     if not norms:
         return outs, tuple(rows), paths
-    total = None
-    for k in range(n):
-        sq = sq_norms[k]
-        if sq is None:
-            r = rows[k]
-            sq = np.sum(np.reshape(r * r, (batch, -1)), axis=1)
-        total = sq if total is None else total + sq
-    return outs, (np.sqrt(total),), paths
+    return outs, (_common.total_norms(_NUMPY, sq_norms, rows, batch),), paths
 
 
 class _NumpyShapes:
@@ -420,37 +414,16 @@ def _cotangents_at(trace, out_index, cotangent, wanted):
     return found
 
 
+_NUMPY = _common.Ops(np.reshape, lambda a, axes, keepdims: np.sum(a, axis=axes, keepdims=keepdims), np.matmul,
+                     lambda a: np.swapaxes(a, -1, -2), lambda a, dtype: np.ascontiguousarray(a, dtype=dtype), np.sqrt)
+
+
 def _dense_rows(kind, entry, detail, g, param, batch, norms):
     """``(rows or None, squared norms or None, path)`` of one parameter from its layer's cotangent."""
     prim, parents, vals, ans, params = entry
-    dtype = param.dtype
     if kind == "matmul":
-        x = np.asarray(vals[0])
-        d, k = x.shape[-1], g.shape[-1]
-        xs = np.reshape(x, (batch, -1, d))
-        gs = np.reshape(np.asarray(g), (batch, -1, k))
-        positions = xs.shape[1]
-        if norms and positions == 1:
-            sq = np.sum(xs[:, 0] ** 2, axis=1) * np.sum(gs[:, 0] ** 2, axis=1)
-            return None, sq.astype(dtype, copy=False), DENSE_OUTER
-        if norms and positions * positions <= d * k:
-            xx = np.matmul(xs, np.swapaxes(xs, 1, 2))
-            gg = np.matmul(gs, np.swapaxes(gs, 1, 2))
-            sq = np.sum(np.reshape(xx * gg, (batch, -1)), axis=1)
-            return None, sq.astype(dtype, copy=False), DENSE_GHOST
-        rows = np.matmul(np.swapaxes(xs, 1, 2), gs)  # (B, d, k): X_i^T G_i
-        if detail:  # the parameter was used transposed
-            rows = np.swapaxes(rows, 1, 2)
-        return np.ascontiguousarray(rows, dtype=dtype), None, DENSE
+        return _common.matmul_rows(_NUMPY, np.asarray(vals[0]), np.asarray(g), batch, norms, detail, param.dtype)
     i, sign = detail
-    shape = np.shape(param)
-    nd = np.ndim(ans)
-    contribution = np.asarray(g) if kind == "bias" else np.asarray(g) * np.asarray(vals[1 - i])
-    padded = (1,) * (nd - len(shape)) + tuple(shape)
-    axes = tuple(a for a in range(1, nd) if padded[a] == 1 and np.shape(ans)[a] != 1)
-    if axes:
-        contribution = np.sum(contribution, axis=axes, keepdims=True)
-    rows = np.reshape(contribution, (batch, *shape)).astype(dtype, copy=False)
-    if sign != 1.0:
-        rows = -rows
-    return rows, None, BIAS if kind == "bias" else SCALE
+    rows, path = _common.broadcast_rows(_NUMPY, kind, np.asarray(g), None if kind == "bias" else np.asarray(vals[1 - i]),
+                                        np.shape(param), np.shape(ans), sign, batch)
+    return rows.astype(param.dtype, copy=False), None, path

@@ -32,6 +32,7 @@ import numpy as np
 from . import _checks
 from . import _per_example_common as _common
 from . import _per_example_jaxpr as _jaxpr
+from . import _per_example_tf as _tf
 from . import _per_example_torch as _torch
 from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
 from ._per_example_common import check_losses as _check_losses
@@ -129,6 +130,7 @@ class _PerExample:
         self.plans, self.paths = BoundedCache(), BoundedCache(64)
         self.programs = BoundedCache() if compile else None
         self.analyses = BoundedCache(64)  # torch: the analysis of each program recorded
+        self.graphs, self.untraceable = BoundedCache(), BoundedCache(64)  # TensorFlow: eager calls' programs
 
     def function(self):
         def per_example_f(*args):
@@ -174,6 +176,10 @@ class _PerExample:
             paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, (call.diff[0],), call.diff, self.norms)))
+        elif call.diff and _tf.is_tf_backend(b) and (found := self._tf(call, batch)) is not None:
+            blocks, paths = found
+            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
+                b, (call.diff[0],), call.diff, self.norms)))
         else:
             norms = self.norms
 
@@ -197,6 +203,32 @@ class _PerExample:
         if not call.diff:
             return call.inputs_like(())
         return call.inputs_like(list(blocks))
+
+
+    def _tf(self, call, batch):
+        """TensorFlow: ``(blocks, paths)`` from the graph ``f`` builds in a ``tf.function`` (one per signature,
+        eager calls too: TensorFlow's pfor would trace anew on every eager call), or None for an ``f``
+        that cannot be traced into a graph (it reads values): then the materialised path runs eagerly."""
+        key = None if call.program_key is None else (call.program_key, "graph")
+        if key is None or self.untraceable.get(key) is not None:
+            return None
+        norms, fname, found = self.norms, self.fname, {}
+
+        def kernel(b, flat_f, leaves):
+            outs, blocks, found["paths"] = _tf.tf_rows(b, flat_f, leaves, batch, norms, fname)
+            return outs, blocks, ()
+
+        programs = self.programs if self.programs is not None else self.graphs
+        try:
+            _, blocks, _ = execute(call, kernel, programs, "graph", keep_outputs=False)
+        except Exception:
+            if "paths" in found:  # traced, then failed running: not a tracing problem
+                raise
+            self.untraceable.put(key, True)
+            return None
+        # (a program traced its kernel once, for its signature: its paths are the signature's)
+        paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
+        return blocks, paths
 
 
 def _argnum_tuple(value, what, fname):

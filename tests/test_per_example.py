@@ -405,7 +405,8 @@ def test_tensorflow_eager_calls_trace_once_per_signature():
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(w)
             out = f(w, x)
-        np.testing.assert_allclose(got.numpy(), tape.jacobian(out, w, experimental_use_pfor=False).numpy(), rtol=1e-12, atol=1e-12)
+        want = tape.jacobian(out, w, experimental_use_pfor=False)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
         assert pe.paths == {"argument 0": _per_example.DENSE}
     assert len(traces) == 2 + 5  # one trace per signature, and the reference's 5 eager calls
 
@@ -418,5 +419,6 @@ def test_tensorflow_eager_calls_trace_once_per_signature():
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(w)
         out = reads(w, x)
-    np.testing.assert_allclose(pr(w, x).numpy(), tape.jacobian(out, w, experimental_use_pfor=False).numpy(), rtol=1e-12, atol=1e-12)
+    want = tape.jacobian(out, w, experimental_use_pfor=False)
+    np.testing.assert_allclose(pr(w, x).numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
     assert pr.paths == {"argument 0": _per_example.MATERIALISED}

@@ -7,8 +7,9 @@ respect to the parameters: ``d f(params, batch)[i] / d params``. Two ways to get
   (vectorised over the examples' unit cotangents: a batch of cotangents on the tape, ``vmap`` of the
   VJP on torch and JAX, ``pfor`` on TensorFlow). Exact for any ``f``; it costs about B backward
   passes of the batch.
-* **Dense layers** (the tape; JAX in ``_per_example_jaxpr.py``, torch in ``_per_example_torch.py``, the
-  same method on their programs): ``f`` is recorded once, and each parameter whose one use is a matrix
+* **Dense layers** (the tape; JAX in ``_per_example_jaxpr.py``, torch in ``_per_example_torch.py``,
+  TensorFlow in ``_per_example_tf.py``, the same method on their programs, the formulas shared in
+  ``_per_example_common.py``): ``f`` is recorded once, and each parameter whose one use is a matrix
   product ``Y = X @ W`` (``W`` directly or through a transpose) or a bias ``Y = Z + b`` (or a scale
   ``Z * s``) gets its rows from one ordinary backward pass: with ``G`` the cotangent of ``Y`` for the
   cotangent ``ones(B)``, example i's gradient is ``X_i^T G_i`` (``G_i`` summed over the bias's
@@ -57,10 +58,11 @@ def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, co
     (``unigrad.dask.per_example_grad``, over Dask arrays, takes the loss of *one* example and maps
     it; a loss written for one example that also works on a batch gives the same values here.)
 
-    On the NumPy tape, JAX and torch, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``,
-    ``* s``; ``nn.Linear`` on torch) get their rows from one ordinary backward pass, where the program
-    proves that rows of the losses stay apart after the layer; others are materialised as Jacobian
-    rows (about B backward passes; every parameter on TensorFlow and plugins). The returned
+    On the NumPy tape, JAX, torch and TensorFlow, parameters used by dense layers (``x @ W``,
+    ``x @ W.T``, ``+ b``, ``* s``; ``nn.Linear`` on torch, ``tf.matmul``/``tf.nn.bias_add`` on
+    TensorFlow) get their rows from one ordinary backward pass, where the program proves that rows of
+    the losses stay apart after the layer; others are materialised as Jacobian rows (about B backward
+    passes; every parameter on plugins). The returned
     function's ``.paths`` maps each parameter leaf to the way it took on the last call.
 
     Args:
@@ -91,9 +93,10 @@ def per_example_grad_norms(f: Callable, argnums=0, batch_argnum=1, *, backend=No
     """The Euclidean norm of each example's gradient over all parameters, as differential privacy needs.
 
     The same gradients as :func:`per_example_grad` (the same ``f``, arguments and rules), reduced to
-    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, JAX and torch, dense layers'
-    norms come from one backward pass without forming the per-example gradients (``|x_i|^2 |g_i|^2``; for sequences
-    ``sum((X_i X_i^T) * (G_i G_i^T))``); see ``.paths`` on the returned function.
+    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, JAX, torch and TensorFlow, dense
+    layers' norms come from one backward pass without forming the per-example gradients
+    (``|x_i|^2 |g_i|^2``; for sequences ``sum((X_i X_i^T) * (G_i G_i^T))``); see ``.paths`` on the
+    returned function.
 
     Args:
       f: ``f(*args)`` returning the per-example losses, shape ``(B,)``.
@@ -456,6 +459,6 @@ def _dense_rows(kind, entry, detail, g, param, batch, norms):
     if kind == "matmul":
         return _common.matmul_rows(_NUMPY, np.asarray(vals[0]), np.asarray(g), batch, norms, detail, param.dtype)
     i, sign = detail
-    rows, path = _common.broadcast_rows(_NUMPY, kind, np.asarray(g), None if kind == "bias" else np.asarray(vals[1 - i]),
-                                        np.shape(param), np.shape(ans), sign, batch)
+    other = None if kind == "bias" else np.asarray(vals[1 - i])
+    rows, path = _common.broadcast_rows(_NUMPY, kind, np.asarray(g), other, np.shape(param), np.shape(ans), sign, batch)
     return rows.astype(param.dtype, copy=False), None, path

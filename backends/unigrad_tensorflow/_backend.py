@@ -200,7 +200,7 @@ class TensorflowBackend(Backend):
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its ``tf.function`` graph: ``(verdict, detail, False)`` (see ``_proof``)."""
         from ._proof import batch_rows
-        return batch_rows(f, tuple(_plain(p) for p in primals), has_aux)
+        return batch_rows(lambda *p: _tree_plain(_call(f, p)), tuple(_plain(p) for p in primals), has_aux)
 
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """Per-example Jacobians: ``tape.batch_jacobian`` (rev) or a vectorised ForwardAccumulator (fwd).

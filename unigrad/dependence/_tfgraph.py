@@ -39,7 +39,7 @@ _REDUCE = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "EuclideanNorm"})
 _SCAN = frozenset({"Cumsum", "Cumprod", "CumulativeLogsumexp"})
 _LAST_AXIS = frozenset({"Softmax", "LogSoftmax", "TopKV2"})
 _NOT_DATA = {"Select": (0,), "SelectV2": (0,)}  # operand positions without a derivative
-_STRUCTURAL_DATA = {"GatherV2": ("params",), "Fill": ("value",)}  # data operands by name (others: type T)
+_STRUCTURAL_DATA = {"GatherV2": ("params",), "GatherNd": ("params",), "Fill": ("value",)}  # data operands by name (others: type T)
 
 
 class Aval:
@@ -215,7 +215,9 @@ def _nodes(op, ins, outs, out_shapes, vids, known, shape_of, new):
         t = {k: v for k, v in traced.items() if k in data}
         if set(traced) - data:
             return [_unknown(name, traced, outs, out_shapes, "an index operand computed from the input")]
-        return [Node(name, _runner(op), avals, t, {}, outs, out_shapes, data=data)]
+        # one node per result (Unpack, Split): each its own result of the operation on row numbers
+        return [Node(name, _runner(op, k), avals, t, {}, [vid], [shape], data=data)
+                for k, (vid, shape) in enumerate(zip(outs, out_shapes))]
     data = all_pos - frozenset(_NOT_DATA.get(kind, ()))
     if rule_for(name).kind == "zero":  # no derivative flows through (a comparison, a shape): nothing traced
         data = frozenset()
@@ -326,17 +328,17 @@ def _fold(op, values):
     return outs
 
 
-def _runner(op):
+def _runner(op, k=0):
     """The operation on NumPy operands (the structural rules apply it to arrays of row numbers): data
-    operands as int64, the others as they are known; the first result."""
+    operands as int64, the others as they are known; its result ``k``."""
     data = _structural_data(op)
     if op.type in ("Reshape", "ExpandDims", "Squeeze"):
         shape = tuple(op.outputs[0].shape.as_list())
         return lambda x, *_: np.reshape(x, shape)
 
     def fn(*values):
-        vals = [np.asarray(v, dtype=np.int64) if k in data else v for k, v in enumerate(values)]
-        return _raw_call(op, vals)[0]
+        vals = [np.asarray(v, dtype=np.int64) if j in data else v for j, v in enumerate(values)]
+        return _raw_call(op, vals)[k]
     return fn
 
 

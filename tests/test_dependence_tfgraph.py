@@ -75,6 +75,8 @@ CASES = [
     ("gather computed", lambda x: tf.gather(x, tf.argmax(x, 1), axis=1, batch_dims=1), X2, "row"),
     ("where", lambda x: tf.reduce_sum(tf.where(x > 0, x, x * x), 1), X2, "row"),
     ("cumsum axis 1", lambda x: tf.cumsum(x, axis=1), X2, "row"),
+    ("roll axis 1", lambda x: tf.roll(x, 1, axis=1), X2, "row"),
+    ("fft last axis", lambda x: tf.math.real(tf.signal.fft(tf.cast(x, tf.complex128))), X2, "row"),
     ("cast float32", lambda x: tf.cast(x, tf.float32), X2, "row"),
     ("batch size", lambda x: x / tf.cast(tf.shape(x)[0], tf.float64), X2, "row"),
     # MIXED: the batch axis reduced, scanned, contracted, moved
@@ -83,6 +85,9 @@ CASES = [
      "mixed: Softmax along the batch axis"),
     ("cumsum over batch", lambda x: tf.cumsum(x, 0), X2, "mixed: Cumsum along the batch axis"),
     ("contract batch", lambda x: x @ (tf.transpose(x) @ x), X2, "mixed: MatMul contracts the batch axis"),
+    ("roll batch", lambda x: tf.roll(x, 1, axis=0), X2, "mixed: Roll moves or combines rows of the batch"),
+    ("fft over batch", lambda x: tf.math.real(tf.transpose(tf.signal.fft(tf.cast(tf.transpose(x), tf.complex128)))), X2,
+     "mixed: FFT along the batch axis"),
     ("reverse batch", lambda x: tf.reverse(x, [0]), X2, "mixed: ReverseV2 moves or combines rows of the batch"),
     ("one row", lambda x: x + x[:1], X2, "mixed: StridedSlice moves or combines rows of the batch"),
     ("rows on two axes", lambda x: x + tf.reduce_sum(x, 1), np.ones((B, B)),
@@ -165,3 +170,28 @@ def test_unknown_op_leaves_it_to_the_probe(monkeypatch):
         tape.watch(x)
         y = f(x)
     np.testing.assert_allclose(got.numpy(), tape.batch_jacobian(y, x).numpy(), rtol=1e-12)
+
+
+def test_portable_f_with_an_op_without_a_graph_rule_is_read_on_the_tape(monkeypatch):
+    """A graph operation without a row rule makes the graph's proof give up; portable f is then read on
+    the NumPy tape (no probe): its rows proved, or the mixing operation named."""
+    from unigrad import _batched
+    from unigrad.dependence import _rules
+
+    monkeypatch.delitem(_rules.TABLE, "tf.Tanh")
+    probes = []
+    monkeypatch.setattr(_batched, "_settle_independence", lambda *a, **k: probes.append(a) or True)
+    xp = unigrad.namespace
+
+    def good(x):
+        return xp(x).tanh(x) * 2.0
+
+    def mixing(x):
+        return x - xp(x).mean(xp(x).tanh(x), axis=0)  # (the graph: unknown before the mean)
+
+    x = tf.constant(X2)
+    got = unigrad.batched_jacobian(good, backend="tensorflow")(x)
+    np.testing.assert_allclose(got.numpy(), np.stack([np.diag(2 / np.cosh(r) ** 2) for r in X2]), rtol=1e-12)
+    with pytest.raises(ValueError, match="not independent: sum over the batch axis at test_dependence_tfgraph"):
+        unigrad.batched_jacobian(mixing, backend="tensorflow")(x)
+    assert not probes

@@ -225,10 +225,12 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: B
     else:
         failure = None
     per_call = False
-    if got is None:
-        got, per_call = _tape_proof(call, batch, has_aux, argnums)
-        if got[0] == "unknown" and failure is not None:
-            got = failure
+    if got is None or got[0] == "unknown":  # no program, or one with an operation without a row rule:
+        tape_got, tape_per_call = _tape_proof(call, batch, has_aux, argnums)  # portable f on the tape
+        if tape_got[0] != "unknown":
+            got, per_call = tape_got, tape_per_call
+        elif got is None:
+            got, per_call = (failure if failure is not None else tape_got), tape_per_call
     if not per_call and call.key is not None:
         proofs.put(call.key, got)
     return got[0], got[1], None, got[2]

@@ -128,7 +128,7 @@ _put("Less LessEqual Greater GreaterEqual Equal NotEqual LogicalAnd LogicalOr Lo
      "StopGradient PreventGradient OneHot Range Cast.integer RandomUniform RandomStandardNormal "
      "StatelessRandomUniformV2 StatelessRandomNormalV2", Rule("zero"), "tf.")
 _put("Reshape Transpose ConjugateTranspose ExpandDims Squeeze ConcatV2 Concat Pack Unpack StridedSlice Slice "
-     "GatherV2 GatherNd Tile Pad PadV2 MirrorPad ReverseV2 BroadcastTo Split SplitV Fill MatrixDiagPartV3 "
+     "GatherV2 GatherNd Tile Pad PadV2 MirrorPad ReverseV2 Roll BroadcastTo Split SplitV Fill MatrixDiagPartV3 "
      "MatrixBandPart", Rule("structural"), "tf.")
 _put("GatherV2.indexed", Rule("gather", "linear"), "tf.")
 _put("Sum Mean Max Min CrossEntropyLoss", Rule("reduce", "linear"), "tf.")
@@ -137,7 +137,8 @@ _put("Cumsum", Rule("scan", "linear"), "tf.")
 _put("Cumprod CumulativeLogsumexp", Rule("scan", "nonlinear"), "tf.")
 _put("Softmax LogSoftmax SparseSoftmaxCrossEntropyWithLogits SoftmaxCrossEntropyWithLogits", Rule("lane", "nonlinear"),
      "tf.")
-_put("TopKV2", Rule("lane", "linear"), "tf.")
+_put("TopKV2 FFT IFFT RFFT IRFFT FFT2D IFFT2D RFFT2D IRFFT2D", Rule("lane", "linear"), "tf.")
+_put("Complex ComplexAbs", Rule("elementwise", "nonlinear"), "tf.")
 _put("MatMul BatchMatMul BatchMatMulV2 BatchMatMulV3 Einsum", Rule("einsum", "bilinear"), "tf.")
 
 _UNKNOWN = Rule("unknown", "nonlinear")

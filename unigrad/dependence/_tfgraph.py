@@ -37,7 +37,8 @@ _FOLD_LIMIT = 1 << 16  # elements: larger results computed from constants alone 
 _ALIAS = frozenset({"Identity", "Snapshot", "EnsureShape", "CheckNumerics"})
 _REDUCE = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "EuclideanNorm"})
 _SCAN = frozenset({"Cumsum", "Cumprod", "CumulativeLogsumexp"})
-_LAST_AXIS = frozenset({"Softmax", "LogSoftmax", "TopKV2"})
+_LAST_AXIS = frozenset({"Softmax", "LogSoftmax", "TopKV2", "FFT", "IFFT", "RFFT", "IRFFT"})
+_LAST_TWO = frozenset({"FFT2D", "IFFT2D", "RFFT2D", "IRFFT2D"})
 _NOT_DATA = {"Select": (0,), "SelectV2": (0,)}  # operand positions without a derivative
 _STRUCTURAL_DATA = {"GatherV2": ("params",), "GatherNd": ("params",), "Fill": ("value",)}  # data operands by name (others: type T)
 
@@ -168,8 +169,8 @@ def _nodes(op, ins, outs, out_shapes, vids, known, shape_of, new):
         params = {"axis": _axes(known[ins[1].ref()], nd)}
         return [Node(name, None, avals[:1], {0: traced[0]} if 0 in traced else {}, params, outs, out_shapes,
                      data=frozenset({0}))]
-    if kind in _LAST_AXIS:
-        params = {"axis": -1}
+    if kind in _LAST_AXIS or kind in _LAST_TWO:
+        params = {"axis": -1 if kind in _LAST_AXIS else (-2, -1)}
         return [Node(name, None, avals[:1], {0: traced[0]} if 0 in traced else {}, params, outs, out_shapes,
                      data=frozenset({0}))]
     if kind in ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"):

@@ -387,6 +387,31 @@ def test_tensorflow_native_norms_equal_vectorized_map_of_gradients(sequence):
     assert pn.paths["argument 0['W1']"] == pn.paths["argument 0['W2']"] == dense
 
 
+def test_tensorflow_reshaped_bias_and_scale():
+    """A bias or a scale reshaped on its way to the layer (tf.reshape, tf.expand_dims) takes the one-pass
+    path too; the rows equal GradientTape's Jacobian of the losses."""
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(9)
+    p = {"W": tf.constant(rng.standard_normal((4, 3))), "b": tf.constant(rng.standard_normal(3)),
+         "s": tf.constant(rng.standard_normal(3))}
+    x = tf.constant(rng.standard_normal((B, 4)))
+
+    def f(p, x):
+        h = tf.tanh(tf.matmul(x, p["W"]) + tf.reshape(p["b"], (1, -1))) * tf.expand_dims(p["s"], 0)
+        return tf.reduce_sum(h * h, axis=1)
+
+    pe = unigrad.per_example_grad(f)
+    got = pe(p, x)
+    assert pe.paths == {"argument 0['W']": _per_example.DENSE, "argument 0['b']": _per_example.BIAS,
+                        "argument 0['s']": _per_example.SCALE}
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(p)
+        out = f(p, x)
+    want = tape.jacobian(out, p, experimental_use_pfor=False)
+    for k in p:
+        np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
+
+
 def test_tensorflow_eager_calls_trace_once_per_signature():
     """Eager calls run one tf.function per signature (f traced once, then not again); an f that reads
     values cannot be traced and runs eagerly, materialised, and right."""

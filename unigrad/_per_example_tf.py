@@ -8,8 +8,8 @@ code (``tf.matmul``, ``tf.nn.bias_add``, Keras layers' math) and portable code a
    ``f`` adds its operations to a graph. They are read right after ``f`` returns: a parameter whose one
    use is ``MatMul``/``BatchMatMulV2`` (through ``Identity``/``Transpose``, with the ``transpose_b``/
    ``adj_y`` attributes; over positions as ``Reshape -> MatMul -> Reshape``, how ``tensordot`` and
-   Keras' ``Dense`` spell it), a bias (``AddV2``/``BiasAdd``/``Sub`` of a broadcast parameter) or a
-   scale (``Mul``) is a candidate.
+   Keras' ``Dense`` spell it), a bias (``AddV2``/``BiasAdd``/``Sub`` of a broadcast parameter, directly
+   or through ``Reshape``/``ExpandDims``/``Squeeze``) or a scale (``Mul``) is a candidate.
 2. The dependence analysis's TensorFlow front-end (``unigrad.dependence._tfgraph``) proves, from the
    layer's output to the losses, that row i of the losses depends on the layer's output through its
    row i alone; only then the parameter takes the fast path.
@@ -27,6 +27,7 @@ import sys
 from . import _per_example_common as pe
 
 _PASS = frozenset({"Identity", "Snapshot"})
+_RESHAPES = frozenset({"Reshape", "ExpandDims", "Squeeze"})
 
 
 def is_tf_backend(b) -> bool:
@@ -91,18 +92,22 @@ def tf_rows(b, flat_f, leaves, batch, norms, fname):
 
 
 class _Plan:
-    __slots__ = ("kind", "seed", "x", "other", "transposed", "sign")
+    __slots__ = ("kind", "seed", "x", "other", "transposed", "sign", "operand_shape")
 
-    def __init__(self, kind, seed, x=None, other=None, transposed=False, sign=1.0):
+    def __init__(self, kind, seed, x=None, other=None, transposed=False, sign=1.0, operand_shape=None):
         self.kind, self.seed, self.x, self.other, self.transposed, self.sign = kind, seed, x, other, transposed, sign
+        self.operand_shape = operand_shape  # a bias or scale reshaped on its way to the layer (b[None], reshape)
 
     def rows(self, g, param, batch, norms):
         import tensorflow as tf
 
         if self.kind == "matmul":
             return pe.matmul_rows(_ops(), self.x, g, batch, norms, self.transposed, param.dtype)
-        rows, path = pe.broadcast_rows(_ops(), self.kind, g, self.other, tuple(param.shape),
-                                       tuple(self.seed.shape.as_list()), self.sign, batch)
+        shape = tuple(param.shape) if self.operand_shape is None else self.operand_shape
+        rows, path = pe.broadcast_rows(_ops(), self.kind, g, self.other, shape, tuple(self.seed.shape.as_list()),
+                                       self.sign, batch)
+        if self.operand_shape is not None:  # (reshapes keep the order of elements)
+            rows = tf.reshape(rows, (batch, *param.shape))
         return tf.cast(rows, param.dtype), None, path
 
 
@@ -175,9 +180,14 @@ def _find(p, mine, batch):
     op, operand = _only_use(p, mine)
     if op is None:
         return None
-    transposed = False
+    transposed, reshaped = False, False
     shape = _static(p)
-    if op.type == "Transpose" and len(shape) == 2:
+    while op.type in _RESHAPES:  # a bias or scale reshaped first (b[None], tf.reshape(b, (1, -1)))
+        reshaped = True
+        op, operand = _only_use(op.outputs[0], mine)
+        if op is None:
+            return None
+    if op.type == "Transpose" and len(shape) == 2 and not reshaped:
         perm = _const(op.inputs[1])
         if perm is None or tuple(np.asarray(perm) % 2) != (1, 0):
             return None
@@ -188,7 +198,7 @@ def _find(p, mine, batch):
     out = _static(op.outputs[0]) if op.outputs else None
     if out is None or not out:
         return None
-    if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMulV3"):
+    if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMulV3") and not reshaped:
         if op.type == "MatMul":
             ta, tb = op.get_attr("transpose_a"), op.get_attr("transpose_b")
         else:
@@ -217,12 +227,14 @@ def _find(p, mine, batch):
             return None
     if _static(other) != out or out[0] != batch:
         return None
-    if len(shape) > len(out) or (len(shape) == len(out) and shape[0] != 1):
+    operand_shape = _static(operand)
+    if operand_shape is None or len(operand_shape) > len(out) or (
+            len(operand_shape) == len(out) and operand_shape[0] != 1):
         return None  # the parameter has an axis along the batch: not shared by the rows
     sign = -1.0 if (op.type == "Sub" and pos == 1) else 1.0
-    if op.type == "Mul":
-        return _Plan("scale", op.outputs[0], other=other, sign=sign)
-    return _Plan("bias", op.outputs[0], sign=sign)
+    kind = "scale" if op.type == "Mul" else "bias"
+    return _Plan(kind, op.outputs[0], other=other if kind == "scale" else None, sign=sign,
+                 operand_shape=operand_shape if reshaped else None)
 
 
 def _positions(matmul, a, mine):

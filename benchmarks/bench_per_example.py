@@ -10,6 +10,11 @@ example's gradient norm over all parameters. Reported as ratios to ``torch.func`
     and on JAX (compile=True, the jaxpr read the same way)
   * Opacus (GradSampleModule, hooks) and BackPACK (BatchL2Grad), when installed (``pip install
     unigrad[bench]``); skipped when absent.
+  * TensorFlow, when installed: unigrad.per_example_grad_norms on TensorFlow (eager calls: one
+    tf.function per signature, the graph read by the dependence analysis: norms from one backward
+    pass) against TensorFlow's own per-example form, a tf.function of ``tf.vectorized_map`` over
+    per-example GradientTape gradients, then the norms; reported as their own ratio (median of the
+    per-round ratios, with the lowest and highest round).
 
 Every contestant's norms are checked against torch.func's before timing. torch runs with one thread
 here (restored afterwards): on a loaded machine its spinning worker threads distort the ratios.
@@ -96,6 +101,8 @@ def contestants(params, x, labels):
         jp = {k: jnp.asarray(v) for k, v in params.items()}
         jx, jy = jnp.asarray(x), jnp.asarray(labels)
         found["unigrad jax (compile)"] = lambda: np.asarray(on_jax(jp, jx, jy).block_until_ready())
+    if "tensorflow" in {n for n, i in unigrad.backends().items() if i["available"]}:
+        found.update(tensorflow_contestants(params, x, labels))
     model = torch.nn.Sequential(torch.nn.Linear(SIZES[0], SIZES[1]), torch.nn.Tanh(),
                                 torch.nn.Linear(SIZES[1], SIZES[2]))
     with torch.no_grad():
@@ -142,6 +149,37 @@ def contestants(params, x, labels):
     return found
 
 
+TF_NATIVE = "TensorFlow vectorized_map"
+TF_UNIGRAD = "unigrad tensorflow"
+
+
+def tensorflow_contestants(params, x, labels):
+    """TensorFlow's own per-example gradient norms (a tf.function of tf.vectorized_map of per-example
+    gradients) and unigrad's on TensorFlow (eager calls)."""
+    import tensorflow as tf
+
+    tp = {k: tf.constant(v) for k, v in params.items()}
+    tx, ty = tf.constant(x), tf.constant(labels)
+
+    def loss_one(p, xi, yi):
+        z = tf.tanh(xi[None] @ p["W1"] + p["b1"]) @ p["W2"] + p["b2"]
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(yi[None], z)[0]
+
+    @tf.function(autograph=False)
+    def native(p, xs, ys):
+        def one(xy):
+            with tf.GradientTape() as tape:
+                tape.watch(p)
+                loss = loss_one(p, xy[0], xy[1])
+            return tape.gradient(loss, p)
+
+        g = tf.vectorized_map(one, (xs, ys))
+        return tf.sqrt(tf.add_n([tf.reduce_sum(tf.reshape(v * v, (BATCH, -1)), 1) for v in g.values()]))
+
+    on_tf = unigrad.per_example_grad_norms(losses, batch_argnum=(1, 2), backend="tensorflow")
+    return {TF_NATIVE: lambda: native(tp, tx, ty).numpy(), TF_UNIGRAD: lambda: on_tf(tp, tx, ty).numpy()}
+
+
 def run(quick=False):
     import torch
 
@@ -170,8 +208,14 @@ def _run(quick):
     fns = [found[n] for n in names]
     rounds = timed_rounds(fns, number, repeat)
     best = [min(r[k] for r in rounds) for k in range(len(names))]
-    return {"seconds": dict(zip(names, best)),
-            "ratio_vs_torch_func": {n: ratio(rounds, k, 0) for k, n in enumerate(names) if k}}
+    results = {"seconds": dict(zip(names, best)),
+               "ratio_vs_torch_func": {n: ratio(rounds, k, 0) for k, n in enumerate(names) if k}}
+    if TF_NATIVE in names:
+        i, j = names.index(TF_UNIGRAD), names.index(TF_NATIVE)
+        per_round = [r[i] / r[j] for r in rounds]
+        results["unigrad_tensorflow_vs_native"] = {"median": statistics.median(per_round), "low": min(per_round),
+                                                   "high": max(per_round)}
+    return results
 
 
 def report(results):
@@ -184,6 +228,10 @@ def report(results):
             spread = f" (rounds {low:.2f}-{high:.2f})"
         tail = f"  ratio to torch.func {float(r):.3f}{spread}" if r is not None else "  (reference)"
         print(f"  {name:26s} {seconds * 1e3:8.2f} ms{tail}")
+    tf_ratio = results.get("unigrad_tensorflow_vs_native")
+    if tf_ratio:
+        print(f"  unigrad tensorflow / TensorFlow vectorized_map: {tf_ratio['median']:.3f} "
+              f"(rounds {tf_ratio['low']:.3f}-{tf_ratio['high']:.3f})")
 
 
 def main(argv=None):

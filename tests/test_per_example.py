@@ -64,7 +64,7 @@ def test_equals_materialised_per_example_gradients_on_every_backend(backend, com
 
 
 @pytest.mark.parametrize("case", ["sequence", "mixing"])
-@pytest.mark.parametrize("name", ["numpy", "torch"])  # (JAX: the mixing case in test_proof_materialises_...)
+@pytest.mark.parametrize("name", ["numpy", "torch", "tensorflow"])  # (JAX: the mixing case in test_proof_...)
 def test_equals_materialised_per_example_gradients_where_programs_are_read(name, case):
     check_against_materialised(fast_backend(name), False, case)
 
@@ -89,8 +89,8 @@ def check_against_materialised(backend, compile, case):
     assert set(pe.paths) == {f"argument 0['{k}']" for k in params}
 
 
-FAST = ["numpy", "jax", "torch"]  # the backends whose programs per_example_grad reads (the tape's record, the
-# jaxpr, the ATen operations torch ran)
+FAST = ["numpy", "jax", "torch", "tensorflow"]  # the backends whose programs per_example_grad reads (the tape's
+# record, the jaxpr, the ATen operations torch ran, the graph TensorFlow traced)
 
 
 def fast_backend(name):
@@ -118,7 +118,7 @@ def test_dense_layers_from_one_backward_pass(name):
     pn = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend)
     pn(params, x, labels)
     assert pn.paths["argument 0['W1']"] == _per_example.DENSE_OUTER  # |x|^2 |g|^2: one position per example
-    if name == "jax":  # the same proof inside jit (the labels are then traced: their values unknown)
+    if name in ("jax", "tensorflow"):  # the same proof inside jit / tf.function (the labels traced: values unknown)
         pc = unigrad.per_example_grad_norms(mlp_losses, batch_argnum=(1, 2), backend=backend, compile=True)
         pc(params, x, labels)
         assert pc.paths == pn.paths
@@ -337,3 +337,113 @@ def test_torch_under_no_grad_and_inference_mode():
     with torch.inference_mode():
         torch.testing.assert_close(pe(w.clone(), x.clone()), want, rtol=1e-12, atol=1e-12)
         assert pe.paths == {"argument 0": _per_example.MATERIALISED}
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorFlow: native code (tf.matmul, tf.nn), read from the graph f builds in a tf.function
+# ---------------------------------------------------------------------------------------------
+
+def tf_native_losses(tf, sequence):
+    def losses(p, x, y):
+        if sequence:  # Keras' Dense over positions: tensordot (Reshape -> MatMul -> Reshape)
+            h = tf.tanh(tf.tensordot(x, p["W1"], axes=1) + p["b1"])
+            z = tf.matmul(h, p["W2"], transpose_b=True) + p["b2"]  # BatchMatMulV2 with adj_y
+            ce = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.reshape(y, (-1,)), tf.reshape(z, (-1, 3)))
+            return tf.reduce_sum(tf.reshape(ce, (tf.shape(x)[0], -1)), axis=1)
+        h = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, p["W1"]), p["b1"]))
+        z = tf.matmul(h, p["W2"], transpose_b=True) + p["b2"]
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(y, z)
+    return losses
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+def test_tensorflow_native_norms_equal_vectorized_map_of_gradients(sequence):
+    """TensorFlow-native per-example losses: dense layers and biases from one backward pass in the traced
+    graph, the values those of tf.vectorized_map over per-example GradientTape gradients."""
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(6)
+    params = {k: tf.constant(v, tf.float32) for k, v in make_params(rng, dtype=np.float32).items()}
+    x = tf.constant(rng.standard_normal((B, 2, 4) if sequence else (B, 4)), tf.float32)
+    y = tf.constant(rng.integers(3, size=(B, 2) if sequence else B))
+    losses = tf_native_losses(tf, sequence)
+
+    def one(xy):
+        with tf.GradientTape() as tape:
+            tape.watch(params)
+            loss = losses(params, xy[0][None], xy[1][None])[0]
+        return tape.gradient(loss, params)
+
+    want = tf.vectorized_map(one, (x, y))
+    pe = unigrad.per_example_grad(losses, batch_argnum=(1, 2))
+    got = pe(params, x, y)
+    for k in params:
+        np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=2e-5, atol=1e-6, err_msg=k)
+    assert pe.paths == {"argument 0['W1']": _per_example.DENSE, "argument 0['b1']": _per_example.BIAS,
+                        "argument 0['W2']": _per_example.DENSE, "argument 0['b2']": _per_example.BIAS}
+    pn = unigrad.per_example_grad_norms(losses, batch_argnum=(1, 2))
+    norms = tf.sqrt(sum(tf.reduce_sum(tf.reshape(want[k] ** 2, (B, -1)), 1) for k in params))
+    np.testing.assert_allclose(pn(params, x, y).numpy(), norms.numpy(), rtol=2e-5)
+    dense = _per_example.DENSE_GHOST if sequence else _per_example.DENSE_OUTER
+    assert pn.paths["argument 0['W1']"] == pn.paths["argument 0['W2']"] == dense
+
+
+def test_tensorflow_reshaped_bias_and_scale():
+    """A bias or a scale reshaped on its way to the layer (tf.reshape, tf.expand_dims) takes the one-pass
+    path too; the rows equal GradientTape's Jacobian of the losses."""
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(9)
+    p = {"W": tf.constant(rng.standard_normal((4, 3))), "b": tf.constant(rng.standard_normal(3)),
+         "s": tf.constant(rng.standard_normal(3))}
+    x = tf.constant(rng.standard_normal((B, 4)))
+
+    def f(p, x):
+        h = tf.tanh(tf.matmul(x, p["W"]) + tf.reshape(p["b"], (1, -1))) * tf.expand_dims(p["s"], 0)
+        return tf.reduce_sum(h * h, axis=1)
+
+    pe = unigrad.per_example_grad(f)
+    got = pe(p, x)
+    assert pe.paths == {"argument 0['W']": _per_example.DENSE, "argument 0['b']": _per_example.BIAS,
+                        "argument 0['s']": _per_example.SCALE}
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(p)
+        out = f(p, x)
+    want = tape.jacobian(out, p, experimental_use_pfor=False)
+    for k in p:
+        np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
+
+
+def test_tensorflow_eager_calls_trace_once_per_signature():
+    """Eager calls run one tf.function per signature (f traced once, then not again); an f that reads
+    values cannot be traced and runs eagerly, materialised, and right."""
+    tf = pytest.importorskip("tensorflow")
+    traces = []
+    w = tf.constant(np.random.default_rng(7).standard_normal((4, 3)))
+
+    def f(w, x):
+        traces.append(1)
+        return tf.reduce_sum(tf.tanh(tf.matmul(x, w)), axis=1)
+
+    pe = unigrad.per_example_grad(f)
+    for n in (5, 5, 5, 6, 6):
+        x = tf.constant(np.random.default_rng(n).standard_normal((n, 4)))
+        got = pe(w, x)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(w)
+            out = f(w, x)
+        want = tape.jacobian(out, w, experimental_use_pfor=False)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+        assert pe.paths == {"argument 0": _per_example.DENSE}
+    assert len(traces) == 2 + 5  # one trace per signature, and the reference's 5 eager calls
+
+    def reads(w, x):
+        scale = 2.0 if bool(tf.reduce_sum(x) > 0) else 1.0  # a value read: no graph
+        return tf.reduce_sum(tf.tanh(tf.matmul(x, w)) * scale, axis=1)
+
+    pr = unigrad.per_example_grad(reads)
+    x = tf.constant(np.random.default_rng(8).standard_normal((B, 4)))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(w)
+        out = reads(w, x)
+    want = tape.jacobian(out, w, experimental_use_pfor=False)
+    np.testing.assert_allclose(pr(w, x).numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+    assert pr.paths == {"argument 0": _per_example.MATERIALISED}

@@ -5,8 +5,8 @@ cotangent of every example at once gives every example's row k in one VJP (forwa
 unit tangent of every example gives every column k). The work is vectorised over the per-example
 size, never a Python loop over the batch. It is exact only for independent rows, so the rows are
 proved independent from the traced program (:func:`prove_independence`, :mod:`unigrad.dependence`):
-the tape's recording of every call, a jaxpr once per signature, portable ``f`` on the tape for other
-backends. Only where no proof can be made are they probed (``check_independence``); a probe's verdict
+the tape's recording of every call, a jaxpr, an ATen graph or a TensorFlow graph once per signature,
+portable ``f`` on the tape for other backends. Only where no proof can be made are they probed (``check_independence``); a probe's verdict
 is kept for a signature only when it was reached at a generic point (see :func:`_settle_independence`),
 never from values that may hide a coupling.
 """
@@ -46,8 +46,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
       chunk_size: at most this many basis vectors at a time.
       has_aux: return ``(jacobians, aux)``.
       check_independence: the rows are proved independent from the traced program (the tape's
-        recording of every call; a jaxpr once per signature; portable ``f`` on the tape for other
-        backends), and a dependent ``f`` (batch norm, ``x - x.mean(0)``) raises ValueError naming
+        recording of every call; a jaxpr, torch's ATen graph or a ``tf.function`` graph once per
+        signature; portable ``f`` on the tape for other backends), and a dependent ``f`` (batch norm, ``x - x.mean(0)``) raises ValueError naming
         the operation and line, on every call. Only where no proof can be made (an operation
         without a row rule, ``f`` the tape cannot trace) the rows are probed -- one JVP with a
         random tangent on one example, at the call's point and at a random nearby point: with
@@ -226,10 +226,12 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: B
     else:
         failure = None
     per_call = False
-    if got is None:
-        got, per_call = _tape_proof(call, batch, has_aux, argnums)
-        if got[0] == "unknown" and failure is not None:
-            got = failure
+    if got is None or got[0] == "unknown":  # no program, or one with an operation without a row rule:
+        tape_got, tape_per_call = _tape_proof(call, batch, has_aux, argnums)  # portable f on the tape
+        if tape_got[0] != "unknown":
+            got, per_call = tape_got, tape_per_call
+        elif got is None:
+            got, per_call = (failure if failure is not None else tape_got), tape_per_call
     if not per_call and call.key is not None:
         proofs.put(call.key, got)
     return got[0], got[1], None, got[2]

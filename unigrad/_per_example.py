@@ -7,8 +7,9 @@ respect to the parameters: ``d f(params, batch)[i] / d params``. Two ways to get
   (vectorised over the examples' unit cotangents: a batch of cotangents on the tape, ``vmap`` of the
   VJP on torch and JAX, ``pfor`` on TensorFlow). Exact for any ``f``; it costs about B backward
   passes of the batch.
-* **Dense layers** (the tape; JAX in ``_per_example_jaxpr.py``, torch in ``_per_example_torch.py``, the
-  same method on their programs): ``f`` is recorded once, and each parameter whose one use is a matrix
+* **Dense layers** (the tape; JAX in ``_per_example_jaxpr.py``, torch in ``_per_example_torch.py``,
+  TensorFlow in ``_per_example_tf.py``, the same method on their programs, the formulas shared in
+  ``_per_example_common.py``): ``f`` is recorded once, and each parameter whose one use is a matrix
   product ``Y = X @ W`` (``W`` directly or through a transpose) or a bias ``Y = Z + b`` (or a scale
   ``Z * s``) gets its rows from one ordinary backward pass: with ``G`` the cotangent of ``Y`` for the
   cotangent ``ones(B)``, example i's gradient is ``X_i^T G_i`` (``G_i`` summed over the bias's
@@ -30,7 +31,9 @@ from typing import Callable
 import numpy as np
 
 from . import _checks
+from . import _per_example_common as _common
 from . import _per_example_jaxpr as _jaxpr
+from . import _per_example_tf as _tf
 from . import _per_example_torch as _torch
 from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
 from ._per_example_common import check_losses as _check_losses
@@ -55,10 +58,11 @@ def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, co
     (``unigrad.dask.per_example_grad``, over Dask arrays, takes the loss of *one* example and maps
     it; a loss written for one example that also works on a batch gives the same values here.)
 
-    On the NumPy tape, JAX and torch, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``,
-    ``* s``; ``nn.Linear`` on torch) get their rows from one ordinary backward pass, where the program
-    proves that rows of the losses stay apart after the layer; others are materialised as Jacobian
-    rows (about B backward passes; every parameter on TensorFlow and plugins). The returned
+    On the NumPy tape, JAX, torch and TensorFlow, parameters used by dense layers (``x @ W``,
+    ``x @ W.T``, ``+ b``, ``* s``; ``nn.Linear`` on torch, ``tf.matmul``/``tf.nn.bias_add`` on
+    TensorFlow) get their rows from one ordinary backward pass, where the program proves that rows of
+    the losses stay apart after the layer; others are materialised as Jacobian rows (about B backward
+    passes; every parameter on plugins). The returned
     function's ``.paths`` maps each parameter leaf to the way it took on the last call.
 
     Args:
@@ -89,9 +93,10 @@ def per_example_grad_norms(f: Callable, argnums=0, batch_argnum=1, *, backend=No
     """The Euclidean norm of each example's gradient over all parameters, as differential privacy needs.
 
     The same gradients as :func:`per_example_grad` (the same ``f``, arguments and rules), reduced to
-    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, JAX and torch, dense layers'
-    norms come from one backward pass without forming the per-example gradients (``|x_i|^2 |g_i|^2``; for sequences
-    ``sum((X_i X_i^T) * (G_i G_i^T))``); see ``.paths`` on the returned function.
+    ``sqrt(sum over parameter leaves of |g_i|^2)``. On the NumPy tape, JAX, torch and TensorFlow, dense
+    layers' norms come from one backward pass without forming the per-example gradients
+    (``|x_i|^2 |g_i|^2``; for sequences ``sum((X_i X_i^T) * (G_i G_i^T))``); see ``.paths`` on the
+    returned function.
 
     Args:
       f: ``f(*args)`` returning the per-example losses, shape ``(B,)``.
@@ -128,6 +133,7 @@ class _PerExample:
         self.plans, self.paths = BoundedCache(), BoundedCache(64)
         self.programs = BoundedCache() if compile else None
         self.analyses = BoundedCache(64)  # torch: the analysis of each program recorded
+        self.graphs, self.untraceable = BoundedCache(), BoundedCache(64)  # TensorFlow: eager calls' programs
 
     def function(self):
         def per_example_f(*args):
@@ -173,6 +179,10 @@ class _PerExample:
             paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, (call.diff[0],), call.diff, self.norms)))
+        elif call.diff and _tf.is_tf_backend(b) and (found := self._tf(call, batch)) is not None:
+            blocks, paths = found
+            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
+                b, (call.diff[0],), call.diff, self.norms)))
         else:
             norms = self.norms
 
@@ -196,6 +206,32 @@ class _PerExample:
         if not call.diff:
             return call.inputs_like(())
         return call.inputs_like(list(blocks))
+
+
+    def _tf(self, call, batch):
+        """TensorFlow: ``(blocks, paths)`` from the graph ``f`` builds in a ``tf.function`` (one per signature,
+        eager calls too: TensorFlow's pfor would trace anew on every eager call), or None for an ``f``
+        that cannot be traced into a graph (it reads values): then the materialised path runs eagerly."""
+        key = None if call.program_key is None else (call.program_key, "graph")
+        if key is None or self.untraceable.get(key) is not None:
+            return None
+        norms, fname, found = self.norms, self.fname, {}
+
+        def kernel(b, flat_f, leaves):
+            outs, blocks, found["paths"] = _tf.tf_rows(b, flat_f, leaves, batch, norms, fname)
+            return outs, blocks, ()
+
+        programs = self.programs if self.programs is not None else self.graphs
+        try:
+            _, blocks, _ = execute(call, kernel, programs, "graph", keep_outputs=False)
+        except Exception:
+            if "paths" in found:  # traced, then failed running: not a tracing problem
+                raise
+            self.untraceable.put(key, True)
+            return None
+        # (a program traced its kernel once, for its signature: its paths are the signature's)
+        paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
+        return blocks, paths
 
 
 def _argnum_tuple(value, what, fname):
@@ -291,14 +327,7 @@ def _tape_rows(flat_f, leaves, batch, norms, fname):
             rows[k] = full[k]
     if not norms:
         return outs, tuple(rows), paths
-    total = None
-    for k in range(n):
-        sq = sq_norms[k]
-        if sq is None:
-            r = rows[k]
-            sq = np.sum(np.reshape(r * r, (batch, -1)), axis=1)
-        total = sq if total is None else total + sq
-    return outs, (np.sqrt(total),), paths
+    return outs, (_common.total_norms(_NUMPY, sq_norms, rows, batch),), paths
 
 
 class _NumpyShapes:
@@ -420,37 +449,16 @@ def _cotangents_at(trace, out_index, cotangent, wanted):
     return found
 
 
+_NUMPY = _common.Ops(np.reshape, lambda a, axes, keepdims: np.sum(a, axis=axes, keepdims=keepdims), np.matmul,
+                     lambda a: np.swapaxes(a, -1, -2), lambda a, dtype: np.ascontiguousarray(a, dtype=dtype), np.sqrt)
+
+
 def _dense_rows(kind, entry, detail, g, param, batch, norms):
     """``(rows or None, squared norms or None, path)`` of one parameter from its layer's cotangent."""
     prim, parents, vals, ans, params = entry
-    dtype = param.dtype
     if kind == "matmul":
-        x = np.asarray(vals[0])
-        d, k = x.shape[-1], g.shape[-1]
-        xs = np.reshape(x, (batch, -1, d))
-        gs = np.reshape(np.asarray(g), (batch, -1, k))
-        positions = xs.shape[1]
-        if norms and positions == 1:
-            sq = np.sum(xs[:, 0] ** 2, axis=1) * np.sum(gs[:, 0] ** 2, axis=1)
-            return None, sq.astype(dtype, copy=False), DENSE_OUTER
-        if norms and positions * positions <= d * k:
-            xx = np.matmul(xs, np.swapaxes(xs, 1, 2))
-            gg = np.matmul(gs, np.swapaxes(gs, 1, 2))
-            sq = np.sum(np.reshape(xx * gg, (batch, -1)), axis=1)
-            return None, sq.astype(dtype, copy=False), DENSE_GHOST
-        rows = np.matmul(np.swapaxes(xs, 1, 2), gs)  # (B, d, k): X_i^T G_i
-        if detail:  # the parameter was used transposed
-            rows = np.swapaxes(rows, 1, 2)
-        return np.ascontiguousarray(rows, dtype=dtype), None, DENSE
+        return _common.matmul_rows(_NUMPY, np.asarray(vals[0]), np.asarray(g), batch, norms, detail, param.dtype)
     i, sign = detail
-    shape = np.shape(param)
-    nd = np.ndim(ans)
-    contribution = np.asarray(g) if kind == "bias" else np.asarray(g) * np.asarray(vals[1 - i])
-    padded = (1,) * (nd - len(shape)) + tuple(shape)
-    axes = tuple(a for a in range(1, nd) if padded[a] == 1 and np.shape(ans)[a] != 1)
-    if axes:
-        contribution = np.sum(contribution, axis=axes, keepdims=True)
-    rows = np.reshape(contribution, (batch, *shape)).astype(dtype, copy=False)
-    if sign != 1.0:
-        rows = -rows
-    return rows, None, BIAS if kind == "bias" else SCALE
+    other = None if kind == "bias" else np.asarray(vals[1 - i])
+    rows, path = _common.broadcast_rows(_NUMPY, kind, np.asarray(g), other, np.shape(param), np.shape(ans), sign, batch)
+    return rows.astype(param.dtype, copy=False), None, path

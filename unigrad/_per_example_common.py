@@ -21,3 +21,66 @@ def check_losses(b, outs, batch, fname):
                          f"{got}{hint}")
     if b.dtype(outs[0]) not in ("float16", "bfloat16", "float32", "float64"):
         raise TypeError(f"{fname}: f must return real floating losses; got dtype {b.dtype(outs[0])}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The rows of dense layers, from X (the layer's input) and G (the gradient at its output), on any engine
+# ---------------------------------------------------------------------------------------------
+
+class Ops:
+    """The few array operations the shared formulas need, for one engine (each engine's module makes one):
+    ``reshape(a, shape)``, ``sum(a, axes, keepdims)``, ``matmul(a, b)`` (batched), ``mT(a)`` (swap the last
+    two axes), ``cast(a, dtype)`` (contiguous where the engine has the notion), ``sqrt(a)``."""
+    __slots__ = ("reshape", "sum", "matmul", "mT", "cast", "sqrt")
+
+    def __init__(self, reshape, sum, matmul, mT, cast, sqrt):
+        self.reshape, self.sum, self.matmul, self.mT, self.cast, self.sqrt = reshape, sum, matmul, mT, cast, sqrt
+
+
+def matmul_rows(ops, x, g, batch, norms, transposed, dtype):
+    """``(rows or None, squared norms or None, path)`` of the parameter W of ``Y = X @ W`` (or ``X @ W.T``
+    when ``transposed``) from X and ``G = d sum(losses) / d Y``, both with the batch on axis 0 and any
+    positions between it and their last axis. Norms: ``|x_i|^2 |g_i|^2`` for one position, the ghost
+    ``sum((X_i X_i^T) * (G_i G_i^T))`` when ``P^2 <= d k``, else the rows ``X_i^T G_i`` themselves."""
+    d, k = int(x.shape[-1]), int(g.shape[-1])
+    xs = ops.reshape(x, (batch, -1, d))
+    gs = ops.reshape(g, (batch, -1, k))
+    positions = int(xs.shape[1])
+    if norms and positions == 1:
+        sq = ops.sum(xs[:, 0] ** 2, (1,), False) * ops.sum(gs[:, 0] ** 2, (1,), False)
+        return None, ops.cast(sq, dtype), DENSE_OUTER
+    if norms and positions * positions <= d * k:
+        xx = ops.matmul(xs, ops.mT(xs))
+        gg = ops.matmul(gs, ops.mT(gs))
+        return None, ops.cast(ops.sum(ops.reshape(xx * gg, (batch, -1)), (1,), False), dtype), DENSE_GHOST
+    rows = ops.matmul(ops.mT(xs), gs)  # (B, d, k): X_i^T G_i
+    if transposed:
+        rows = ops.mT(rows)
+    return ops.cast(rows, dtype), None, DENSE
+
+
+def broadcast_rows(ops, kind, g, other, shape, out_shape, sign, batch):
+    """``(rows, path)`` of a parameter of ``shape`` broadcast into ``Y = Z + b`` (``kind`` "bias") or
+    ``Y = Z * s`` ("scale", ``other`` is Z) of ``out_shape``: G (times Z) summed over the broadcast axes,
+    negated for ``Z - b``; rows of shape ``(batch, *shape)`` in G's dtype."""
+    contribution = g if kind == "bias" else g * other
+    nd = len(out_shape)
+    padded = (1,) * (nd - len(shape)) + tuple(shape)
+    axes = tuple(a for a in range(1, nd) if padded[a] == 1 and out_shape[a] != 1)
+    if axes:
+        contribution = ops.sum(contribution, axes, True)
+    rows = ops.reshape(contribution, (batch, *shape))
+    if sign != 1.0:
+        rows = -rows
+    return rows, BIAS if kind == "bias" else SCALE
+
+
+def total_norms(ops, squares, rows, batch):
+    """sqrt of the sum over parameters of each example's squared norm: ``squares[k]`` where a dense
+    formula gave it, else from ``rows[k]``."""
+    total = None
+    for sq, r in zip(squares, rows):
+        if sq is None:
+            sq = ops.sum(ops.reshape(r * r, (batch, -1)), (1,), False)
+        total = sq if total is None else total + sq
+    return ops.sqrt(total)

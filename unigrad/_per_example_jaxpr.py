@@ -119,13 +119,7 @@ def _rows(jaxpr, consts, leaves, batch, norms):
         out = _evaluate(jaxpr, consts, leaves, {})[0]
     if not norms:
         return (out,), tuple(rows), paths
-    total = None
-    for k in range(n):
-        sq = squares[k]
-        if sq is None:
-            sq = jnp.sum(jnp.reshape(rows[k] * rows[k], (batch, -1)), axis=1)
-        total = sq if total is None else total + sq
-    return (out,), (jnp.sqrt(total),), paths
+    return (out,), (pe.total_norms(_ops(), squares, rows, batch),), paths
 
 
 def _evaluate(jaxpr, consts, args, zs):
@@ -209,39 +203,23 @@ def _plan(eqns, uses, p, batch):
     return None
 
 
-def _dense_rows(kind, eqn, detail, chain, g, invals, param, batch, norms):
-    import jax
+def _ops():
     import jax.numpy as jnp
 
+    return pe.Ops(jnp.reshape, lambda a, axes, keepdims: jnp.sum(a, axis=axes, keepdims=keepdims), jnp.matmul,
+                  lambda a: jnp.swapaxes(a, -1, -2), lambda a, dtype: a.astype(dtype), jnp.sqrt)
+
+
+def _dense_rows(kind, eqn, detail, chain, g, invals, param, batch, norms):
+    import jax
+
+    ops = _ops()
     if kind == "matmul":
-        x = invals[0]
-        d, k = x.shape[-1], g.shape[-1]
-        xs = jnp.reshape(x, (batch, -1, d))
-        gs = jnp.reshape(g, (batch, -1, k))
-        positions = xs.shape[1]
-        if norms and positions == 1:
-            sq = jnp.sum(xs[:, 0] ** 2, axis=1) * jnp.sum(gs[:, 0] ** 2, axis=1)
-            return None, sq.astype(param.dtype), pe.DENSE_OUTER
-        if norms and positions * positions <= d * k:
-            xx = jnp.matmul(xs, jnp.swapaxes(xs, 1, 2))
-            gg = jnp.matmul(gs, jnp.swapaxes(gs, 1, 2))
-            return None, jnp.sum(jnp.reshape(xx * gg, (batch, -1)), axis=1).astype(param.dtype), pe.DENSE_GHOST
-        rows = jnp.matmul(jnp.swapaxes(xs, 1, 2), gs)
-        if detail:
-            rows = jnp.swapaxes(rows, 1, 2)
-        return rows.astype(param.dtype), None, pe.DENSE
+        return pe.matmul_rows(ops, invals[0], g, batch, norms, detail, param.dtype)
     pos, sign = detail
     operand = eqn.invars[pos]
-    shape = tuple(operand.aval.shape)
-    out_shape = tuple(eqn.outvars[0].aval.shape)
-    contribution = g if kind == "bias" else g * invals[1 - pos]
-    padded = (1,) * (len(out_shape) - len(shape)) + shape
-    axes = tuple(a for a in range(1, len(out_shape)) if padded[a] == 1 and out_shape[a] != 1)
-    if axes:
-        contribution = jnp.sum(contribution, axis=axes, keepdims=True)
-    contribution = jnp.reshape(contribution, (batch, *shape))
-    if sign != 1.0:
-        contribution = -contribution
+    contribution, path = pe.broadcast_rows(ops, kind, g, None if kind == "bias" else invals[1 - pos],
+                                           tuple(operand.aval.shape), tuple(eqn.outvars[0].aval.shape), sign, batch)
     if chain:  # back through the broadcasts and reshapes that made the operand from the parameter
         def through_chain(p):
             v = p
@@ -253,7 +231,7 @@ def _dense_rows(kind, eqn, detail, chain, g, invals, param, batch, norms):
         rows = jax.vmap(lambda c: pull(c.astype(operand.aval.dtype))[0])(contribution)
     else:
         rows = contribution
-    return rows.astype(param.dtype), None, pe.BIAS if kind == "bias" else pe.SCALE
+    return rows.astype(param.dtype), None, path
 
 
 # ---------------------------------------------------------------------------------------------

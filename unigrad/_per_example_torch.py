@@ -91,13 +91,7 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
             rows[k] = r
     if not norms:
         return (losses,), tuple(r.detach() for r in rows), paths
-    total = None
-    for k in range(n):
-        sq = squares[k]
-        if sq is None:
-            sq = (rows[k].reshape(batch, -1) ** 2).sum(1)
-        total = sq if total is None else total + sq
-    return (losses,), (total.detach().sqrt(),), paths
+    return (losses,), (pe.total_norms(_ops(), squares, rows, batch).detach(),), paths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,38 +107,22 @@ class _Plan:
 
     def rows(self, recorder, g, param, batch, norms):
         """``(rows or None, squared norms or None, path)`` from G, the gradient at the captured output."""
-        import torch
-
-        dtype = param.dtype
         g = g.detach().reshape(self.seed_shape)
         if self.kind == "matmul":
             x = recorder.value(self.x).detach()
-            d, k = x.shape[-1], g.shape[-1]
-            xs = x.reshape(batch, -1, d)
-            gs = g.reshape(batch, -1, k)
-            positions = xs.shape[1]
-            if norms and positions == 1:
-                sq = (xs[:, 0] ** 2).sum(1) * (gs[:, 0] ** 2).sum(1)
-                return None, sq.to(dtype), pe.DENSE_OUTER
-            if norms and positions * positions <= d * k:
-                xx = torch.bmm(xs, xs.transpose(1, 2))
-                gg = torch.bmm(gs, gs.transpose(1, 2))
-                return None, (xx * gg).reshape(batch, -1).sum(1).to(dtype), pe.DENSE_GHOST
-            rows = torch.bmm(xs.transpose(1, 2), gs)  # (B, d, k): X_i^T G_i
-            if self.transposed:
-                rows = rows.transpose(1, 2)
-            return rows.contiguous().to(dtype), None, pe.DENSE
-        contribution = g if self.kind == "bias" else g * recorder.value(self.other).detach()
-        shape = tuple(param.shape)
-        nd = len(self.seed_shape)
-        padded = (1,) * (nd - len(shape)) + shape
-        axes = tuple(a for a in range(1, nd) if padded[a] == 1 and self.seed_shape[a] != 1)
-        if axes:
-            contribution = contribution.sum(axes, keepdim=True)
-        rows = contribution.reshape(batch, *shape).to(dtype)
-        if self.sign != 1.0:
-            rows = -rows
-        return rows, None, pe.BIAS if self.kind == "bias" else pe.SCALE
+            return pe.matmul_rows(_ops(), x, g, batch, norms, self.transposed, param.dtype)
+        other = None if self.kind == "bias" else recorder.value(self.other).detach()
+        rows, path = pe.broadcast_rows(_ops(), self.kind, g, other, tuple(param.shape), self.seed_shape, self.sign,
+                                       batch)
+        return rows.to(param.dtype), None, path
+
+
+def _ops():
+    import torch
+
+    return pe.Ops(lambda a, shape: a.reshape(shape), lambda a, axes, keepdims: a.sum(axes, keepdim=keepdims),
+                  torch.matmul, lambda a: a.transpose(-1, -2), lambda a, dtype: a.contiguous().to(dtype),
+                  torch.sqrt)
 
 
 class _Analysis:

@@ -197,6 +197,11 @@ class TensorflowBackend(Backend):
                                    n_in, chunk_size, self._specs(outputs))
         return outputs, _columns_to_blocks(columns, outputs, primals), aux
 
+    def batch_rows(self, f, primals, *, has_aux=False):
+        """Rows of ``f`` proved from its ``tf.function`` graph: ``(verdict, detail, False)`` (see ``_proof``)."""
+        from ._proof import batch_rows
+        return batch_rows(lambda *p: _tree_plain(_call(f, p)), tuple(_plain(p) for p in primals), has_aux)
+
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """Per-example Jacobians: ``tape.batch_jacobian`` (rev) or a vectorised ForwardAccumulator (fwd).
 

@@ -1,6 +1,7 @@
 """Dependence analysis of a traced program: sparsity patterns and proofs of independent rows.
 
-One interpreter walks a recorded program -- the NumPy tape's recording of a call, or a jaxpr -- and
+One interpreter walks a recorded program -- the NumPy tape's recording of a call, a jaxpr, a torch.fx
+graph of ATen operations (:mod:`._fx`) or a TensorFlow graph (:mod:`._tfgraph`) -- and
 propagates abstract values through one table of per-primitive rules (:mod:`._rules`):
 
 * element index sets (:mod:`._sets`): which inputs each output element depends on (the Jacobian's

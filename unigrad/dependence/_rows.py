@@ -112,7 +112,7 @@ def _walk(program, env, batch):
 
 
 def _name(node):
-    return node.name.split(".", 1)[1] if node.name.startswith(("lax.", "aten.")) else node.name
+    return node.name.split(".", 1)[1] if node.name.startswith(("lax.", "aten.", "tf.")) else node.name
 
 
 _KEEP_BLOCKS = frozenset({"elementwise", "reduce", "scan", "lane", "take", "matmul"})
@@ -186,6 +186,20 @@ def _apply_rows(node, ins, batch):
         if len(out_shape) + out_d < 0 or out_shape[out_d] != node.shape(0)[d]:
             return [Unknown(f"{_name(node)} keeps fewer rows than its data has")] * n_out
         return [out_d] + [None] * (n_out - 1)
+    if kind == "gather":  # TensorFlow's GatherV2 with computed indices (no derivative): out = x.shape[:axis] +
+        # index.shape[batch_dims:] + x.shape[axis + 1:], the first batch_dims axes shared by x and the index
+        if set(ins) != {0}:
+            return [Unknown(f"{_name(node)} with a row-dependent operand other than its data")] * n_out
+        nd = len(node.shape(0))
+        p = ins[0] + nd
+        axis, bd, ir = node.params["axis"], node.params["batch_dims"], node.params["index_rank"]
+        if p == axis:
+            return [Mixed(node, f"{_name(node)} along the batch axis")]
+        out_shape = node.out_shapes[0]
+        q = p if p < axis else p + ir - bd - 1
+        if not 0 <= q < len(out_shape) or out_shape[q] != node.shape(0)[p]:
+            return [Unknown(f"{_name(node)}: the batch axis not found in its result")]
+        return [q - len(out_shape)]
     if kind == "matmul":
         found = set()
         for pos, d in ins.items():

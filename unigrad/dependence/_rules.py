@@ -115,11 +115,39 @@ _put("_softmax _log_softmax native_layer_norm", Rule("lane", "nonlinear"), "aten
 _put("mm bmm", Rule("matmul", "bilinear"), "aten.")
 _put("gather nll_loss_forward", Rule("take", "linear"), "aten.")
 
+# TensorFlow graph operations (a FuncGraph, see ._tfgraph), under "tf." with TensorFlow's op type names
+_put("AddV2 Add AddN Sub Neg BiasAdd Cast Select SelectV2 Maximum Minimum Abs ClipByValue Real Imag Conj FloorMod "
+     "Relu Relu6 LeakyRelu", Rule("elementwise", "linear"), "tf.")
+_put("Mul MulNoNan", Rule("elementwise", "bilinear"), "tf.")
+_put("RealDiv Div DivNoNan", Rule("elementwise", "divide"), "tf.")
+_put("Tanh Sigmoid Exp Expm1 Log Log1p Sqrt Rsqrt Square SquaredDifference Pow Reciprocal Inv Sin Cos Tan Asin "
+     "Acos Atan Atan2 Sinh Cosh Asinh Acosh Atanh Softplus Softsign Elu Selu Gelu Erf Erfc Xlogy Xdivy Xlog1py "
+     "Lgamma Digamma CrossEntropyOperands", Rule("elementwise", "nonlinear"), "tf.")
+_put("Less LessEqual Greater GreaterEqual Equal NotEqual LogicalAnd LogicalOr LogicalNot IsNan IsInf IsFinite "
+     "Sign Floor Ceil Round Rint FloorDiv TruncateDiv Shape ShapeN Size Rank ZerosLike OnesLike ArgMax ArgMin "
+     "StopGradient PreventGradient OneHot Range Cast.integer RandomUniform RandomStandardNormal "
+     "StatelessRandomUniformV2 StatelessRandomNormalV2", Rule("zero"), "tf.")
+_put("Reshape Transpose ConjugateTranspose ExpandDims Squeeze ConcatV2 Concat Pack Unpack StridedSlice Slice "
+     "GatherV2 GatherNd Tile Pad PadV2 MirrorPad ReverseV2 Roll BroadcastTo Split SplitV Fill MatrixDiagPartV3 "
+     "MatrixBandPart", Rule("structural"), "tf.")
+_put("GatherV2.indexed", Rule("gather", "linear"), "tf.")
+_put("Sum Mean Max Min CrossEntropyLoss", Rule("reduce", "linear"), "tf.")
+_put("Prod EuclideanNorm", Rule("reduce", "nonlinear"), "tf.")
+_put("Cumsum", Rule("scan", "linear"), "tf.")
+_put("Cumprod CumulativeLogsumexp", Rule("scan", "nonlinear"), "tf.")
+_put("Softmax LogSoftmax SparseSoftmaxCrossEntropyWithLogits SoftmaxCrossEntropyWithLogits", Rule("lane", "nonlinear"),
+     "tf.")
+_put("TopKV2 FFT IFFT RFFT IRFFT FFT2D IFFT2D RFFT2D IRFFT2D", Rule("lane", "linear"), "tf.")
+_put("Complex ComplexAbs", Rule("elementwise", "nonlinear"), "tf.")
+_put("MatMul BatchMatMul BatchMatMulV2 BatchMatMulV3 Einsum", Rule("einsum", "bilinear"), "tf.")
+
 _UNKNOWN = Rule("unknown", "nonlinear")
 
 
 def rule_for(name: str) -> Rule:
     r = TABLE.get(name)
+    if r is None and name.startswith("tf."):  # TensorFlow's op types are exact names (MatMul, BatchMatMulV2)
+        return _UNKNOWN
     if r is None:
         base = name.rstrip("0123456789")  # the tape's variadic primitives: concat2, einsum3
         r = TABLE.get(base, _UNKNOWN)
@@ -143,7 +171,7 @@ def neg_axes(axis, ndim):
 
 def einsum_spec(node):
     """(labels per operand, out labels) of a tape einsum or a jaxpr dot_general."""
-    if node.name.rstrip("0123456789") == "einsum":
+    if "labels" in node.params:  # a tape einsum, a TensorFlow product
         return [tuple(lab) for lab in node.params["labels"]], tuple(node.params["out"])
     (lc, rc), (lb, rb) = node.params["dimension_numbers"]
     ls, rs = node.shape(0), node.shape(1)

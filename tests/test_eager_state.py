@@ -125,3 +125,22 @@ def test_tensorflow_eager_program_is_reused_while_state_is_unchanged(tf):
     for _ in range(3):
         bj(x)
     assert next(traces) == settled + 1  # one program for one signature and one state: no trace per call
+
+
+def test_tensorflow_eager_per_example_grad_sees_state_changed_between_calls(tf):
+    def loss(w, x):
+        return (x @ w * STATE["scale"]) ** 2  # one loss per row of x (the dense-layer fast path)
+
+    w = tf.constant([1.0, -0.5], dtype=tf.float64)
+    x = tf.constant(np.random.default_rng(2).standard_normal((4, 2)))
+    grads = unigrad.per_example_grad(loss, backend="tensorflow")
+    norms = unigrad.per_example_grad_norms(loss, backend="tensorflow")
+    for s in (1.0, 3.0):
+        STATE["scale"] = s
+        try:
+            g, n = grads(w, x).numpy(), norms(w, x).numpy()
+        finally:
+            STATE["scale"] = 1.0
+        want = 2 * (x.numpy() @ w.numpy() * s)[:, None] * s * x.numpy()
+        np.testing.assert_allclose(g, want, rtol=1e-12, err_msg=f"scale {s}")
+        np.testing.assert_allclose(n, np.linalg.norm(want, axis=1), rtol=1e-12, err_msg=f"scale {s}")

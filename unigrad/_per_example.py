@@ -38,6 +38,7 @@ from . import _per_example_torch as _torch
 from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
 from ._per_example_common import check_losses as _check_losses
 from ._call import BoundedCache, execute, prepare
+from ._pystate import python_state
 from ._transform import _wraps, promoted_blocks
 
 __all__ = ["per_example_grad", "per_example_grad_norms"]
@@ -221,9 +222,12 @@ class _PerExample:
             outs, blocks, found["paths"] = _tf.tf_rows(b, flat_f, leaves, batch, norms, fname)
             return outs, blocks, ()
 
-        programs = self.programs if self.programs is not None else self.graphs
+        if self.programs is not None:
+            programs, decision = self.programs, "graph"
+        else:  # eager: the graph is also kept per value of the Python state f reads (see unigrad._pystate)
+            programs, decision = self.graphs, ("graph", python_state(call.f))
         try:
-            _, blocks, _ = execute(call, kernel, programs, "graph", keep_outputs=False)
+            _, blocks, _ = execute(call, kernel, programs, decision, keep_outputs=False)
         except Exception:
             if "paths" in found:  # traced, then failed running: not a tracing problem
                 raise

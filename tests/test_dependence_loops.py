@@ -31,9 +31,13 @@ def stencil(u, axis=0):
 
 def _support(f, x, points=3, seed=0):
     """Union of the dense Jacobian's non-zeros at x and at random points near it (forward mode: a
-    while loop whose trip count is traced has no reverse mode)."""
+    while loop whose trip count is traced has no reverse mode; a custom_vjp no forward mode)."""
     rng = np.random.default_rng(seed)
-    jac = jax.jit(jax.jacfwd(f))
+    try:
+        jax.eval_shape(jax.jacfwd(f), jnp.asarray(x))
+        jac = jax.jit(jax.jacfwd(f))
+    except TypeError:
+        jac = jax.jit(jax.jacrev(f))
     out = None
     for k in range(points):
         p = x if k == 0 else x + 0.5 * (np.abs(x) + 1) * rng.uniform(-1, 1, x.shape)
@@ -49,6 +53,21 @@ def _pattern(f, x):
         p = unigrad.jacobian_sparsity(f, jnp.asarray(x))
     return p.toarray(), p.reasons, [w for w in caught if issubclass(w.category, SparsityWarning)]
 
+
+@jax.custom_jvp
+def _softplus(x):
+    return jnp.log1p(jnp.exp(x))
+
+
+_softplus.defjvp(lambda p, t: (_softplus(p[0]), jax.nn.sigmoid(p[0]) * t[0]))
+
+
+@jax.custom_vjp
+def _cube(x):
+    return x ** 3
+
+
+_cube.defvjp(lambda x: (x ** 3, x), lambda x, g: (3 * x ** 2 * g,))
 
 RNG = np.random.default_rng(7)
 V = RNG.standard_normal(8)
@@ -83,6 +102,7 @@ SPARSITY = {
     "scatter_out_of_bounds_dropped": (lambda x: x.at[jnp.array([1, 9])].add(x[:2] ** 2), V, True),
     "dynamic_update_static": (lambda x: lax.dynamic_update_slice(x, x[:2] * 2.0, (3,)), V, True),
     "checkpoint": (lambda x: jax.checkpoint(lambda u: jnp.sin(u) * u[0])(x), V, True),
+    "custom_jvp_vjp": (lambda x: _softplus(_cube(x)) * jnp.roll(x, 1), V, True),
     # supersets that must cover
     "scan_over_cap": (lambda x: lax.scan(lambda c, xi: (c + xi, c), 0.0, jnp.tile(x, 700))[1][:5], V, False),
     # too long to unroll: the body iterated to its fixed point, exact here (i meets n-1-i, nothing else)
@@ -202,6 +222,10 @@ ROWS = {
     "dynamic_slices_free_start": lambda x: lax.fori_loop(0, 2, lambda k, u: lax.dynamic_update_slice(
         u, lax.dynamic_slice(u, (0, k), (B, 1)) * 2.0, (0, k + 1)), x),
     "cond_free_predicate": lambda x: lax.cond(W[0, 0] > 0, lambda u: u * 2.0, jnp.sin, x),
+    # indices from the loop counter (computed in the program, the same for every row), batch axis whole
+    "fori_set_column_k": lambda x: lax.fori_loop(0, 2, lambda k, u: u.at[:, k + 1].set(u[:, k] * 2.0), x),
+    "fori_gather_columns_k": lambda x: lax.fori_loop(0, 2, lambda k, u: u[:, jnp.arange(3) * 0 + k] * u, x),
+    "custom_jvp_and_vjp": lambda x: _softplus(_cube(x)) @ W,
 }
 MIXED = {
     "scan_over_batch_with_carry": (lambda x: lax.scan(lambda c, r: (c + r, c + r), jnp.zeros(3), x)[1],
@@ -218,6 +242,10 @@ UNKNOWN = {  # rows independent in derivative, coupled in value: the proof gives
     "switch_on_batch_sum": (lambda x: lax.switch((jnp.sum(x) > 0).astype(int), [lambda u: u * 2, jnp.sin], x),
                             "several rows"),
     "scatter_traced_index": (lambda x: x.at[:, jnp.argmax(x[:, 0]) % 3].set(0.0), "several rows"),
+    "fori_set_row_k": (lambda x: lax.fori_loop(0, 2, lambda k, u: u.at[k + 1].set(u[k] * 2.0), x),
+                       "cuts across the batch axis"),
+    "fori_gather_rows_k": (lambda x: lax.fori_loop(0, 2, lambda k, u: u[jnp.arange(B) * 0 + k] * u, x),
+                           "cuts across the batch axis"),
 }
 
 

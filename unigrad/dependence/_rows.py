@@ -456,6 +456,10 @@ def _structural(node, ins, batch, idx=None):
             return -len(node.out_shapes[0])
         if idx:
             return None
+        if type(node.args[1]).__name__ == "Aval":
+            return _window(node, ins, node.shape(0), set(dn.collapsed_slice_dims) | set(dn.start_index_map) | set(
+                getattr(dn, "operand_batching_dims", ())), tuple(dn.offset_dims), tuple(node.params["slice_sizes"]),
+                {0: None})
     if name in ("dynamic_slice", "dynamic_update_slice") and any(
             type(a).__name__ == "Aval" for pos, a in enumerate(node.args) if pos not in node.data):
         return _dynamic(node, ins)
@@ -508,7 +512,16 @@ def _scatter(node, ins, batch):
     name = _name(node)
     targets = scatter_targets(node)
     if targets is None:
-        return Unknown(f"{name}{_where(node)} at indices computed in the program")
+        dn = node.params["dimension_numbers"]
+        op_shape = node.shape(0)
+        batching = set(getattr(dn, "operand_batching_dims", ()))
+        window = [p for p in range(len(op_shape)) if p not in dn.inserted_window_dims and p not in batching]
+        up_shape = node.shape(2)
+        sizes = [1] * len(op_shape)
+        for p, u in zip(window, dn.update_window_dims):
+            sizes[p] = up_shape[u]
+        return _window(node, ins, op_shape, set(dn.inserted_window_dims) | set(dn.scatter_dims_to_operand_dims)
+                       | batching, tuple(dn.update_window_dims), tuple(sizes), {0: "same", 2: "window"})
     anywhere, surely = targets
     out = _row_numbers(node.shape(0), ins.get(0)).ravel()
     if name == "scatter" and surely is not None:
@@ -525,6 +538,50 @@ def _scatter(node, ins, batch):
     if np.any((lo != big) & (lo != hi)):
         return Mixed(node, f"{name} combines rows of the batch")
     return _rows_of(np.where(lo == big, 0, lo).reshape(node.out_shapes[0]), node, batch)
+
+
+def _window(node, ins, op_shape, indexed, window_dims, sizes, roles):
+    """A gather or scatter at indices computed in the program (FREE: the same for every row) that takes
+    the batch axis whole as a window axis no index moves: row i stays row i. ``roles``: position ->
+    None (the gather's operand: the batch goes to its window axis in the output), "same" (the
+    scatter's operand: same axis), "window" (the scatter's updates: their window axis)."""
+    name = _name(node)
+    found = set()
+    nd = len(op_shape)
+    if roles.get(0) == "same" and set(ins) == {0}:  # FREE updates anywhere: element j keeps operand row j's
+        return ins[0]
+    for pos, s in ins.items():
+        if isinstance(s, Blocked) or pos not in roles:
+            return Unknown(f"{name}{_where(node)} at indices computed in the program")
+        shape = node.shape(pos)
+        axis = s + len(shape)
+        if roles[pos] == "window":  # the updates' window axis -> the operand axis it writes along
+            if axis not in window_dims:
+                return Unknown(f"{name}{_where(node)} scatters the batch axis at indices computed in the program")
+            p = _operand_axis(node, window_dims.index(axis))
+        else:
+            p = axis
+        if p is None or p in indexed or sizes[p] != op_shape[p]:
+            return Unknown(f"{name}{_where(node)} at indices computed in the program cuts across the batch axis")
+        found.add(p)
+    if len(found) != 1:
+        return Unknown(f"{name}{_where(node)} combines rows along different axes")
+    p = found.pop()
+    out_nd = len(node.out_shapes[0])
+    if roles.get(0) is None:  # gather: the operand's window axes go to offset_dims in order
+        dn = node.params["dimension_numbers"]
+        collapsed = set(dn.collapsed_slice_dims) | set(getattr(dn, "operand_batching_dims", ()))
+        rank = [q for q in range(nd) if q not in collapsed].index(p)
+        return window_dims[rank] - out_nd
+    return p - nd
+
+
+def _operand_axis(node, k):
+    """The operand axis of a scatter's k-th update window axis."""
+    dn = node.params["dimension_numbers"]
+    batching = set(getattr(dn, "operand_batching_dims", ()))
+    window = [p for p in range(len(node.shape(0))) if p not in dn.inserted_window_dims and p not in batching]
+    return window[k] if k < len(window) else None
 
 
 def _rows_of(out, node, batch):

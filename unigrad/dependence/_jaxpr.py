@@ -164,7 +164,7 @@ class _Builder:
     def _scan(self, eqn, atoms, env):
         p = eqn.params
         nc, ncar, length, closed = p["num_consts"], p["num_carry"], int(p["length"]), p["jaxpr"]
-        if self.unroll and length * _size(closed.jaxpr) <= _UNROLL:
+        if self.unroll and 0 < length * (_size(closed.jaxpr) + len(eqn.invars) + len(eqn.outvars)) <= _UNROLL:
             consts, carry, xs = atoms[:nc], list(atoms[nc:nc + ncar]), atoms[nc + ncar:]
             ys = [[None] * length for _ in eqn.outvars[ncar:]]
             for t in (range(length - 1, -1, -1) if p["reverse"] else range(length)):

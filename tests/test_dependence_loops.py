@@ -242,6 +242,7 @@ UNKNOWN = {  # rows independent in derivative, coupled in value: the proof gives
     "switch_on_batch_sum": (lambda x: lax.switch((jnp.sum(x) > 0).astype(int), [lambda u: u * 2, jnp.sin], x),
                             "several rows"),
     "scatter_traced_index": (lambda x: x.at[:, jnp.argmax(x[:, 0]) % 3].set(0.0), "several rows"),
+    "stop_gradient_of_batch_mean": (lambda x: x * lax.stop_gradient(jnp.mean(x ** 2, axis=0)), "no derivative flows"),
     "fori_set_row_k": (lambda x: lax.fori_loop(0, 2, lambda k, u: u.at[k + 1].set(u[k] * 2.0), x),
                        "cuts across the batch axis"),
     "fori_gather_rows_k": (lambda x: lax.fori_loop(0, 2, lambda k, u: u[jnp.arange(B) * 0 + k] * u, x),
@@ -292,7 +293,7 @@ def test_batched_jacobian_of_a_scan_is_proved_and_native(monkeypatch):
     assert used  # the native per-example form, taken because the rows were proved
 
 
-@pytest.mark.parametrize("name", ["where_min_predicate", "argmax_over_batch"])
+@pytest.mark.parametrize("name", ["where_min_predicate", "argmax_over_batch", "stop_gradient_of_batch_mean"])
 def test_value_coupled_rows_are_not_computed_one_row_at_a_time(name):
     """Rows coupled through a predicate or an index (no derivative flows): the per-example path would
     evaluate each row alone (min, argmax of one row): the exact sum trick is used instead."""

@@ -100,6 +100,10 @@ def _walk(program, env, batch):
         bad = [s for s in ins.values() if isinstance(s, Mixed)] or [s for s in ins.values() if isinstance(s, Unknown)]
         if bad:
             out = bad[0]
+            if isinstance(out, Mixed) and node.name.startswith("lax.") and rule_for(node.name).kind == "zero":
+                # (stop_gradient(mean(x, 0)), argmax over the batch: rows coupled in value, not in derivative)
+                out = Unknown(f"{_name(node)}{_where(node)} of a value that mixes rows ({out.describe()}): no "
+                              f"derivative flows through it, but the value of every row depends on the others")
             for vid in node.outs:
                 env[vid] = out
             continue

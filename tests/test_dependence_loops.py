@@ -146,6 +146,15 @@ def test_value_dependent_loops_and_indices_widen_soundly(name):
         assert any(why in r for r in reasons) and caught
 
 
+def test_gather_at_traced_indices_reads_only_what_its_window_may_cover():
+    """Rows picked by indices computed from the input: output (i, j) may read column j of any row."""
+    f = lambda x: x[jnp.argsort(x[:, 0])[:2]] * 2.0  # noqa: E731
+    got, reasons, caught = _pattern(f, M)
+    truth = _support(f, M, points=5)
+    assert not (truth & ~got).any() and caught and any("indices computed" in r for r in reasons)
+    np.testing.assert_array_equal(got, np.tile(np.eye(4, dtype=bool), (2, M.shape[0])))
+
+
 def test_a_fixed_point_past_the_cap_widens_to_everything_and_says_so(monkeypatch):
     from unigrad.dependence import _sets
     monkeypatch.setattr(_sets, "_FIXED_POINT", 5)  # a band spreads one element a pass: 12 needs more than 5

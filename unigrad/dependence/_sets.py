@@ -174,8 +174,9 @@ class SetInterpreter:
             return self._dynamic(node, ins)
         if unknown:  # a gather (or other move) by indices computed from the input: any element may be read
             self.widen(f"{node.name} with indices computed from the input" + (f" at {node.site}" if node.site
-                       else "") + ": each of its output elements may read any element of its operand")
-            return [self._spread(node, ins, node.out_shapes[0])]
+                       else "") + ": each of its output elements may read any element its window may cover")
+            got = self._gather_anywhere(node, ins) if node.name == "lax.gather" and set(ins) == {0} else None
+            return [got if got is not None else self._spread(node, ins, node.out_shapes[0])]
         args = list(node.args)
         offset, stack = 1, []
         for pos in sorted(node.data):
@@ -197,6 +198,28 @@ class SetInterpreter:
         """Every element of ``shape`` depending on every input element (a linear, order-free superset)."""
         union = _or([_sp().csr_array(np.asarray(m.sum(axis=0)).reshape(1, -1) > 0) for m in ins.values()], 1, self.n)
         return (_sp().csr_array(np.ones((math.prod(shape), 1), dtype=bool)) @ union).astype(bool)
+
+    def _gather_anywhere(self, node, ins):
+        """A jaxpr gather at indices computed from the input: output element e may read, along each
+        operand axis an index moves, any position its window coordinate allows (a start clamped into
+        range), and along the others exactly its window coordinate. None when too large to list (or
+        with batching axes): the caller spreads."""
+        dn = node.params["dimension_numbers"]
+        op_shape, out_shape = node.shape(0), tuple(node.out_shapes[0])
+        sizes = tuple(node.params["slice_sizes"])
+        if tuple(getattr(dn, "operand_batching_dims", ())) or math.prod(out_shape) * math.prod(op_shape) > _PAIR_LIMIT:
+            return None
+        collapsed, moved = set(dn.collapsed_slice_dims), set(dn.start_index_map)
+        grid = np.indices(out_shape).reshape(len(out_shape), -1) if out_shape else np.zeros((0, 1), np.int64)
+        offsets = iter(dn.offset_dims)
+        allowed = np.ones((grid.shape[1],) + tuple(op_shape), dtype=bool)
+        for p, n_p in enumerate(op_shape):
+            w = np.zeros(grid.shape[1], dtype=np.int64) if p in collapsed else grid[next(offsets)]
+            c = np.arange(n_p)[None, :]
+            ok = (c >= w[:, None]) & (c <= w[:, None] + n_p - sizes[p]) if p in moved else c == w[:, None]
+            allowed &= ok.reshape((grid.shape[1],) + tuple(n_p if q == p else 1 for q in range(len(op_shape))))
+        rows, cols = np.nonzero(allowed.reshape(grid.shape[1], -1))
+        return (pattern(rows, cols, (grid.shape[1], ins[0].shape[0])) @ ins[0]).astype(bool)
 
     def _dynamic(self, node, ins):
         """dynamic_slice / dynamic_update_slice with start indices computed from the input: the union

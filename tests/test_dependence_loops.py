@@ -103,6 +103,9 @@ SPARSITY = {
     "dynamic_update_static": (lambda x: lax.dynamic_update_slice(x, x[:2] * 2.0, (3,)), V, True),
     "checkpoint": (lambda x: jax.checkpoint(lambda u: jnp.sin(u) * u[0])(x), V, True),
     "custom_jvp_vjp": (lambda x: _softplus(_cube(x)) * jnp.roll(x, 1), V, True),
+    # too long to unroll, a known trip count: the body applied 700 times to the sets (a fixed point
+    # would join u and its flip: an even number of flips is the identity)
+    "fori_long_exact_passes": (lambda x: lax.fori_loop(0, 700, lambda k, u: jnp.flip(u) * 1.0001, x), V, True),
     # supersets that must cover
     "scan_over_cap": (lambda x: lax.scan(lambda c, xi: (c + xi, c), 0.0, jnp.tile(x, 700))[1][:5], V, False),
     # too long to unroll: the body iterated to its fixed point, exact here (i meets n-1-i, nothing else)

@@ -14,6 +14,8 @@ from ._rules import codes, einsum_spec, lane_axes, reduce_axes, rule_for
 
 _PAIR_LIMIT = 20_000_000  # pairs a rule may enumerate before it answers a (sound) superset instead
 _FIXED_POINT = 100  # passes over a loop's body before its carries are widened to everything they may reach
+_EXACT_PASSES = 2000  # a loop with a known trip count up to this is iterated exactly (not unrolled: too long)
+_WORK = 20_000_000  # set elements a loop's passes may process before it widens (sound, with a reason)
 
 
 def _sp():
@@ -308,14 +310,41 @@ class SetInterpreter:
             fixed[pos - (0 if scan else node.params["cond_nconsts"])] = m
         carry = {pos: ins[pos] for pos in carries if pos in ins}
         shift = 0 if scan else node.params["cond_nconsts"]
-        for _ in range(_FIXED_POINT):
+
+        def step():
             env = {}
             for k, vid in enumerate(body.inputs):
                 m = fixed.get(k) if (k + shift) not in carries else carry.get(k + shift)
                 if m is not None and m.nnz:
                     env[vid] = m
             self.run(body, env)
-            got = [env.get(v) if v is not None else None for v in body.outputs]
+            return [env.get(v) if v is not None else None for v in body.outputs]
+
+        if scan and not any(pos >= first + ncar for pos in ins) and 0 < length <= _EXACT_PASSES:
+            # a known trip count and nothing scanned (a fori_loop): the body applied exactly `length`
+            # times to the carries' sets; once a pass changes nothing, none after it will (same body,
+            # same constants), so the carries are exact for the body's rules whatever the length;
+            # each y the union of its sets over the passes
+            ys, work = [None] * (len(body.outputs) - ncar), 0
+            for _ in range(length):
+                got = step()
+                ys = [y if g is None else g if y is None else (y + g).astype(bool) for y, g in zip(ys, got[ncar:])]
+                new = {pos: got[j] for j, pos in enumerate(carries) if got[j] is not None and got[j].nnz}
+                same = new.keys() == carry.keys() and all(not (new[p] != carry[p]).nnz for p in new)
+                carry = new
+                work += sum(m.nnz for m in new.values())
+                if same or work > _WORK:
+                    break
+            if work > _WORK:  # (a fixed point from here would only take more)
+                return self._unknown(node, ins, f"{node.name} too costly to follow ({length} iterations)")
+            return [carry.get(pos) for pos in carries] + [
+                None if y is None else _sp().vstack([y] * length, format="csr") for y in ys]
+        work = 0
+        for _ in range(_FIXED_POINT):
+            got = step()
+            work += sum(m.nnz for m in carry.values())
+            if work > _WORK:
+                return self._unknown(node, ins, f"{node.name} too costly to follow to a fixed point")
             changed = False
             for j, pos in enumerate(carries):
                 new = got[j]

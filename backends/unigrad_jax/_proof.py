@@ -59,6 +59,8 @@ def _clean(jaxpr):
         given = any(_symbolic(getattr(getattr(v, "aval", None), "shape", ())) for v in eqn.invars)
         if made and not given and name != "broadcast_in_dim":  # a batch-shaped value from nothing: iota, random
             return False
+        if name == "scan" and not isinstance(eqn.params.get("length"), int) and eqn.params.get("num_carry"):
+            return False  # a scan over the batch with a carry: iteration t may know it is row t (a counter)
         for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
             inner = eqn.params.get(key)
             inner = getattr(inner, "jaxpr", inner)

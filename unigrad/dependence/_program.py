@@ -38,6 +38,8 @@ class Node:
     prim: object = None
     data: frozenset = frozenset()  # positions that are data (not indices): what a derivative flows through
     extra_positions: tuple = ()  # a call's operand positions, in the order of its sub-programs' inputs
+    index: dict = field(default_factory=dict)  # position -> value id, for traced operands that carry no
+    # derivative (an index, a predicate): what the value, not the derivative, depends on (jaxprs)
 
     def shape(self, pos):
         return tuple(np.shape(self.args[pos])) if not hasattr(self.args[pos], "shape") else tuple(

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ._rules import einsum_spec, lane_axes, reduce_axes, rule_for
+from ._rules import einsum_spec, lane_axes, neg_axes, reduce_axes, rule_for
 
 
 class Mixed:
@@ -94,21 +94,198 @@ def prove_rows(program, batch, seeds=None):
 def _walk(program, env, batch):
     for node in program.nodes:
         ins = {pos: env[vid] for pos, vid in node.traced.items() if vid in env}
-        if not ins:
+        idx = {pos: env[vid] for pos, vid in node.index.items() if vid in env}
+        if not ins and not idx:
             continue
         bad = [s for s in ins.values() if isinstance(s, Mixed)] or [s for s in ins.values() if isinstance(s, Unknown)]
         if bad:
             out = bad[0]
+            if isinstance(out, Mixed) and node.name.startswith("lax.") and rule_for(node.name).kind == "zero":
+                # (stop_gradient(mean(x, 0)), argmax over the batch: rows coupled in value, not in derivative)
+                out = Unknown(f"{_name(node)}{_where(node)} of a value that mixes rows ({out.describe()}): no "
+                              f"derivative flows through it, but the value of every row depends on the others")
             for vid in node.outs:
                 env[vid] = out
             continue
         try:
-            outs = _apply(node, ins, batch)
+            outs = _apply_index(node, ins, idx, batch) if idx else _apply(node, ins, batch)
         except Exception as exc:  # a rule that cannot read this node: give up, never guess
             outs = [Unknown(f"the row rule for {node.name!r} failed ({type(exc).__name__}: {exc})")] * len(node.outs)
         for vid, s in zip(node.outs, outs):
             if s is not None:
                 env[vid] = s
+
+
+def _where(node):
+    return f" at {node.site}" if node.site else ""
+
+
+def _apply_index(node, ins, idx, batch):
+    """A node whose index or predicate operands (no derivative flows through them, but they decide its
+    value) depend on the batch. Rows stay apart only where row i of the value is decided by row i of
+    them: a ``select_n`` predicate, a comparison's operands, a row-wise gather's indices, a loop's
+    predicate read by its own rule. Anything else: the proof gives up (not MIXED: the derivative of
+    row i may still depend on row i alone, a probe and the sum trick decide), with the reason."""
+    n_out = len(node.outs)
+    name = _name(node)
+    for s in idx.values():
+        if isinstance(s, (Mixed, Unknown)):
+            why = s.why if isinstance(s, Unknown) else f"{s.describe()} mixes rows"
+            return [Unknown(f"{name}{_where(node)} reads an index or a predicate computed from several rows of the "
+                            f"batch ({why}): the value of every row depends on the others")] * n_out
+    kind = rule_for(node.name).kind
+    if kind in ("elementwise", "zero"):  # a predicate or an operand without derivative, read element by element
+        return _apply(node, {**ins, **idx}, batch)
+    if kind == "loop":
+        return _loop(node, ins, idx, batch)
+    if kind == "structural" and name == "gather" and set(idx) == {1}:
+        got = _structural(node, ins, batch, idx)
+        if got is not None and not isinstance(got, Mixed):
+            return [got]
+    return [Unknown(f"{name}{_where(node)} takes indices computed from the batch values")] * n_out
+
+
+def _zero(node, ins, batch):
+    """An operation without derivative (a comparison, a rounding, argmax, stop_gradient): no
+    derivative flows through it, but its value does (a per-example evaluation must see the same)."""
+    n_out = len(node.outs)
+    name = _name(node)
+    axes = {s for s in ins.values()}
+    if len(axes) != 1 or any(isinstance(s, Blocked) for s in axes):
+        return [Unknown(f"{name}{_where(node)} combines rows along different axes")] * n_out
+    d = axes.pop()
+    if name in ("argmax", "argmin") and "axes" in node.params:
+        (pos,) = ins
+        red = neg_axes(node.params["axes"], len(node.shape(pos)))
+        if d in red:
+            return [Unknown(f"{name}{_where(node)} over the batch axis: its value depends on every row")] * n_out
+        return [d + sum(1 for a in red if a > d)] * n_out
+    for pos in ins:
+        if node.shape(pos) != tuple(node.out_shapes[0]):
+            return [Unknown(f"no row rule for the value of {name}{_where(node)}")] * n_out
+    if name.startswith("random") or name in ("iota", "rng_bit_generator", "rng_uniform"):
+        return [Unknown(f"no row rule for the value of {name}{_where(node)}")] * n_out
+    return [d] * n_out
+
+
+_LOOP_PASSES = 12  # passes over a loop body for the row states of its carries (each may change twice)
+
+
+def _join(a, b, node):
+    if a is None or a == b and type(a) is type(b):
+        return b
+    if b is None:
+        return a
+    for s in (a, b):
+        if isinstance(s, Mixed):
+            return s
+    for s in (a, b):
+        if isinstance(s, Unknown):
+            return s
+    return Unknown(f"the carry of {_name(node)}{_where(node)} holds the batch on different axes in different "
+                   f"iterations")
+
+
+def _loop(node, ins, idx, batch):
+    """A scan or while loop (not unrolled): the body walked until its carries' row states are fixed
+    (FREE < ROW(d) < MIXED; each iteration's state is within the joined one). A scan along the batch
+    axis itself is a map over rows when no carry picks up a row (:func:`_scan_over_rows`). A while loop
+    whose predicate depends on the batch stops on all rows at once: each row's value depends on the
+    others through the trip count (Unknown: the derivative of row i may still be row i's alone)."""
+    n_out = len(node.outs)
+    name = _name(node)
+    body = node.inner[0]
+    scan = node.name == "lax.scan"
+    if scan:
+        nc, ncar = node.params["num_consts"], node.params["num_carry"]
+        first, shift = nc, 0
+        over = [pos for pos, s in ins.items() if pos >= nc + ncar and s == -len(node.shape(pos))
+                and not isinstance(s, Blocked)]
+        if over or any(isinstance(s, Blocked) and s.axis == -len(node.shape(pos)) for pos, s in ins.items()
+                       if pos >= nc + ncar):
+            return _scan_over_rows(node, ins, over, batch)
+    else:
+        cn, bn = node.params["cond_nconsts"], node.params["body_nconsts"]
+        first, shift = cn + bn, cn
+        ncar = len(node.args) - first
+    carries = range(first, first + ncar)
+    fixed = {pos - shift: s for pos, s in ins.items() if pos not in carries}  # (a scan's slices: the same axis)
+    carry = {pos: ins[pos] for pos in carries if pos in ins}
+    for _ in range(_LOOP_PASSES):
+        env = {}
+        for k, vid in enumerate(body.inputs):
+            s = carry.get(k + shift) if k + shift in carries else fixed.get(k)
+            if s is not None:
+                env[vid] = s
+        _walk(body, env, batch)
+        got = [env.get(v) if v is not None else None for v in body.outputs]
+        changed = False
+        for j, pos in enumerate(carries):
+            new = _join(carry.get(pos), got[j], node)
+            if new is not carry.get(pos) and not (new == carry.get(pos) and type(new) is type(carry.get(pos))):
+                carry[pos], changed = new, True
+        if not changed:
+            break
+    else:
+        return [Unknown(f"{name}{_where(node)}: no fixed point of its carries' rows")] * n_out
+    outs = [carry.get(pos) for pos in carries]
+    if scan:
+        return outs + got[ncar:]  # a slice's negative axes are those of the stacked output
+    cond = node.inner[1]
+    env = {}
+    for k, vid in enumerate(cond.inputs):
+        s = idx.get(k) if k < shift else carry.get(k - shift + first)
+        if s is not None:
+            env[vid] = s
+    _walk(cond, env, batch)
+    pred = env.get(cond.outputs[0]) if cond.outputs[0] is not None else None
+    if pred is not None:
+        why = pred.describe() if isinstance(pred, Mixed) else getattr(pred, "why", f"ROW {pred}")
+        return [Unknown(f"{name}{_where(node)} stops on a predicate computed from the batch ({why}): every row's "
+                        f"value depends on the others through the trip count")] * n_out
+    return outs
+
+
+def _scan_over_rows(node, ins, over, batch):
+    """A scan whose scanned operands carry the batch on the scanned axis: iteration t reads row t. Its
+    outputs are ROW when nothing but those rows depends on the batch and no carry picks up a row (a
+    map over rows); a carry that does passes row t to row t+1: MIXED where it reaches an output."""
+    n_out = len(node.outs)
+    name = _name(node)
+    nc, ncar = node.params["num_consts"], node.params["num_carry"]
+    if set(ins) != set(over):
+        return [Unknown(f"{name}{_where(node)} scans over the batch axis with other operands that depend on the "
+                        f"batch")] * n_out
+    body = node.inner[0]
+    current = {body.inputs[pos] for pos in over}
+    carried = set()  # body inputs (carries) holding earlier rows
+    for _ in range(ncar + 2):
+        now, before = _taint(body, current, carried)
+        new = {body.inputs[nc + j] for j, v in enumerate(body.outputs[:ncar]) if v in now or v in before}
+        if new <= carried:
+            break
+        carried |= new
+    outs = []
+    for j, v in enumerate(body.outputs):
+        if v is None or (v not in now and v not in before):
+            outs.append(None)
+        elif j < ncar or v in before:
+            outs.append(Mixed(node, f"{name} carries state from one row of the batch to the next"))
+        else:
+            outs.append(-len(node.out_shapes[j]))
+    return outs
+
+
+def _taint(program, current, carried):
+    """Values that depend (through any operand, an index included) on ``current`` and on ``carried``."""
+    now, before = set(current), set(carried)
+    for node in program.nodes:
+        ids = list(node.traced.values()) + list(node.index.values())
+        if any(v in now for v in ids):
+            now.update(node.outs)
+        if any(v in before for v in ids):
+            before.update(node.outs)
+    return now, before
 
 
 def _name(node):
@@ -143,8 +320,12 @@ def _apply_rows(node, ins, batch):
     rule = rule_for(node.name)
     kind = rule.kind
     n_out = len(node.outs)
-    if kind == "zero":
-        return [None] * n_out
+    if kind == "zero":  # a jaxpr's rows must hold in value too (JAX evaluates a proved f one row at a time)
+        return _zero(node, ins, batch) if node.name.startswith("lax.") else [None] * n_out
+    if kind == "loop":
+        return _loop(node, ins, {}, batch)
+    if kind == "scatter":
+        return [_scatter(node, ins, batch)] + [None] * (n_out - 1)
     if kind == "elementwise":
         shape = node.out_shapes[0]
         axes = set()
@@ -259,7 +440,7 @@ def _apply_rows(node, ins, batch):
     return [Unknown(f"no row rule for the primitive {_name(node)!r}")] * n_out
 
 
-def _structural(node, ins, batch):
+def _structural(node, ins, batch, idx=None):
     name = _name(node)
     blocked = any(isinstance(s, Blocked) for s in ins.values())
     if name == "reshape" and not blocked:
@@ -282,29 +463,148 @@ def _structural(node, ins, batch):
         if blocked:
             return Blocked({-1: -2, -2: -1}.get(d.axis, d.axis), d.m)
         return {-1: -2, -2: -1}.get(d, d)
-    if name == "gather" and "dimension_numbers" in node.params and set(ins) == {0}:
+    if name == "gather" and "dimension_numbers" in node.params and set(ins) <= {0}:
         # a jaxpr gather whose operand and indices share the batch as their first batching axis (what
-        # take_along_axis makes): row i reads row i, whatever the indices' values
+        # take_along_axis makes): row i reads row i, whatever the values of the indices (FREE, or row i's)
         dn = node.params["dimension_numbers"]
-        d = ins[0]
+        d = ins.get(0, -len(node.shape(0)))
         if d == -len(node.shape(0)) and tuple(getattr(dn, "operand_batching_dims", ()))[:1] == (0,) and tuple(
-                getattr(dn, "start_indices_batching_dims", ()))[:1] == (0,) and 0 not in tuple(dn.offset_dims):
+                getattr(dn, "start_indices_batching_dims", ()))[:1] == (0,) and 0 not in tuple(dn.offset_dims) and (
+                not idx or idx == {1: -len(node.shape(1))}):
             return -len(node.out_shapes[0])
+        if idx:
+            return None
+        if type(node.args[1]).__name__ == "Aval":
+            return _window(node, ins, node.shape(0), set(dn.collapsed_slice_dims) | set(dn.start_index_map) | set(
+                getattr(dn, "operand_batching_dims", ())), tuple(dn.offset_dims), tuple(node.params["slice_sizes"]),
+                {0: None})
+    if name in ("dynamic_slice", "dynamic_update_slice") and any(
+            type(a).__name__ == "Aval" for pos, a in enumerate(node.args) if pos not in node.data):
+        return _dynamic(node, ins)
     # every other structural operation: its own implementation applied to row numbers (0: not a row)
     args = list(node.args)
     for pos in sorted(node.data):
-        shape = node.shape(pos)
-        if pos in ins:
-            d, m = (ins[pos].axis, ins[pos].m) if isinstance(ins[pos], Blocked) else (ins[pos], 1)
-            rows = (1 + np.arange(shape[d], dtype=np.int64) // m).reshape([-1 if k == d + len(shape) else 1
-                                                                          for k in range(len(shape))])
-            args[pos] = np.broadcast_to(rows, shape).copy()
-        else:
-            args[pos] = np.zeros(shape, dtype=np.int64)
+        args[pos] = _row_numbers(node.shape(pos), ins.get(pos))
     for pos, a in enumerate(args):
         if pos not in node.data and type(a).__name__ == "Aval":
             return Unknown(f"{name}: an index operand is computed from the input")
-    out = np.asarray(node.fn(*args, **node.params))
+    return _rows_of(np.asarray(node.fn(*args, **node.params)), node, batch)
+
+
+def _row_numbers(shape, state):
+    """1 + the row each element of a value belongs to (0: FREE)."""
+    if state is None:
+        return np.zeros(shape, dtype=np.int64)
+    d, m = (state.axis, state.m) if isinstance(state, Blocked) else (state, 1)
+    rows = (1 + np.arange(shape[d], dtype=np.int64) // m).reshape([-1 if k == d + len(shape) else 1
+                                                                  for k in range(len(shape))])
+    return np.broadcast_to(rows, shape).copy()
+
+
+def _dynamic(node, ins):
+    """dynamic_slice / dynamic_update_slice at starts computed in the program (FREE: the same for every
+    row). Along an axis taken whole the start is clamped to 0, so rows along it stay where they are."""
+    name = _name(node)
+    axes = {s.axis if isinstance(s, Blocked) else s for s in ins.values()}
+    states = set(ins.values())
+    if len(states) != 1:
+        return Unknown(f"{name}{_where(node)} at starts computed in the program, rows along different axes")
+    state = states.pop()
+    d = axes.pop()
+    big = node.shape(0)
+    small = node.shape(1) if name == "dynamic_update_slice" else tuple(node.params["slice_sizes"])
+    whole = small[d] == big[d]
+    if name == "dynamic_slice" and whole:
+        return state
+    if name == "dynamic_update_slice" and (whole or set(ins) == {0}):  # (a FREE update over some rows: kept)
+        return state
+    return Unknown(f"{name}{_where(node)} at starts computed in the program cuts across the batch axis")
+
+
+def _scatter(node, ins, batch):
+    """A jaxpr scatter with known indices: each output element gathers the rows of the operand element
+    it keeps and of the updates landing on it (see :func:`._sets.scatter_targets`); rows combined:
+    MIXED. Indices computed in the program: rows stay apart when the operand alone carries them and
+    the updates are FREE... which cannot be told from here in general: the proof gives up."""
+    from ._sets import scatter_targets
+    name = _name(node)
+    targets = scatter_targets(node)
+    if targets is None:
+        dn = node.params["dimension_numbers"]
+        op_shape = node.shape(0)
+        batching = set(getattr(dn, "operand_batching_dims", ()))
+        window = [p for p in range(len(op_shape)) if p not in dn.inserted_window_dims and p not in batching]
+        up_shape = node.shape(2)
+        sizes = [1] * len(op_shape)
+        for p, u in zip(window, dn.update_window_dims):
+            sizes[p] = up_shape[u]
+        return _window(node, ins, op_shape, set(dn.inserted_window_dims) | set(dn.scatter_dims_to_operand_dims)
+                       | batching, tuple(dn.update_window_dims), tuple(sizes), {0: "same", 2: "window"})
+    anywhere, surely = targets
+    out = _row_numbers(node.shape(0), ins.get(0)).ravel()
+    if name == "scatter" and surely is not None:
+        out[surely[surely > 0] - 1] = 0  # overwritten
+    up = _row_numbers(node.shape(2), ins.get(2)).ravel()
+    way, src = np.nonzero(anywhere)
+    dst, rows = anywhere[way, src] - 1, up[src]
+    dst, rows = dst[rows > 0], rows[rows > 0]
+    big = np.iinfo(np.int64).max
+    lo = np.where(out > 0, out, big)
+    hi = out.copy()
+    np.minimum.at(lo, dst, rows)
+    np.maximum.at(hi, dst, rows)
+    if np.any((lo != big) & (lo != hi)):
+        return Mixed(node, f"{name} combines rows of the batch")
+    return _rows_of(np.where(lo == big, 0, lo).reshape(node.out_shapes[0]), node, batch)
+
+
+def _window(node, ins, op_shape, indexed, window_dims, sizes, roles):
+    """A gather or scatter at indices computed in the program (FREE: the same for every row) that takes
+    the batch axis whole as a window axis no index moves: row i stays row i. ``roles``: position ->
+    None (the gather's operand: the batch goes to its window axis in the output), "same" (the
+    scatter's operand: same axis), "window" (the scatter's updates: their window axis)."""
+    name = _name(node)
+    found = set()
+    nd = len(op_shape)
+    if roles.get(0) == "same" and set(ins) == {0}:  # FREE updates anywhere: element j keeps operand row j's
+        return ins[0]
+    for pos, s in ins.items():
+        if isinstance(s, Blocked) or pos not in roles:
+            return Unknown(f"{name}{_where(node)} at indices computed in the program")
+        shape = node.shape(pos)
+        axis = s + len(shape)
+        if roles[pos] == "window":  # the updates' window axis -> the operand axis it writes along
+            if axis not in window_dims:
+                return Unknown(f"{name}{_where(node)} scatters the batch axis at indices computed in the program")
+            p = _operand_axis(node, window_dims.index(axis))
+        else:
+            p = axis
+        if p is None or p in indexed or sizes[p] != op_shape[p]:
+            return Unknown(f"{name}{_where(node)} at indices computed in the program cuts across the batch axis")
+        found.add(p)
+    if len(found) != 1:
+        return Unknown(f"{name}{_where(node)} combines rows along different axes")
+    p = found.pop()
+    out_nd = len(node.out_shapes[0])
+    if roles.get(0) is None:  # gather: the operand's window axes go to offset_dims in order
+        dn = node.params["dimension_numbers"]
+        collapsed = set(dn.collapsed_slice_dims) | set(getattr(dn, "operand_batching_dims", ()))
+        rank = [q for q in range(nd) if q not in collapsed].index(p)
+        return window_dims[rank] - out_nd
+    return p - nd
+
+
+def _operand_axis(node, k):
+    """The operand axis of a scatter's k-th update window axis."""
+    dn = node.params["dimension_numbers"]
+    batching = set(getattr(dn, "operand_batching_dims", ()))
+    window = [p for p in range(len(node.shape(0))) if p not in dn.inserted_window_dims and p not in batching]
+    return window[k] if k < len(window) else None
+
+
+def _rows_of(out, node, batch):
+    """The row state of a value from its row numbers (0: FREE), or MIXED when they are not in order."""
+    name = _name(node)
     if not out.any():
         return None
     nd = out.ndim

@@ -23,7 +23,7 @@ import numpy as np
 # ---------------------------------------------------------------------------------------- classes
 # kind: "elementwise" | "structural" | "reduce" | "scan" | "lane" | "matmul" | "einsum" | "core"
 #       | "take" (a gather along an axis, the index an operand without derivative) | "linear_probe" | "zero"
-#       | "call" | "unknown"
+#       | "call" | "loop" (a jaxpr scan or while: its body iterated to a fixed point) | "scatter" | "unknown"
 # order: "linear" (no second derivative), "bilinear" (products of distinct operands), "divide",
 #        "nonlinear"
 
@@ -81,7 +81,7 @@ _put("exp exp2 log log1p expm1 sqrt rsqrt cbrt sin cos tan asin acos atan sinh c
 _put("sign floor ceil round is_finite eq ne lt le gt ge and or not xor iota argmax argmin stop_gradient "
      "shift_left shift_right_logical shift_right_arithmetic population_count nextafter rem_int random_bits "
      "random_seed random_wrap random_unwrap threefry2x32", Rule("zero"), "lax.")
-_put("reshape transpose broadcast_in_dim squeeze expand_dims slice dynamic_slice concatenate pad rev gather "
+_put("reshape transpose broadcast_in_dim squeeze expand_dims slice dynamic_slice concatenate pad rev gather tile "
      "dynamic_update_slice", Rule("structural"), "lax.")
 _put("reduce_sum reduce_max reduce_min", Rule("reduce", "linear"), "lax.")
 _put("reduce_prod", Rule("reduce", "nonlinear"), "lax.")
@@ -89,8 +89,13 @@ _put("cumsum cummax cummin", Rule("scan", "linear"), "lax.")
 _put("cumprod cumlogsumexp", Rule("scan", "nonlinear"), "lax.")
 _put("sort", Rule("lane", "linear"), "lax.")
 _put("dot_general", Rule("einsum", "bilinear"), "lax.")
-_put("pjit closed_call core_call custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr remat checkpoint "
+_put("pjit closed_call core_call custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr remat remat2 checkpoint "
      "custom_lin jit", Rule("call"), "lax.")
+_put("scan while", Rule("loop"), "lax.")
+_put("scan_index scan_stack", Rule("structural"), "lax.")  # an unrolled scan's slices and stacked outputs
+_put("scatter scatter-add scatter_add scatter-sub scatter_sub scatter-min scatter_min scatter-max scatter_max",
+     Rule("scatter", "linear"), "lax.")
+_put("scatter-mul scatter_mul", Rule("scatter", "nonlinear"), "lax.")
 _put("cond", Rule("call", branches=True), "lax.")
 
 # ATen operations (a torch.fx graph, see ._fx), under "aten."

@@ -13,6 +13,9 @@ import numpy as np
 from ._rules import codes, einsum_spec, lane_axes, reduce_axes, rule_for
 
 _PAIR_LIMIT = 20_000_000  # pairs a rule may enumerate before it answers a (sound) superset instead
+_FIXED_POINT = 100  # passes over a loop's body before its carries are widened to everything they may reach
+_EXACT_PASSES = 2000  # a loop with a known trip count up to this is iterated exactly (not unrolled: too long)
+_WORK = 20_000_000  # set elements a loop's passes may process before it widens (sound, with a reason)
 
 
 def _sp():
@@ -46,6 +49,39 @@ def _or(parts, rows, n):
     for p in parts:
         out = p if out is None else out + p
     return empty(rows, n) if out is None else out.astype(bool)
+
+
+def scatter_targets(node):
+    """Where each update element of a jaxpr scatter lands: ``(anywhere, surely)``, arrays of the
+    updates' shape holding 1 + the flat index of the operand element (0: dropped). ``anywhere`` covers
+    every way the index mode may place it; ``surely`` (None if unknown) the elements certainly written.
+    None when the indices are computed from the input."""
+    import jax
+    import jax.numpy as jnp
+
+    idx = node.args[1]
+    if type(idx).__name__ == "Aval":
+        return None
+    dn = node.params["dimension_numbers"]
+    op_shape, up_shape = node.shape(0), node.shape(2)
+    window = iter([up_shape[d] for d in dn.update_window_dims])
+    batching = tuple(getattr(dn, "operand_batching_dims", ()))
+    sizes = tuple(1 if d in dn.inserted_window_dims or d in batching else next(window) for d in range(len(op_shape)))
+    gdn = jax.lax.GatherDimensionNumbers(
+        offset_dims=tuple(dn.update_window_dims), collapsed_slice_dims=tuple(dn.inserted_window_dims),
+        start_index_map=tuple(dn.scatter_dims_to_operand_dims), operand_batching_dims=batching,
+        start_indices_batching_dims=tuple(getattr(dn, "scatter_indices_batching_dims", ())))
+    mode = jax.lax.GatherScatterMode.from_any(node.params.get("mode"))
+    modes = {jax.lax.GatherScatterMode.CLIP: ("clip",), jax.lax.GatherScatterMode.FILL_OR_DROP: ("fill",)}.get(
+        mode, ("clip", "fill"))  # an index promised in bounds: either, to be safe
+    got = []
+    with jax.ensure_compile_time_eval():
+        for m in modes:
+            g = jax.lax.gather(jnp.asarray(codes(op_shape), dtype=jnp.int32), jnp.asarray(np.asarray(idx)), gdn,
+                               sizes, mode=m, fill_value=0)
+            got.append(np.asarray(g, dtype=np.int64).reshape(up_shape))
+    anywhere = np.stack([g.ravel() for g in got])  # (ways, updates)
+    return anywhere, (got[0] if len(got) == 1 or np.array_equal(got[0], got[1]) else None)
 
 
 class SetInterpreter:
@@ -91,6 +127,8 @@ class SetInterpreter:
             return [None] * len(node.outs)
         if kind == "call":
             return self._call(node, ins, rule)
+        if kind == "unknown":
+            return self._unknown(node, ins, f"no rule for the primitive {node.name!r}")
         method = getattr(self, "_" + kind, None)
         if method is None:
             return self._unknown(node, ins, f"no rule for the primitive {node.name!r}")
@@ -133,6 +171,14 @@ class SetInterpreter:
         return [out]
 
     def _structural(self, node, ins, rule):
+        unknown = [pos for pos, a in enumerate(node.args) if pos not in node.data and type(a).__name__ == "Aval"]
+        if unknown and node.name in ("lax.dynamic_slice", "lax.dynamic_update_slice"):
+            return self._dynamic(node, ins)
+        if unknown:  # a gather (or other move) by indices computed from the input: any element may be read
+            self.widen(f"{node.name} with indices computed from the input" + (f" at {node.site}" if node.site
+                       else "") + ": each of its output elements may read any element its window may cover")
+            got = self._gather_anywhere(node, ins) if node.name == "lax.gather" and set(ins) == {0} else None
+            return [got if got is not None else self._spread(node, ins, node.out_shapes[0])]
         args = list(node.args)
         offset, stack = 1, []
         for pos in sorted(node.data):
@@ -149,6 +195,175 @@ class SetInterpreter:
         out = np.asarray(node.fn(*args, **node.params)).astype(np.int64)
         src = _sp().vstack(stack, format="csr") if len(stack) > 1 else stack[0]
         return [(select(out, src.shape[0]) @ src).astype(bool)]
+
+    def _spread(self, node, ins, shape):
+        """Every element of ``shape`` depending on every input element (a linear, order-free superset)."""
+        union = _or([_sp().csr_array(np.asarray(m.sum(axis=0)).reshape(1, -1) > 0) for m in ins.values()], 1, self.n)
+        return (_sp().csr_array(np.ones((math.prod(shape), 1), dtype=bool)) @ union).astype(bool)
+
+    def _gather_anywhere(self, node, ins):
+        """A jaxpr gather at indices computed from the input: output element e may read, along each
+        operand axis an index moves, any position its window coordinate allows (a start clamped into
+        range), and along the others exactly its window coordinate. None when too large to list (or
+        with batching axes): the caller spreads."""
+        dn = node.params["dimension_numbers"]
+        op_shape, out_shape = node.shape(0), tuple(node.out_shapes[0])
+        sizes = tuple(node.params["slice_sizes"])
+        if tuple(getattr(dn, "operand_batching_dims", ())) or math.prod(out_shape) * math.prod(op_shape) > _PAIR_LIMIT:
+            return None
+        collapsed, moved = set(dn.collapsed_slice_dims), set(dn.start_index_map)
+        grid = np.indices(out_shape).reshape(len(out_shape), -1) if out_shape else np.zeros((0, 1), np.int64)
+        offsets = iter(dn.offset_dims)
+        allowed = np.ones((grid.shape[1],) + tuple(op_shape), dtype=bool)
+        for p, n_p in enumerate(op_shape):
+            w = np.zeros(grid.shape[1], dtype=np.int64) if p in collapsed else grid[next(offsets)]
+            c = np.arange(n_p)[None, :]
+            ok = (c >= w[:, None]) & (c <= w[:, None] + n_p - sizes[p]) if p in moved else c == w[:, None]
+            allowed &= ok.reshape((grid.shape[1],) + tuple(n_p if q == p else 1 for q in range(len(op_shape))))
+        rows, cols = np.nonzero(allowed.reshape(grid.shape[1], -1))
+        return (pattern(rows, cols, (grid.shape[1], ins[0].shape[0])) @ ins[0]).astype(bool)
+
+    def _dynamic(self, node, ins):
+        """dynamic_slice / dynamic_update_slice with start indices computed from the input: the union
+        over every start the clamping allows, one axis at a time (a Kronecker product of bands)."""
+        sp = _sp()
+        update = node.name == "lax.dynamic_update_slice"
+        self.widen(f"{node.name} with start indices computed from the input" + (f" at {node.site}" if node.site
+                   else "") + ": every start it may take counts")
+        big = node.shape(0)
+        small = node.shape(1) if update else tuple(node.params["slice_sizes"])
+        starts = node.args[2:] if update else node.args[1:]
+        band = sp.csr_array(np.ones((1, 1), dtype=bool))
+        for d, (n_big, n_small) in enumerate(zip(big, small)):
+            st = starts[d]
+            if type(st).__name__ == "Aval":
+                possible = np.arange(n_big - n_small + 1)
+            else:
+                possible = np.array([int(np.clip(np.asarray(st), 0, n_big - n_small))])
+            i = np.repeat(np.arange(n_small), possible.size)
+            band = sp.kron(band, pattern(i + np.tile(possible, n_small), i, (n_big, n_small)), format="csr")
+        outs = []
+        if update:  # out = operand (where not overwritten: kept, a superset) and the update, anywhere allowed
+            parts = [ins[0]] if 0 in ins else []
+            if 1 in ins:
+                parts.append((band @ ins[1]).astype(bool))
+            outs.append(_or(parts, math.prod(big), self.n))
+        else:
+            outs.append((band.T @ ins[0]).astype(bool))
+        return outs
+
+    def _scatter(self, node, ins, rule):
+        """A jaxpr scatter (``x.at[i].set/add/mul/min/max``): out[j] <- operand[j] (unless a ``set``
+        surely overwrites it) and every update element that lands on j. Where each update lands is
+        read from a gather of element codes with the scatter's own indices (its transpose); indices
+        computed from the input: every update may land anywhere."""
+        size = math.prod(node.shape(0))
+        targets = scatter_targets(node)
+        parts = []
+        if targets is None:
+            self.widen(f"{node.name} with indices computed from the input" + (f" at {node.site}" if node.site
+                       else "") + ": each update may land on any element")
+        if 0 in ins:
+            m = ins[0]
+            if node.name == "lax.scatter" and targets is not None and targets[1] is not None:
+                keep = np.ones(size, dtype=bool)
+                keep[targets[1][targets[1] > 0] - 1] = False  # surely overwritten by an update
+                on = np.nonzero(keep)[0]
+                m = (pattern(on, on, (size, size)) @ m).astype(bool)
+            parts.append(m)
+        if 2 in ins:
+            if targets is None:
+                parts.append(self._spread(node, {2: ins[2]}, node.shape(0)))
+            else:
+                t = targets[0]
+                way, src = np.nonzero(t)
+                parts.append((pattern(t[way, src] - 1, src, (size, t.shape[1])) @ ins[2]).astype(bool))
+        out = _or(parts, size, self.n)
+        if self.hessian and rule.order == "nonlinear":
+            self._pair(out, out)
+        return [out]
+
+    def _loop(self, node, ins, rule):
+        """A scan or a while loop not unrolled: its body run to a fixed point over the carries' sets
+        (each carry the union of its sets over iterations, a scan's slices the union of every slice);
+        every iteration's sets are within it, whatever the trip count. At the cap: everything the
+        loop's operands depend on."""
+        body = node.inner[0]
+        scan = node.name == "lax.scan"
+        if scan:
+            nc, ncar, length = node.params["num_consts"], node.params["num_carry"], node.params["length"]
+            first = nc  # first carry position
+        else:
+            first = node.params["cond_nconsts"] + node.params["body_nconsts"]
+            ncar = len(node.args) - first
+        carries = range(first, first + ncar)
+        fixed = {}  # body input position -> set, for consts and slices
+        for pos, m in ins.items():
+            if pos in carries:
+                continue
+            if scan and pos >= first + ncar:  # the union of every slice of a scanned operand
+                s = m.shape[0] // length if length else 0
+                if s == 0:
+                    continue
+                k = np.arange(length * s)
+                m = (pattern(k % s, k, (s, length * s)) @ m).astype(bool)
+            fixed[pos - (0 if scan else node.params["cond_nconsts"])] = m
+        carry = {pos: ins[pos] for pos in carries if pos in ins}
+        shift = 0 if scan else node.params["cond_nconsts"]
+
+        def step():
+            env = {}
+            for k, vid in enumerate(body.inputs):
+                m = fixed.get(k) if (k + shift) not in carries else carry.get(k + shift)
+                if m is not None and m.nnz:
+                    env[vid] = m
+            self.run(body, env)
+            return [env.get(v) if v is not None else None for v in body.outputs]
+
+        if scan and not any(pos >= first + ncar for pos in ins) and 0 < length <= _EXACT_PASSES:
+            # a known trip count and nothing scanned (a fori_loop): the body applied exactly `length`
+            # times to the carries' sets; once a pass changes nothing, none after it will (same body,
+            # same constants), so the carries are exact for the body's rules whatever the length;
+            # each y the union of its sets over the passes
+            ys, work = [None] * (len(body.outputs) - ncar), 0
+            for _ in range(length):
+                got = step()
+                ys = [y if g is None else g if y is None else (y + g).astype(bool) for y, g in zip(ys, got[ncar:])]
+                new = {pos: got[j] for j, pos in enumerate(carries) if got[j] is not None and got[j].nnz}
+                same = new.keys() == carry.keys() and all(not (new[p] != carry[p]).nnz for p in new)
+                carry = new
+                work += sum(m.nnz for m in new.values())
+                if same or work > _WORK:
+                    break
+            if work > _WORK:  # (a fixed point from here would only take more)
+                return self._unknown(node, ins, f"{node.name} too costly to follow ({length} iterations)")
+            return [carry.get(pos) for pos in carries] + [
+                None if y is None else _sp().vstack([y] * length, format="csr") for y in ys]
+        work = 0
+        for _ in range(_FIXED_POINT):
+            got = step()
+            work += sum(m.nnz for m in carry.values())
+            if work > _WORK:
+                return self._unknown(node, ins, f"{node.name} too costly to follow to a fixed point")
+            changed = False
+            for j, pos in enumerate(carries):
+                new = got[j]
+                if new is None or not new.nnz:
+                    continue
+                old = carry.get(pos)
+                joined = new if old is None else (old + new).astype(bool)
+                if old is None or (joined != old).nnz:
+                    carry[pos], changed = joined, True
+            if not changed:
+                break
+        else:
+            return self._unknown(node, ins, f"{node.name} did not reach a fixed point in {_FIXED_POINT} passes")
+        outs = [carry.get(pos) for pos in carries]
+        if scan:
+            for j, y in enumerate(got[ncar:]):
+                outs.append(None if y is None else _sp().vstack([y] * length, format="csr") if length else
+                            empty(0, self.n))
+        return outs
 
     def _reduce(self, node, ins, rule):
         (pos, m), = ins.items()

@@ -32,7 +32,8 @@ import numpy as np
 from . import _checks
 from . import _per_example_jaxpr as _jaxpr
 from . import _per_example_torch as _torch
-from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
+from ._per_example_common import (BIAS, CONV, CONV_GHOST, DENSE, DENSE_GHOST, DENSE_OUTER,  # noqa: F401
+                                  EMBEDDING, EMBEDDING_GHOST, MATERIALISED, NORM, SCALE, SHARED, SHARED_SUMMED)
 from ._per_example_common import check_losses as _check_losses
 from ._call import BoundedCache, execute, prepare
 from ._transform import _wraps, promoted_blocks
@@ -56,8 +57,9 @@ def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, co
     it; a loss written for one example that also works on a batch gives the same values here.)
 
     On the NumPy tape, JAX and torch, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``,
-    ``* s``; ``nn.Linear`` on torch) get their rows from one ordinary backward pass, where the program
-    proves that rows of the losses stay apart after the layer; others are materialised as Jacobian
+    ``* s``; ``nn.Linear`` on torch; on torch also convolutions, embeddings, LayerNorm's and GroupNorm's
+    scale and shift, a weight used several times) get their rows from one ordinary backward pass, where
+    the program proves that rows of the losses stay apart after the layer; others are materialised as Jacobian
     rows (about B backward passes; every parameter on TensorFlow and plugins). The returned
     function's ``.paths`` maps each parameter leaf to the way it took on the last call.
 

@@ -23,6 +23,7 @@ class Recorder(TorchDispatchMode):
         self.ops, self.sig = [], []
         self.broken = False  # an operand depends on the parameters but its origin was not seen
         self.consts = []
+        self.writes = []  # (operation index, storage) of every tensor an operation wrote in place
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -44,6 +45,8 @@ class Recorder(TorchDispatchMode):
             else:
                 refs.append(a)
         k = len(self.ops)
+        if func._schema.is_mutable:
+            self._note_writes(k, func, args, kwargs)
         self.ops.append((func, flat, spec, out))
         self.sig.append((func, spec, tuple(refs)))
         if isinstance(out, (tuple, list)):
@@ -53,6 +56,26 @@ class Recorder(TorchDispatchMode):
         elif isinstance(out, torch.Tensor):
             self.where[id(out)] = (k, None)
         return out
+
+    def _note_writes(self, k, func, args, kwargs):
+        torch = self.torch
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+            for t in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(t, torch.Tensor):
+                    self.writes.append((k, t.untyped_storage().data_ptr()))
+
+    def stale(self, ref):
+        """Whether the value of ``ref`` (or a view of its memory) was written in place after it was made:
+        then it no longer holds what the operations that read it saw."""
+        if not self.writes:
+            return False
+        t = self.value(ref)
+        made = ref[0] if isinstance(ref[0], int) else -1
+        ptr = t.untyped_storage().data_ptr()
+        return any(k > made and p == ptr for k, p in self.writes)
 
     def key(self, losses, batch):
         ref = self.where.get(id(losses))

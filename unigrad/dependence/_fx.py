@@ -41,7 +41,7 @@ _REDUCE = frozenset({"sum", "mean", "amax", "amin", "prod", "logsumexp", "var", 
                      "linalg_vector_norm"})
 _AXIS = frozenset({"_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp", "gather"})
 _NOT_DATA = {"where": (0,), "gather": (1,), "index": None, "index_select": (1,), "masked_fill": (1,),
-             "nll_loss_forward": (1, 2, 3)}  # positions (among tensor operands) that carry no derivative
+             "nll_loss_forward": (1, 2, 3), "embedding": (1,)}  # positions (among tensor operands) that carry no derivative
 _FOLD_LIMIT = 1 << 20
 
 
@@ -174,6 +174,12 @@ def fx_program(graph, ids=None) -> Program:
             params = {"axis": bound.get("dim")}
         elif name == "native_layer_norm":  # normalised over its trailing axes
             params = {"axis": tuple(range(-len(bound["normalized_shape"]), 0))}
+        elif name == "native_batch_norm":  # in training, normalised with statistics over the batch
+            nd = len(values[0].shape)
+            if bound.get("training", True):
+                name, params = "native_batch_norm_training", {"axis": tuple(a for a in range(nd) if a != 1)}
+            else:
+                name = "native_batch_norm_eval"
         elif name == "permute":
             params = {"axes": tuple(bound["dims"])}
         elif name in ("t", "transpose"):  # as a permutation (the rules read one)

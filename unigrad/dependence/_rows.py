@@ -173,6 +173,16 @@ def _apply_rows(node, ins, batch):
         return [outs[0]] * n_out
     if kind == "structural":
         return [_structural(node, ins, batch)]
+    if kind == "per_sample":
+        rows_at = rule.extra.get("rows", (0,))
+        for pos, d in ins.items():
+            if pos not in rows_at:
+                return [Unknown(f"{_name(node)} with a row-dependent operand {pos}")] * n_out
+            if d != -len(node.shape(pos)):
+                return [Mixed(node, f"{_name(node)} acts across the batch axis")] * n_out
+        n = node.shape(next(iter(ins)))[0]
+        return [-len(s) if s and s[0] == n else Unknown(f"{_name(node)} changes the batch axis")
+                for s in node.out_shapes]
     if kind == "take":  # out[.., i, .., j] = x[.., i, .., index[.., i, .., j]] along one axis (the index: no derivative)
         if set(ins) != {0}:
             return [Unknown(f"{_name(node)} with a row-dependent operand other than its data")] * n_out

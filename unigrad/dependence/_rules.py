@@ -23,6 +23,8 @@ import numpy as np
 # ---------------------------------------------------------------------------------------- classes
 # kind: "elementwise" | "structural" | "reduce" | "scan" | "lane" | "matmul" | "einsum" | "core"
 #       | "take" (a gather along an axis, the index an operand without derivative) | "linear_probe" | "zero"
+#       | "per_sample" (each example's output from its own input alone: the batch on axis 0 of the
+#         operand positions in ``extra["rows"]`` stays on axis 0 of every output; a convolution, a pooling)
 #       | "call" | "unknown"
 # order: "linear" (no second derivative), "bilinear" (products of distinct operands), "divide",
 #        "nonlinear"
@@ -114,6 +116,11 @@ _put("cumprod logcumsumexp", Rule("scan", "nonlinear"), "aten.")
 _put("_softmax _log_softmax native_layer_norm", Rule("lane", "nonlinear"), "aten.")
 _put("mm bmm", Rule("matmul", "bilinear"), "aten.")
 _put("gather nll_loss_forward", Rule("take", "linear"), "aten.")
+_put("convolution max_pool1d max_pool2d max_pool1d_with_indices max_pool2d_with_indices avg_pool1d avg_pool2d "
+     "adaptive_avg_pool1d _adaptive_avg_pool2d adaptive_max_pool1d adaptive_max_pool2d native_group_norm "
+     "native_batch_norm_eval", Rule("per_sample", "nonlinear", rows=(0,)), "aten.")
+_put("embedding", Rule("per_sample", "linear", rows=()), "aten.")  # a lookup in its weight (never a row)
+_put("native_batch_norm_training", Rule("lane", "nonlinear"), "aten.")  # statistics over the batch
 
 _UNKNOWN = Rule("unknown", "nonlinear")
 

@@ -239,7 +239,7 @@ def torch_model(torch, d_in, hidden, n_out, norm, dtype):
                                                    ("float64", False, True)])
 def test_torch_module_norms_equal_torch_func(dtype, sequence, norm):
     """An nn.Module's per-example losses (cross-entropy, over positions for a sequence): the dense
-    layers' norms from one backward pass, LayerNorm's parameters (no trick) materialised; the values
+    layers' and LayerNorm's norms from one backward pass; the values
     those of torch.func's vmap(grad) to rounding."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -269,8 +269,9 @@ def test_torch_module_norms_equal_torch_func(dtype, sequence, norm):
     last = "3" if norm else "2"
     assert pn.paths[f"argument 0['0.weight']"] == pn.paths[f"argument 0['{last}.weight']"] == dense
     assert pn.paths[f"argument 0['0.bias']"] == pn.paths[f"argument 0['{last}.bias']"] == _per_example.BIAS
-    if norm:  # LayerNorm's scale and shift are not a layer the trick covers: materialised, and right
-        assert pn.paths["argument 0['1.weight']"] == pn.paths["argument 0['1.bias']"] == _per_example.MATERIALISED
+    if norm:  # LayerNorm's scale and shift: xhat * G and G summed over positions, one backward pass too
+        assert pn.paths["argument 0['1.weight']"] == _per_example.NORM
+        assert pn.paths["argument 0['1.bias']"] == _per_example.BIAS
     rows = unigrad.per_example_grad(losses, batch_argnum=(1, 2))(params, x, y)
     for k in params:
         torch.testing.assert_close(rows[k], grads[k], rtol=2e-5 if dtype == "float32" else 1e-10, atol=1e-6)

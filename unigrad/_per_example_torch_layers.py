@@ -11,7 +11,8 @@ is that derivative. The uses:
 * dense ``mm``/``addmm`` (the parameter directly or through transposes, ``F.linear(x, w.T)``), over
   positions too: ``X_i^T G_i`` (or ``G_i^T X_i`` for a transposed use);
 * ``convolution`` (1-d and 2-d, any stride, padding, dilation, groups): per group j,
-  ``G_ij^T U_ij`` with ``U_i`` the input's patches (``unfold``), P output positions;
+  ``G_ij^T U_ij`` with ``U_i`` the input's patches (``unfold``), P output positions; the rows
+  themselves as torch's weight gradient of one convolution with the examples as groups;
 * ``embedding``: ``G_i``'s rows added into the looked-up rows (none into ``padding_idx``);
 * broadcast biases and scales (``add``/``sub``/``mul``, the parameter directly or through views such as
   ``b.view(1, -1, 1, 1)``), ``addmm``'s and ``convolution``'s bias: ``G_i`` (times the other factor)
@@ -29,6 +30,7 @@ vocabulary size.
 
 from __future__ import annotations
 
+import math
 import operator
 
 from . import _per_example_common as pe
@@ -88,6 +90,22 @@ class Use:
             gs = g.reshape(batch, groups, g.shape[1] // groups, -1).transpose(2, 3)  # (B, groups, P, C_out/groups)
             return gs, u
         return None
+
+    def conv_rows(self, rec, g, batch, shape):
+        """A convolution's rows as the weight gradient of one convolution with the examples as groups."""
+        import torch
+
+        x = rec.value(self.refs["x"]).detach()
+        info = self.info
+        groups = info["groups"]
+        xs = x.reshape(1, -1, *x.shape[2:])
+        gs = g.reshape(1, -1, *g.shape[2:])
+        shell = torch.empty((batch * shape[0], *shape[1:]), dtype=x.dtype, device=x.device)  # (sizes only)
+        spatial = len(shape) - 2
+        _, rows, _ = torch.ops.aten.convolution_backward(
+            gs, xs, shell, None, list(info["stride"]), list(info["padding"]), list(info["dilation"]), False,
+            [0] * spatial, batch * groups, [False, True, False])
+        return rows.reshape(batch, *shape)
 
     def rows(self, rec, g, batch, shape):
         """Example i's gradient from this use, shape ``(batch, *shape)``."""
@@ -161,6 +179,11 @@ def parameter_rows(uses, rec, gs, param, batch, norms):
 
     shape, dtype = tuple(param.shape), param.dtype
     gl = [gs[u.g_index].detach().reshape(u.seed_shape) for u in uses]
+    if len(uses) == 1 and uses[0].kind == "conv":
+        positions, k = math.prod(gl[0].shape[2:]), math.prod(shape[1:])
+        if not norms or positions * positions > k * shape[0] // uses[0].info["groups"]:
+            # the rows by torch's own weight gradient, the examples as groups (no patches formed)
+            return uses[0].conv_rows(rec, gl[0], batch, shape).to(dtype), None, pe.CONV
     facs = [u.factors(rec, g, batch) for u, g in zip(uses, gl)]
     stacked = all(f is not None for f in facs) and len({f[0].shape[1:2] + f[0].shape[3:] + f[1].shape[3:]
                                                          for f in facs}) == 1
@@ -296,7 +319,7 @@ def _classify(operand, user, name, batch, transposed, viewed):
     pos = 0 if user.args[0] is operand else 1
     other = user.args[1 - pos]
     out = _shape(user)
-    if not isinstance(other, torch.fx.Node) or _shape(other) != out or not out or out[0] != batch:
+    if not isinstance(other, torch.fx.Node) or len(_shape(other)) > len(out) or not out or out[0] != batch:
         return None
     sign = -1.0 if (name == "sub" and pos == 1) else 1.0
     return _broadcast(operand, user, user, other if name == "mul" else None, sign)

@@ -194,3 +194,54 @@ def test_value_overwritten_in_place_after_the_layer_is_not_read():
 
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         unigrad.per_example_grad(f)(w, x)
+
+
+def test_batched_jacobian_refuses_batch_norm_in_training_and_proves_convolutions():
+    """The same rules behind batched_jacobian's proof: batch norm in training mode named as what mixes
+    the rows; a strided convolution proved row-wise (its per-example Jacobians equal jacrev's blocks)."""
+    torch.manual_seed(8)
+    w, x = torch.randn(2, 3, 3, 3, dtype=DT), torch.randn(B, 3, 5, 5, dtype=DT)
+    with pytest.raises(ValueError, match="native_batch_norm_training along the batch axis"):
+        unigrad.batched_jacobian(lambda x: F.batch_norm(F.conv2d(x, w), None, None, training=True))(x)
+
+    def conv(x):
+        return torch.tanh(F.conv2d(x, w, stride=2, padding=1))
+
+    full = torch.func.jacrev(conv)(x)
+    blocks = unigrad.batched_jacobian(conv)(x)
+    torch.testing.assert_close(blocks, torch.stack([full[i, :, :, :, i] for i in range(B)]), rtol=1e-12, atol=0)
+
+
+def test_in_place_operations_after_layers():
+    """ReLU(inplace=True) after convolutions, a residual ``h += x`` and a bias added in place: G at the
+    value each layer made (its gradient edge, kept before the write), every parameter fast and right. A
+    value changed through a view and then read through its base is not the recorded data flow: the
+    parameter is materialised, and right."""
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.ReLU(inplace=True),
+                                torch.nn.Conv2d(3, 2, 3), torch.nn.ReLU(inplace=True), torch.nn.Flatten(),
+                                torch.nn.Linear(2 * 3 * 3, 3)).to(DT)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    params.update(w=torch.randn(3, 3, dtype=DT), b=torch.randn(3, dtype=DT))
+    x, y = torch.randn(B, 2, 5, 5, dtype=DT), torch.randn(B, 3, dtype=DT)
+
+    def losses(p, x, y):
+        z = torch.func.functional_call(model, {k: v for k, v in p.items() if "." in k}, (x,))
+        h = y @ p["w"]
+        h += z
+        h.add_(p["b"])
+        return torch.tanh(h).sum(1)
+
+    rows, _ = check(losses, params, x, y)
+    assert rows == {"0.weight": pe.CONV, "0.bias": pe.BIAS, "2.weight": pe.CONV, "2.bias": pe.BIAS,
+                    "5.weight": pe.DENSE, "5.bias": pe.BIAS, "w": pe.DENSE, "b": pe.BIAS}
+
+    def through_view(p, x):
+        h = x @ p["w"]
+        h[:, 0].add_(h.mean(0)[1])  # rows mixed into column 0, written through a view of h
+        return (h ** 2).sum(1)
+
+    pe_f = unigrad.per_example_grad(through_view)
+    torch.testing.assert_close(pe_f(params, y)["w"], torch.func.jacrev(through_view)(params, y)["w"],
+                               rtol=1e-12, atol=1e-12)
+    assert pe_f.paths["argument 0['w']"] == pe.MATERIALISED

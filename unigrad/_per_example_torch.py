@@ -70,8 +70,11 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
         rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
         if fast:
             ys = [recorder.value(ref) for ref in analysis.captures]
-            usable = [y.requires_grad for y in ys]
-            grads = torch.autograd.grad(losses.sum(), [y for y, u in zip(ys, usable) if u], allow_unused=True)
+            # (a layer output later overwritten in place: G at the value it held, by its gradient edge)
+            edges = [recorder.edges.get(ref) for ref in analysis.captures]
+            usable = [e is not None or y.requires_grad for y, e in zip(ys, edges)]
+            grads = torch.autograd.grad(losses.sum(), [y if e is None else e for y, e, u in zip(ys, edges, usable)
+                                                        if u], allow_unused=True)
             it = iter(grads)
             gs = [next(it) if u else None for u in usable]
             gs = [torch.zeros_like(y) if g is None else g for g, y in zip(gs, ys)]
@@ -120,7 +123,7 @@ class _Analysis:
         self.plans, self.captures = {}, []
         graph, refs = recorder.graph(losses)
         ids = {}
-        program = fx_program(graph, ids=ids)
+        program = fx_program(graph, ids=ids, in_place=True)
         placeholders = [node for node in graph.nodes if node.op == "placeholder"]
         proved = {}
         for k in range(n):
@@ -135,7 +138,8 @@ class _Analysis:
                         program, batch, seeds={vid: len(use.seed_shape)})[0] == "row"
             if not all(proved[use.seed] and use.resolve(refs) and use.capture in refs for use in uses):
                 continue
-            if any(recorder.stale(r) for use in uses for r in (refs[use.capture], *use.refs.values())):
+            if any(recorder.stale(r) for u in uses for r in u.refs.values()) or any(
+                    recorder.stale(refs[u.capture]) and refs[u.capture] not in recorder.edges for u in uses):
                 continue  # a value the rows read was overwritten in place later in f: materialised
             for use in uses:
                 ref = refs[use.capture]

@@ -294,7 +294,7 @@ def _classify(operand, user, name, batch, transposed, viewed):
         if bound["bias"] is operand and weight is not operand:
             return Use("channels", user)
         return None
-    if viewed and name not in ("add", "sub", "mul"):
+    if viewed and name not in ("add", "sub", "mul", "add_", "sub_", "mul_"):
         return None
     if name == "embedding":
         bound = _bind(user.target, user.args, user.kwargs)
@@ -312,6 +312,8 @@ def _classify(operand, user, name, batch, transposed, viewed):
             return None
         layer = "layer" if name == "native_layer_norm" else "group"
         return Use("norm", out[0], nodes={"x": x} if which == "weight" else None, which=which, layer=layer)
+    if name in ("add_", "sub_", "mul_") and user.args[1] is operand:  # into another value, in place
+        name = name[:-1]
     if name not in ("add", "sub", "mul") or user.target._overloadname != "Tensor":
         return None
     if user.kwargs.get("alpha", 1) != 1 or len(user.args) != 2:

@@ -25,6 +25,7 @@ import operator
 import numpy as np
 
 from ._program import Node, Program
+from ._rules import rule_for
 
 
 class Aval:
@@ -45,11 +46,14 @@ _NOT_DATA = {"where": (0,), "gather": (1,), "index": None, "index_select": (1,),
 _FOLD_LIMIT = 1 << 20
 
 
-def fx_program(graph, ids=None) -> Program:
+def fx_program(graph, ids=None, in_place=False) -> Program:
     """The program of a ``torch.fx`` graph (or GraphModule) of ATen operations.
 
     Shapes are read from each node's ``meta["val"]`` (``make_fx`` sets it; so does the recorder).
-    ``ids``, a dict when given, receives each fx node's value id in the program.
+    ``ids``, a dict when given, receives each fx node's value id in the program. ``in_place``: the
+    graph's data flow is known to be exact across in-place operations (no value is read through an
+    alias written after it was made: the per-example recorder checks this), so an elementwise
+    operation in place (``relu_``, ``add_``) takes its out-of-place rule; otherwise it has none.
     """
     import torch
     from torch.utils import _pytree
@@ -111,6 +115,11 @@ def fx_program(graph, ids=None) -> Program:
                               {}, out_list, out_shapes))
             continue
         name = target._schema.name.split("::")[-1]
+        if in_place and name.endswith("_") and not name.startswith("_") and target._schema.is_mutable and rule_for(
+                "aten." + name[:-1]).kind == "elementwise" and target._schema.arguments[0].alias_info is not None:
+            # in place (relu_, add_): the value it makes is a new node (the recorder refuses programs that
+            # then read the old value through another alias), the same rule as the operation out of place
+            name = name[:-1]
         bound = _bind(target, fx_node.args, fx_node.kwargs)
         # fold what literal arguments alone decide (arange, full): index operands the rules can read
         if all(flat[i] in known for i in operand_at) and torch.Tag.nondeterministic_seeded not in target.tags:

@@ -112,16 +112,17 @@ def test_embedding_layer_norm_sequence_model():
 
 def test_group_norm_and_batch_norm_in_eval_mode():
     torch.manual_seed(4)
-    params = {"g": torch.randn(4, dtype=DT), "b": torch.randn(4, dtype=DT), "w": torch.randn(4, 4, 1, 1, dtype=DT)}
+    params = {"g": torch.randn(4, dtype=DT), "b": torch.randn(4, dtype=DT), "w": torch.randn(4, 4, 1, 1, dtype=DT),
+              "bn.g": torch.randn(4, dtype=DT), "bn.b": torch.randn(4, dtype=DT)}
     mean, var = torch.randn(4, dtype=DT), torch.rand(4, dtype=DT) + 0.5
     x = torch.randn(B, 4, 3, 3, dtype=DT)
 
     def losses(p, x):
-        h = F.batch_norm(F.conv2d(x, p["w"]), mean, var, training=False)
+        h = F.batch_norm(F.conv2d(x, p["w"]), mean, var, p["bn.g"], p["bn.b"], training=False)
         return (torch.tanh(F.group_norm(h, 2, p["g"], p["b"])) ** 2).sum((1, 2, 3))
 
     rows, _ = check(losses, params, x)
-    assert rows == {"g": pe.NORM, "b": pe.BIAS, "w": pe.CONV}
+    assert rows == {"g": pe.NORM, "b": pe.BIAS, "w": pe.CONV, "bn.g": pe.NORM, "bn.b": pe.BIAS}
 
 
 def test_weight_used_twice_views_and_transposes():

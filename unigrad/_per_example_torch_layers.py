@@ -18,7 +18,8 @@ is that derivative. The uses:
   ``b.view(1, -1, 1, 1)``), ``addmm``'s and ``convolution``'s bias: ``G_i`` (times the other factor)
   summed over the broadcast axes;
 * LayerNorm's and GroupNorm's weight and bias: ``xhat * G`` (``G``) summed over positions, with ``xhat``
-  the normalised input rebuilt from the recorded mean and reciprocal deviation.
+  the normalised input rebuilt from the recorded mean and reciprocal deviation; BatchNorm's in eval mode
+  (its running statistics; in training mode the rows mix, and the proof refuses what comes before it).
 
 Dense and convolution uses are factored as ``L_i^T R_i`` (per group, ``L`` of shape (B, groups, P, a),
 ``R`` (B, groups, P, c)), so norms never form the gradient where ghost clipping is cheaper:
@@ -58,7 +59,8 @@ class Use:
             if ref is None:
                 return False
             self.refs[name] = ref
-        if self.kind == "norm" and self.info["which"] == "weight":  # the mean and 1/deviation it computed
+        if self.kind == "norm" and self.info["which"] == "weight" and self.info["layer"] != "batch":
+            # the mean and 1/deviation it computed: its outputs 1 and 2
             ref = refs.get(self.seed)
             if ref is None or ref[1] != 0:
                 return False
@@ -138,7 +140,7 @@ class Use:
                 c = g * self._normalised(rec)
             if info["layer"] == "layer":  # (B, positions.., *normalized_shape)
                 axes = tuple(range(1, len(self.seed_shape) - len(shape)))
-            else:  # group norm: (B, C, spatial..)
+            else:  # group norm, batch norm: (B, C, spatial..)
                 axes = tuple(range(2, len(self.seed_shape)))
             return (c.sum(axes) if axes else c).reshape(batch, *shape)
         raise AssertionError(kind)
@@ -165,6 +167,10 @@ class Use:
     def _normalised(self, rec):
         x = rec.value(self.refs["x"]).detach()
         mean = rec.value(self.refs["mean"]).detach()
+        if self.info["layer"] == "batch":  # in eval mode: the running statistics
+            var = rec.value(self.refs["var"]).detach()
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            return (x - mean.reshape(shape)) / (var.reshape(shape) + self.info["eps"]).sqrt()
         rstd = rec.value(self.refs["rstd"]).detach()
         if self.info["layer"] == "layer":
             return (x - mean) * rstd
@@ -303,6 +309,16 @@ def _classify(operand, user, name, batch, transposed, viewed):
                 not isinstance(idx, torch.fx.Node) or not _shape(idx) or _shape(idx)[0] != batch:
             return None
         return Use("embedding", user, nodes={"indices": idx}, padding_idx=int(bound["padding_idx"]))
+    if name == "native_batch_norm":  # in eval mode: a per-channel affine map of each example
+        bound = _bind(user.target, user.args, user.kwargs)
+        which = "weight" if bound["weight"] is operand else "bias" if bound["bias"] is operand else None
+        out = [u for u in user.users if u.target is operator.getitem and u.args[1] == 0]
+        stats = bound["running_mean"], bound["running_var"]
+        if which is None or bound["weight"] is bound["bias"] or bound["training"] or len(out) != 1 or not all(
+                isinstance(v, torch.fx.Node) for v in stats) or _shape(out[0])[0] != batch:
+            return None
+        return Use("norm", out[0], nodes={"x": bound["input"], "mean": stats[0], "var": stats[1]} if which == "weight"
+                   else None, which=which, layer="batch", eps=float(bound["eps"]))
     if name in ("native_layer_norm", "native_group_norm"):
         bound = _bind(user.target, user.args, user.kwargs)
         which = "weight" if bound["weight"] is operand else "bias" if bound["bias"] is operand else None

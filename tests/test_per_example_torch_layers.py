@@ -83,7 +83,7 @@ def test_embedding_with_padding_and_repeated_indices(vocabulary, ghost):
     comparison (P^2 <= vocabulary) or from the scattered rows."""
     torch.manual_seed(2)
     params = {"E": torch.randn(vocabulary, 5, dtype=DT), "W": torch.randn(5, 3, dtype=DT)}
-    idx = torch.tensor([[1, 2, 1, 0, 3], [0, 0, 0, 4, 5], [9, 9, 2, 2, 1], [3, 3, 3, 3, 3]])
+    idx = torch.tensor([[1, 2, 1, 0, 3], [0, 0, 0, 4, 5], [9, 9, 2, 2, 1], [3, 3, 3, 3, 3]], dtype=torch.int32)
 
     def losses(p, i):
         return (torch.tanh(F.embedding(i, p["E"], padding_idx=0) @ p["W"]) ** 2).sum((1, 2))

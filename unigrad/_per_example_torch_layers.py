@@ -157,7 +157,7 @@ class Use:
         return (same * torch.matmul(gs, gs.transpose(1, 2))).sum((1, 2))
 
     def _lookups(self, rec, g, batch):
-        idx = rec.value(self.refs["indices"]).reshape(batch, -1)
+        idx = rec.value(self.refs["indices"]).reshape(batch, -1).long()
         gs = g.reshape(batch, idx.shape[1], -1)
         pad = self.info["padding_idx"]
         if pad >= 0:  # the padding row gets no gradient (torch's embedding backward)

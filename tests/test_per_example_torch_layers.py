@@ -77,6 +77,23 @@ def test_conv1d(stride, padding, dilation, groups, bias):
     assert rows["w"] == pe.CONV and rows.get("b", pe.BIAS) == pe.BIAS
 
 
+def test_conv3d_and_a_convolution_used_twice():
+    """conv3d (no patches: the rows by torch's own weight gradient, the examples as groups), and one
+    kernel applied twice (both uses' patches stacked: the norm of the sum)."""
+    torch.manual_seed(10)
+    params = {"w3": torch.randn(3, 2, 2, 2, 2, dtype=DT), "b3": torch.randn(3, dtype=DT),
+              "k": torch.randn(2, 2, 3, dtype=DT)}
+    x3, x1 = torch.randn(B, 2, 4, 4, 4, dtype=DT), torch.randn(B, 2, 7, dtype=DT)
+
+    def losses(p, x3, x1):
+        h = torch.tanh(F.conv3d(x3, p["w3"], p["b3"], stride=2, padding=1)).sum((1, 2, 3, 4))
+        g = torch.tanh(F.conv1d(torch.tanh(F.conv1d(x1, p["k"], padding=1)), p["k"], padding=1))
+        return h + (g ** 2).sum((1, 2))
+
+    rows, norms = check(losses, params, x3, x1)
+    assert rows == {"w3": pe.CONV, "b3": pe.BIAS, "k": pe.SHARED}
+
+
 @pytest.mark.parametrize("vocabulary, ghost", [(10, False), (60, True)])
 def test_embedding_with_padding_and_repeated_indices(vocabulary, ghost):
     """Repeated indices within an example add up; the padding row gets nothing. Norms by the index

@@ -10,9 +10,9 @@ is that derivative. The uses:
 
 * dense ``mm``/``addmm`` (the parameter directly or through transposes, ``F.linear(x, w.T)``), over
   positions too: ``X_i^T G_i`` (or ``G_i^T X_i`` for a transposed use);
-* ``convolution`` (1-d and 2-d, any stride, padding, dilation, groups): per group j,
-  ``G_ij^T U_ij`` with ``U_i`` the input's patches (``unfold``), P output positions; the rows
-  themselves as torch's weight gradient of one convolution with the examples as groups;
+* ``convolution`` (1-d, 2-d, 3-d, any stride, padding, dilation, groups): per group j,
+  ``G_ij^T U_ij`` with ``U_i`` the input's patches (``unfold``, 1-d and 2-d), P output positions; the
+  rows themselves as torch's weight gradient of one convolution with the examples as groups;
 * ``embedding``: ``G_i``'s rows added into the looked-up rows (none into ``padding_idx``);
 * broadcast biases and scales (``add``/``sub``/``mul``, the parameter directly or through views such as
   ``b.view(1, -1, 1, 1)``), ``addmm``'s and ``convolution``'s bias: ``G_i`` (times the other factor)
@@ -77,7 +77,7 @@ class Use:
             xs = x.reshape(batch, 1, -1, x.shape[-1])
             gs = g.reshape(batch, 1, -1, g.shape[-1])
             return (gs, xs) if self.info["transposed"] else (xs, gs)
-        if self.kind == "conv":
+        if self.kind == "conv" and len(self.info["kernel"]) <= 2:
             x = rec.value(self.refs["x"]).detach()
             info = self.info
             groups, kernel = info["groups"], info["kernel"]
@@ -113,6 +113,8 @@ class Use:
         """Example i's gradient from this use, shape ``(batch, *shape)``."""
         import torch
 
+        if self.kind == "conv":
+            return self.conv_rows(rec, g, batch, shape)
         fac = self.factors(rec, g, batch)
         if fac is not None:
             left, right = fac
@@ -187,7 +189,7 @@ def parameter_rows(uses, rec, gs, param, batch, norms):
     gl = [gs[u.g_index].detach().reshape(u.seed_shape) for u in uses]
     if len(uses) == 1 and uses[0].kind == "conv":
         positions, k = math.prod(gl[0].shape[2:]), math.prod(shape[1:])
-        if not norms or positions * positions > k * shape[0] // uses[0].info["groups"]:
+        if not norms or positions * positions > k * shape[0] // uses[0].info["groups"] or len(shape) > 4:
             # the rows by torch's own weight gradient, the examples as groups (no patches formed)
             return uses[0].conv_rows(rec, gl[0], batch, shape).to(dtype), None, pe.CONV
     facs = [u.factors(rec, g, batch) for u, g in zip(uses, gl)]
@@ -289,7 +291,7 @@ def _classify(operand, user, name, batch, transposed, viewed):
         bound = _bind(user.target, user.args, user.kwargs)
         weight = bound["weight"]
         x = bound["input"]
-        if bound["transposed"] or len(_shape(weight)) not in (3, 4) or not isinstance(x, torch.fx.Node) or (
+        if bound["transposed"] or len(_shape(weight)) not in (3, 4, 5) or not isinstance(x, torch.fx.Node) or (
                 _shape(x)[0] != batch or _shape(user)[0] != batch):
             return None
         spatial = len(_shape(weight)) - 2

@@ -144,12 +144,12 @@ def test_group_norm_and_batch_norm_in_eval_mode():
 
 def test_weight_used_twice_views_and_transposes():
     """A weight used by two dense layers (as W and as W^T: the norm of the sum, stacked along positions),
-    a tied embedding and output projection (each use's rows summed), F.linear(x, w.T), and a bias and a
-    scale reached through views."""
+    a tied embedding and output projection (rows: each use's summed; norms: stacked, one-hot rows for the
+    lookups), F.linear(x, w.T), and a bias and a scale reached through views."""
     torch.manual_seed(5)
-    params = {"W": torch.randn(4, 4, dtype=DT), "V": torch.randn(4, 3, dtype=DT), "E": torch.randn(7, 4, dtype=DT),
+    params = {"W": torch.randn(4, 4, dtype=DT), "V": torch.randn(4, 3, dtype=DT), "E": torch.randn(12, 4, dtype=DT),
               "b": torch.randn(4, dtype=DT), "s": torch.randn(4, dtype=DT)}
-    x, idx = torch.randn(B, 4, dtype=DT), torch.randint(7, (B, 3))
+    x, idx = torch.randn(B, 4, dtype=DT), torch.tensor([[1, 1, 0], [5, 2, 5], [0, 3, 11], [7, 7, 7]])
 
     def losses(p, x, i):
         h = torch.tanh(torch.tanh(x @ p["W"]) @ p["W"].T)
@@ -162,6 +162,7 @@ def test_weight_used_twice_views_and_transposes():
     rows, norms = check(losses, params, x, idx)
     assert rows == {"W": pe.SHARED, "V": pe.DENSE, "E": pe.SHARED_SUMMED, "b": pe.BIAS, "s": pe.SCALE}
     assert norms["V"] == pe.DENSE_OUTER
+    assert norms["E"] == pe.SHARED  # lookups' one-hot rows stacked with the projection's: ghost clipped
 
 
 def test_rows_mixed_after_a_layer_are_materialised():

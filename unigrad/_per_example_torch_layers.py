@@ -25,8 +25,9 @@ Dense and convolution uses are factored as ``L_i^T R_i`` (per group, ``L`` of sh
 ``R`` (B, groups, P, c)), so norms never form the gradient where ghost clipping is cheaper:
 ``sum((L_i L_i^T) * (R_i R_i^T))`` when ``P^2 <= a c``. Several such uses of one parameter with the same
 layout are stacked along positions (the norm of the sum, not the sum of norms); other combinations sum
-each use's rows. Embedding norms use ``sum_{t,s} [idx_t = idx_s] g_t . g_s`` where ``P^2`` is at most the
-vocabulary size.
+each use's rows, except a table used by lookups and dense layers (tied embeddings), whose one-hot rows
+stack with the dense ones. Embedding norms use ``sum_{t,s} [idx_t = idx_s] g_t . g_s`` where ``P^2`` is
+at most the vocabulary size.
 """
 
 from __future__ import annotations
@@ -192,6 +193,10 @@ def parameter_rows(uses, rec, gs, param, batch, norms):
         if not norms or positions * positions > k * shape[0] // uses[0].info["groups"] or len(shape) > 4:
             # the rows by torch's own weight gradient, the examples as groups (no patches formed)
             return uses[0].conv_rows(rec, gl[0], batch, shape).to(dtype), None, pe.CONV
+    if norms and len(uses) > 1 and {u.kind for u in uses} == {"dense", "embedding"}:
+        sq = _tied_squares(uses, gl, rec, batch, shape)
+        if sq is not None:
+            return None, sq.to(dtype), pe.SHARED
     facs = [u.factors(rec, g, batch) for u, g in zip(uses, gl)]
     stacked = all(f is not None for f in facs) and len({f[0].shape[1:2] + f[0].shape[3:] + f[1].shape[3:]
                                                          for f in facs}) == 1
@@ -227,6 +232,47 @@ def parameter_rows(uses, rec, gs, param, batch, norms):
         r = u.rows(rec, g, batch, shape)
         total = r if total is None else total + r
     return total.to(dtype), None, pe.SHARED_SUMMED
+
+
+def _tied_squares(uses, gl, rec, batch, shape):
+    """Squared norms of a table used both by embeddings and by dense layers (tied input and output
+    embeddings, ``h @ E.T``): every use is ``L^T R`` with ``L`` of width ``V`` -- one-hot rows for a
+    lookup, G or X for a dense use -- stacked along positions, ghost clipped with the lookups' block of
+    ``L L^T`` from index comparisons and the mixed blocks gathered from the dense ``L`` at the indices.
+    None where ``P^2 > V d`` (then the rows are formed)."""
+    import torch
+
+    vocabulary, width = shape
+    parts = []
+    for u, g in zip(uses, gl):
+        if u.kind == "embedding":
+            idx, gs = u._lookups(rec, g, batch)
+            parts.append((idx, None, gs))
+        else:
+            left, right = u.factors(rec, g, batch)
+            if left.shape[3] != vocabulary or right.shape[3] != width:
+                return None
+            parts.append((None, left[:, 0], right[:, 0]))
+    positions = sum(p[2].shape[1] for p in parts)
+    if positions * positions > vocabulary * width:
+        return None
+    right = torch.cat([p[2] for p in parts], 1)
+    rows = []
+    for idx_i, left_i, _ in parts:
+        blocks = []
+        for idx_j, left_j, _ in parts:
+            if idx_i is not None and idx_j is not None:
+                blocks.append((idx_i.unsqueeze(2) == idx_j.unsqueeze(1)).to(right.dtype))
+            elif idx_i is not None:  # one-hot rows against dense rows: the dense rows at the indices
+                blocks.append(torch.gather(left_j, 2, idx_i.unsqueeze(1).expand(-1, left_j.shape[1], -1))
+                              .transpose(1, 2))
+            elif idx_j is not None:
+                blocks.append(torch.gather(left_i, 2, idx_j.unsqueeze(1).expand(-1, left_i.shape[1], -1)))
+            else:
+                blocks.append(torch.matmul(left_i, left_j.transpose(1, 2)))
+        rows.append(torch.cat(blocks, 2))
+    gram = torch.cat(rows, 1)
+    return (gram * torch.matmul(right, right.transpose(1, 2))).sum((1, 2))
 
 
 # ---------------------------------------------------------------------------------------------

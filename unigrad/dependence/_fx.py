@@ -41,8 +41,9 @@ _RENAME = {"view": "reshape", "_unsafe_view": "reshape", "reshape": "reshape", "
 _REDUCE = frozenset({"sum", "mean", "amax", "amin", "prod", "logsumexp", "var", "std", "norm",
                      "linalg_vector_norm"})
 _AXIS = frozenset({"_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp", "gather"})
+# positions (among tensor operands) that carry no derivative
 _NOT_DATA = {"where": (0,), "gather": (1,), "index": None, "index_select": (1,), "masked_fill": (1,),
-             "nll_loss_forward": (1, 2, 3), "embedding": (1,)}  # positions (among tensor operands) that carry no derivative
+             "nll_loss_forward": (1, 2, 3), "embedding": (1,)}
 _FOLD_LIMIT = 1 << 20
 
 

@@ -64,6 +64,8 @@ CASES = [
     # per example: convolutions, poolings, group norm, batch norm in eval mode
     ("conv2d", lambda x: F.conv2d(x, CW, stride=2, padding=1, groups=2).sum((1, 2, 3)), X4, "row"),
     ("max pool", lambda x: F.max_pool2d(x, 2).sum((1, 2, 3)), X4, "row"),
+    ("reflect pad, upsample", lambda x: F.interpolate(F.pad(x, (1, 1, 1, 1), mode="reflect"), scale_factor=2)
+     .sum((1, 2, 3)), X4, "row"),
     ("group norm", lambda x: F.group_norm(x, 2).sum((1, 2, 3)), X4, "row"),
     ("batch norm eval", lambda x: F.batch_norm(x, torch.zeros(2), torch.ones(2)).sum((1, 2, 3)), X4, "row"),
     # MIXED: the batch axis reduced, scanned, contracted, moved

@@ -116,9 +116,13 @@ _put("cumprod logcumsumexp", Rule("scan", "nonlinear"), "aten.")
 _put("_softmax _log_softmax native_layer_norm", Rule("lane", "nonlinear"), "aten.")
 _put("mm bmm", Rule("matmul", "bilinear"), "aten.")
 _put("gather nll_loss_forward", Rule("take", "linear"), "aten.")
-_put("convolution max_pool1d max_pool2d max_pool1d_with_indices max_pool2d_with_indices avg_pool1d avg_pool2d "
-     "adaptive_avg_pool1d _adaptive_avg_pool2d adaptive_max_pool1d adaptive_max_pool2d native_group_norm "
-     "native_batch_norm_eval", Rule("per_sample", "nonlinear", rows=(0,)), "aten.")
+_put("convolution max_pool1d max_pool2d max_pool3d max_pool1d_with_indices max_pool2d_with_indices "
+     "max_pool3d_with_indices avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d _adaptive_avg_pool2d "
+     "_adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d native_group_norm native_batch_norm_eval "
+     "reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d "
+     "upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d _upsample_nearest_exact2d "
+     "upsample_linear1d upsample_bilinear2d upsample_bicubic2d upsample_trilinear3d",
+     Rule("per_sample", "nonlinear", rows=(0,)), "aten.")  # (each over the axes after the first two only)
 _put("embedding", Rule("per_sample", "linear", rows=()), "aten.")  # a lookup in its weight (never a row)
 _put("native_batch_norm_training", Rule("lane", "nonlinear"), "aten.")  # statistics over the batch
 

@@ -200,6 +200,14 @@ def test_rows_mixed_after_a_layer_are_materialised():
                                rtol=1e-10, atol=1e-12)
     assert pe_f.paths["argument 0['w']"] == pe.MATERIALISED
 
+    def over_the_batch(s, x):  # a layer norm over the batch axis too, its scale one entry per example
+        return torch.tanh(F.layer_norm(x, x.shape, s)).sum(1)
+
+    s, x2 = torch.randn(B, 3, dtype=DT), torch.randn(B, 3, dtype=DT)
+    pe_f = unigrad.per_example_grad(over_the_batch)
+    torch.testing.assert_close(pe_f(s, x2), torch.func.jacrev(over_the_batch)(s, x2), rtol=1e-10, atol=1e-12)
+    assert pe_f.paths == {"argument 0": pe.MATERIALISED}
+
 
 def test_value_overwritten_in_place_after_the_layer_is_not_read():
     """The layer's input changed in place after the layer: the one-pass rows would read the new values;

@@ -372,7 +372,8 @@ def _classify(operand, user, name, batch, transposed, viewed):
         which = "weight" if bound["weight"] is operand else "bias" if bound["bias"] is operand else None
         x = bound["input"]
         out = [u for u in user.users if u.target is operator.getitem and u.args[1] == 0]
-        if which is None or bound["weight"] is bound["bias"] or len(out) != 1 or _shape(out[0])[0] != batch:
+        if which is None or bound["weight"] is bound["bias"] or len(out) != 1 or _shape(out[0])[0] != batch or len(
+                _shape(operand)) >= len(_shape(out[0])):  # (a scale over the batch axis too: not shared by rows)
             return None
         layer = "layer" if name == "native_layer_norm" else "group"
         return Use("norm", out[0], nodes={"x": x} if which == "weight" else None, which=which, layer=layer)

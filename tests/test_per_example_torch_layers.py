@@ -79,6 +79,22 @@ def test_conv1d(stride, padding, dilation, groups, bias):
     assert rows["w"] == pe.CONV and rows.get("b", pe.BIAS) == pe.BIAS
 
 
+def test_einsum_and_products_reshaped_back():
+    """einsum (a batched product with a leading axis of one, the weight through unsqueeze/permute/view) and
+    a product of flattened rows reshaped back to (B, positions, k): dense, with the batch in blocks."""
+    torch.manual_seed(11)
+    params = {"W": torch.randn(5, 3, dtype=DT), "V": torch.randn(3, 2, dtype=DT)}
+    x = torch.randn(B, 6, 5, dtype=DT)
+
+    def losses(p, x):
+        h = torch.tanh(torch.einsum("btd,dk->btk", x, p["W"]))  # (B, 6, 3)
+        z = (h.transpose(1, 2).reshape(-1, 3) @ p["V"]).reshape(x.shape[0], 3, 2, 2)  # 6 rows per example
+        return (torch.tanh(z) ** 2).sum((1, 2, 3))
+
+    rows, norms = check(losses, params, x)
+    assert rows == norms == {"W": pe.DENSE, "V": pe.DENSE}  # (6 positions, 36 > 5 * 3: X^T G)
+
+
 def test_conv3d_and_a_convolution_used_twice():
     """conv3d (no patches: the rows by torch's own weight gradient, the examples as groups), and one
     kernel applied twice (both uses' patches stacked: the norm of the sum)."""
@@ -145,7 +161,7 @@ def test_group_norm_and_batch_norm_in_eval_mode():
 
 
 def test_weight_used_twice_views_and_transposes():
-    """A weight used by two dense layers (as W and as W^T: the norm of the sum, stacked along positions),
+    """A weight used by two dense layers (as W and as W^T through einsum: the norm of the sum, stacked),
     a tied embedding and output projection (rows: each use's summed; norms: stacked, one-hot rows for the
     lookups), F.linear(x, w.T), and a bias and a scale reached through views."""
     torch.manual_seed(5)
@@ -154,7 +170,7 @@ def test_weight_used_twice_views_and_transposes():
     x, idx = torch.randn(B, 4, dtype=DT), torch.tensor([[1, 1, 0], [5, 2, 5], [0, 3, 11], [7, 7, 7]])
 
     def losses(p, x, i):
-        h = torch.tanh(torch.tanh(x @ p["W"]) @ p["W"].T)
+        h = torch.tanh(torch.einsum("bd,dk->bk", torch.tanh(x @ p["W"]), p["W"].T))
         h = torch.tanh(F.linear(h, p["V"].T))  # (B, 3): V used as (V^T)^T
         h = h[:, None, :, None] * p["s"].view(1, -1, 1, 1) + p["b"][None, :, None, None]  # (B, 4, 3, 1)
         e = F.embedding(i, p["E"])  # (B, 3, 4)

@@ -285,33 +285,67 @@ def find_uses(p, batch):
     if not val.is_floating_point():
         return None
     uses = []
-    if not _walk(p, batch, False, False, uses):
+    if not _walk(p, p, batch, [], uses):
         return None
     return uses or None
 
 
-def _walk(node, batch, transposed, viewed, uses):
+def _walk(p, node, batch, chain, uses):
+    """Each use of ``node`` (``p`` through the views and transposes in ``chain``)."""
     for user in list(node.users):
         if _count(user, node) != 1:
             return False
         name = _aten(user)
-        if name in _TRANSPOSES and len(_shape(node)) == 2 and not viewed:
-            if name == "permute" and tuple(d % 2 for d in user.args[1]) != (1, 0):
-                return False
-            if name == "transpose" and user.args[1] % 2 == user.args[2] % 2:
-                return False
-            if not _walk(user, batch, not transposed, viewed, uses):
+        if name in _VIEWS or name in _TRANSPOSES:
+            if not _walk(p, user, batch, chain + [user], uses):
                 return False
             continue
-        if name in _VIEWS and not transposed:
-            if not _walk(user, batch, transposed, True, uses):
-                return False
-            continue
-        use = _classify(node, user, name, batch, transposed, viewed)
+        order = _order(p, chain)
+        if order is None:
+            return False
+        use = _classify(node, user, name, batch, order == "transposed", bool(chain) and order == "kept")
         if use is None:
             return False
         uses.append(use)
     return True
+
+
+def _order(p, chain):
+    """How the chain of views and transposes arranges the parameter's entries: "same" (no chain),
+    "kept" (their order kept: reshapes, added or removed axes of one), "transposed" (a matrix's
+    transpose, maybe with axes of one), or None. Found by running the chain on the entries' numbers."""
+    import torch
+
+    if not chain:
+        return "same"
+    shape = _shape(p)
+    numbers = torch.arange(math.prod(shape)).reshape(shape)
+    v = numbers
+    try:
+        for node in chain:
+            v = node.target(v, *node.args[1:], **node.kwargs)
+    except Exception:
+        return None
+    if v.numel() != numbers.numel():
+        return None
+    if torch.equal(v.reshape(-1), numbers.reshape(-1)):
+        return "kept"
+    if len(shape) == 2 and torch.equal(v.reshape(shape[1], shape[0]), numbers.T) and [
+            n for n in v.shape if n != 1] == [shape[1], shape[0]]:
+        return "transposed"
+    return None
+
+
+def _product_back(user, rows, width):
+    """The one use of a product's result when it is a reshape to (B, positions.., width) of its ``rows``
+    rows in their order (then example i's rows are the i-th block); else None."""
+    if len(user.users) != 1:
+        return None
+    back = next(iter(user.users))
+    if _aten(back) not in ("view", "_unsafe_view", "reshape"):
+        return None
+    shape = _shape(back)
+    return back if len(shape) >= 2 and shape[-1] == width and math.prod(shape[:-1]) == rows else None
 
 
 def _classify(operand, user, name, batch, transposed, viewed):
@@ -319,13 +353,25 @@ def _classify(operand, user, name, batch, transposed, viewed):
 
     from .dependence._fx import _bind, positions_product
 
+    if name == "bmm" and not user.kwargs and user.args[1] is operand and user.args[0] is not operand:
+        # x (1, N, d) @ w (1, d, k) (how einsum spells x @ W), its result reshaped with the batch first
+        a, out = user.args[0], _shape(user)
+        back = _product_back(user, out[1], out[2]) if out[0] == 1 else None
+        if back is None or _shape(back)[0] != batch or out[1] % batch:
+            return None
+        return Use("dense", back, user, nodes={"x": a}, transposed=transposed)
     if name in ("mm", "addmm") and not user.kwargs:
         at = 1 if name == "addmm" else 0
         folded = positions_product(user)
+        a, out = user.args[at], _shape(user)
         seed = folded[1] if folded is not None else user
-        if user.args[at + 1] is operand and not viewed:
-            a = user.args[at]
-            if _shape(seed)[0] != batch or (folded is None and (len(_shape(a)) != 2 or _shape(a)[0] != batch)):
+        if folded is None and out[0] != batch:  # rows of several examples each, reshaped back after
+            back = _product_back(user, out[0], out[1])
+            if back is not None and out[0] % batch == 0:
+                seed = back
+        if user.args[at + 1] is operand and a is not operand and (not viewed or len(_shape(operand)) == 2):
+            if _shape(seed)[0] != batch or (folded is None and seed is user and (
+                    len(_shape(a)) != 2 or _shape(a)[0] != batch)):
                 return None
             return Use("dense", seed, user, nodes={"x": a}, transposed=transposed)
         if name == "addmm" and user.args[0] is operand and not transposed and _shape(seed)[0] == batch:

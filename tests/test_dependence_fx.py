@@ -61,6 +61,8 @@ CASES = [
     ("cat axis 1", lambda x: torch.cat([x, x * 2], 1).sum(1), X2, "row"),
     ("flip axis 1", lambda x: x.flip(1).sum(1), X2, "row"),
     ("where", lambda x: torch.where(x > 0, x, x * x).sum(1), X2, "row"),
+    ("batch merged inside", lambda x: (x.transpose(0, 1).reshape(-1, 4) @ W).reshape(6, B, 3).sum((0, 2)), X3,
+     "row"),  # (6, B, 4) -> (6*B, 4): the batch the inner factor, then split back
     # per example: convolutions, poolings, group norm, batch norm in eval mode
     ("conv2d", lambda x: F.conv2d(x, CW, stride=2, padding=1, groups=2).sum((1, 2, 3)), X4, "row"),
     ("max pool", lambda x: F.max_pool2d(x, 2).sum((1, 2, 3)), X4, "row"),
@@ -77,6 +79,8 @@ CASES = [
      "mixed: nll_loss_reduced over the batch axis"),
     ("flip batch", lambda x: x.flip(0).sum(1), X2, "mixed: flip moves or combines rows of the batch"),
     ("merge batch", lambda x: x.reshape(-1).sum().expand(B), X2, "mixed: sum over the batch axis"),
+    ("merged inside, split wrongly", lambda x: x.transpose(0, 1).reshape(-1, 4).reshape(B, 24).sum(1), X3,
+     "mixed: reshape moves or combines rows of the batch"),
     ("batch norm training", lambda x: F.batch_norm(x, None, None, training=True).sum((1, 2, 3)), X4,
      "mixed: native_batch_norm_training along the batch axis"),
     ("conv across batch", lambda x: F.conv2d(x.transpose(0, 1), torch.ones(B, B, 1, 1)).sum((0, 2, 3)), X4,

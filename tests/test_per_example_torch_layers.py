@@ -95,6 +95,47 @@ def test_einsum_and_products_reshaped_back():
     assert rows == norms == {"W": pe.DENSE, "V": pe.DENSE}  # (6 positions, 36 > 5 * 3: X^T G)
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_attention(batch_first):
+    """nn.TransformerEncoderLayer (batch first) and nn.MultiheadAttention (sequence first) with a key padding
+    mask: the projections see (positions, B, features), attention runs on (B, heads, positions, d) and the
+    output projection reads rows with the batch as the inner factor; every parameter from one backward pass."""
+    torch.manual_seed(12)
+    if batch_first:
+        model = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).to(DT)
+        x = torch.randn(B, 5, 8, dtype=DT)
+    else:
+        model = torch.nn.MultiheadAttention(8, 2).to(DT)
+        x = torch.randn(B, 5, 8, dtype=DT)  # examples first here; f moves them to axis 1
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True], [False] * 5])
+
+    def losses(p, x, m):
+        if batch_first:
+            h = torch.func.functional_call(model, p, (x,))
+        else:
+            s = x.transpose(0, 1)
+            h = torch.func.functional_call(model, p, (s, s, s), {"key_padding_mask": m, "need_weights": False})[0]
+            h = h.transpose(0, 1)
+        return (torch.tanh(h) ** 2).sum((1, 2))
+
+    rows, norms = check(losses, params, x, mask)
+    assert all(v in (pe.DENSE, pe.BIAS, pe.NORM) for v in rows.values()), rows
+    assert norms["self_attn.in_proj_weight" if batch_first else "in_proj_weight"] == pe.DENSE_GHOST
+    if not batch_first:  # the examples given as the sequence axis: attention mixes them (the projection into
+        # it materialised; the one out of it reads mixed inputs, but rows stay apart after it: one pass)
+        def mixed(p, x):
+            return (torch.func.functional_call(model, p, (x, x, x), {"need_weights": False})[0] ** 2).sum((1, 2))
+
+        pe_f = unigrad.per_example_grad(mixed)
+        got, want = pe_f(params, x), torch.func.jacrev(mixed)(params, x)
+        for k in params:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
+        assert pe_f.paths == {"argument 0['in_proj_weight']": pe.MATERIALISED,
+                              "argument 0['in_proj_bias']": pe.MATERIALISED,
+                              "argument 0['out_proj.weight']": pe.DENSE, "argument 0['out_proj.bias']": pe.BIAS}
+
+
 def test_conv3d_and_a_convolution_used_twice():
     """conv3d (no patches: the rows by torch's own weight gradient, the examples as groups), and one
     kernel applied twice (both uses' patches stacked: the norm of the sum)."""

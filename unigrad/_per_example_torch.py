@@ -130,13 +130,19 @@ class _Analysis:
             uses = find_uses(placeholders[k], batch)
             if uses is None:
                 continue
-            for use in uses:
-                seed = use.seed
-                if seed not in proved:
-                    vid = ids.get(seed)
-                    proved[seed] = vid is not None and prove_rows(
-                        program, batch, seeds={vid: len(use.seed_shape)})[0] == "row"
-            if not all(proved[use.seed] and use.resolve(refs) and use.capture in refs for use in uses):
+            for use in uses:  # the first of the seed's possible batch axes that the proof holds for
+                vid = ids.get(use.seed)
+                for axis in use.axes:
+                    key = (use.seed, axis)
+                    if key not in proved:
+                        proved[key] = vid is not None and prove_rows(
+                            program, batch, seeds={vid: (len(use.seed_shape), axis)})[0] == "row"
+                    if proved[key]:
+                        use.axis = axis
+                        break
+                else:
+                    use.axis = None
+            if not all(use.axis is not None and use.resolve(refs) and use.capture in refs for use in uses):
                 continue
             if any(recorder.stale(r) for u in uses for r in u.refs.values()) or any(
                     recorder.stale(refs[u.capture]) and refs[u.capture] not in recorder.edges for u in uses):

@@ -46,12 +46,15 @@ class Use:
     must stay apart), ``capture`` (the node whose gradient is G, reshaped to ``seed_shape``), ``nodes``
     (name -> fx node of a recorded value the contribution reads; turned into recorder refs) and ``info``."""
 
-    __slots__ = ("kind", "seed", "capture", "seed_shape", "nodes", "refs", "info", "g_index")
+    __slots__ = ("kind", "seed", "capture", "seed_shape", "nodes", "refs", "info", "g_index", "axes", "axis")
 
-    def __init__(self, kind, seed, capture=None, nodes=None, **info):
+    def __init__(self, kind, seed, capture=None, nodes=None, axes=(0,), **info):
         self.kind, self.seed, self.capture = kind, seed, capture if capture is not None else seed
         self.seed_shape = _shape(seed)
         self.nodes, self.info, self.refs, self.g_index = nodes or {}, info, {}, None
+        # the seed's axes that may hold the examples (the proof picks one: attention's projections see
+        # (positions, B, features)); dense layers and broadcasts only, the others have them first
+        self.axes, self.axis = tuple(axes), axes[0] if axes else 0
 
     def resolve(self, refs):
         """Recorder refs for the nodes read; False when one has none."""
@@ -73,10 +76,11 @@ class Use:
         """``(L, R)``: example i's gradient (in the layout (groups, a, c)) is ``L_i^T R_i``; or None."""
         import torch
 
-        if self.kind == "dense":
+        if self.kind == "dense":  # rows of X and G laid out as the seed, the examples' axis first
             x = rec.value(self.refs["x"]).detach()
-            xs = x.reshape(batch, 1, -1, x.shape[-1])
-            gs = g.reshape(batch, 1, -1, g.shape[-1])
+            lead, ax = self.seed_shape[:-1], self.axis
+            xs = x.reshape(*lead, x.shape[-1]).movedim(ax, 0).reshape(batch, 1, -1, x.shape[-1])
+            gs = g.movedim(ax, 0).reshape(batch, 1, -1, g.shape[-1])
             return (gs, xs) if self.info["transposed"] else (xs, gs)
         if self.kind == "conv" and len(self.info["kernel"]) <= 2:
             x = rec.value(self.refs["x"]).detach()
@@ -127,12 +131,12 @@ class Use:
             return out.scatter_add_(1, idx.unsqueeze(-1).expand(gs.shape), gs)
         if kind == "broadcast":
             c = g if info["other"] is None else g * rec.value(self.refs["other"]).detach()
-            nd, op_shape = len(self.seed_shape), info["operand_shape"]
+            nd, op_shape, ax = len(self.seed_shape), info["operand_shape"], self.axis
             padded = (1,) * (nd - len(op_shape)) + op_shape
-            axes = tuple(a for a in range(1, nd) if padded[a] == 1 and self.seed_shape[a] != 1)
+            axes = tuple(a for a in range(nd) if a != ax and padded[a] == 1 and self.seed_shape[a] != 1)
             if axes:
                 c = c.sum(axes, keepdim=True)
-            c = c.reshape(batch, *shape)
+            c = c.movedim(ax, 0).reshape(batch, *shape)
             return -c if info["sign"] < 0 else c
         if kind == "channels":  # a convolution's bias: G summed over the positions
             return g.sum(tuple(range(2, g.dim()))).reshape(batch, *shape)
@@ -354,28 +358,30 @@ def _classify(operand, user, name, batch, transposed, viewed):
     from .dependence._fx import _bind, positions_product
 
     if name == "bmm" and not user.kwargs and user.args[1] is operand and user.args[0] is not operand:
-        # x (1, N, d) @ w (1, d, k) (how einsum spells x @ W), its result reshaped with the batch first
+        # x (1, N, d) @ w (1, d, k) (how einsum spells x @ W), its result reshaped back
         a, out = user.args[0], _shape(user)
         back = _product_back(user, out[1], out[2]) if out[0] == 1 else None
-        if back is None or _shape(back)[0] != batch or out[1] % batch:
+        axes = _batch_axes(back, batch)
+        if not axes:
             return None
-        return Use("dense", back, user, nodes={"x": a}, transposed=transposed)
+        return Use("dense", back, user, nodes={"x": a}, transposed=transposed, axes=axes)
     if name in ("mm", "addmm") and not user.kwargs:
         at = 1 if name == "addmm" else 0
         folded = positions_product(user)
         a, out = user.args[at], _shape(user)
-        seed = folded[1] if folded is not None else user
-        if folded is None and out[0] != batch:  # rows of several examples each, reshaped back after
-            back = _product_back(user, out[0], out[1])
-            if back is not None and out[0] % batch == 0:
-                seed = back
+        if folded is not None:  # x (.., d) flattened, the product, reshaped back to (.., k)
+            seed = folded[1]
+        elif out[0] == batch:
+            seed = user
+        else:  # rows of several examples each, reshaped back after (the examples on one of its axes)
+            seed = _product_back(user, out[0], out[1])
+        axes = _batch_axes(seed, batch) if seed is not user else (0,)
+        if not axes:
+            return None
         if user.args[at + 1] is operand and a is not operand and (not viewed or len(_shape(operand)) == 2):
-            if _shape(seed)[0] != batch or (folded is None and seed is user and (
-                    len(_shape(a)) != 2 or _shape(a)[0] != batch)):
-                return None
-            return Use("dense", seed, user, nodes={"x": a}, transposed=transposed)
-        if name == "addmm" and user.args[0] is operand and not transposed and _shape(seed)[0] == batch:
-            return _broadcast(operand, user, seed, None, 1.0)
+            return Use("dense", seed, user, nodes={"x": a}, transposed=transposed, axes=axes)
+        if name == "addmm" and user.args[0] is operand and not transposed:
+            return _broadcast(operand, user, seed, None, 1.0, axes)
         return None
     if transposed:
         return None
@@ -432,18 +438,30 @@ def _classify(operand, user, name, batch, transposed, viewed):
     pos = 0 if user.args[0] is operand else 1
     other = user.args[1 - pos]
     out = _shape(user)
-    if not isinstance(other, torch.fx.Node) or len(_shape(other)) > len(out) or not out or out[0] != batch:
+    if not isinstance(other, torch.fx.Node) or len(_shape(other)) > len(out) or not out:
         return None
     sign = -1.0 if (name == "sub" and pos == 1) else 1.0
-    return _broadcast(operand, user, user, other if name == "mul" else None, sign)
+    return _broadcast(operand, user, user, other if name == "mul" else None, sign, _batch_axes(user, batch, True))
 
 
-def _broadcast(operand, user, seed, other, sign):
+def _broadcast(operand, user, seed, other, sign, axes):
     shape, out = _shape(operand), _shape(seed)
-    if len(shape) > len(out) or (len(shape) == len(out) and shape[0] != 1):
-        return None  # an axis along the batch: not shared by the rows
+    if len(shape) > len(out):
+        return None
+    padded = (1,) * (len(out) - len(shape)) + shape
+    axes = tuple(a for a in axes if padded[a] == 1)  # (an axis of the parameter along the batch: not shared)
+    if not axes:
+        return None
     return Use("broadcast", seed, user, nodes={"other": other} if other is not None else None,
-               operand_shape=shape, other=other, sign=sign)
+               operand_shape=shape, other=other, sign=sign, axes=axes)
+
+
+def _batch_axes(node, batch, last=False):
+    """The axes of ``node``'s value as long as the batch (the last one too when ``last``), first first."""
+    if node is None:
+        return ()
+    shape = _shape(node)
+    return tuple(a for a in range(len(shape) if last else len(shape) - 1) if shape[a] == batch)
 
 
 def _ints(v, n):

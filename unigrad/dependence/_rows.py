@@ -45,8 +45,22 @@ class Blocked(tuple):
         return self[1]
 
 
-def _row(axis, m):
-    return axis if m == 1 else Blocked(axis, m)
+class Strided(Blocked):
+    """Like :class:`Blocked`, the batch merged with other axes on one axis, but as the *inner* factor
+    (element j belongs to row ``j % batch``): ``(T, B, C) -> (T*B, C)``, as attention's output projection
+    reshapes it. ``m`` is the number of elements per row."""
+    __slots__ = ()
+
+
+def _row(axis, m, like=None):
+    if m == 1:
+        return axis
+    return Strided(axis, m) if isinstance(like, Strided) else Blocked(axis, m)
+
+
+def _row_numbers(n, m, strided, batch):
+    """1 + the row of each of the n elements of a merged axis (m elements per row)."""
+    return 1 + (np.arange(n, dtype=np.int64) % batch if strided else np.arange(n, dtype=np.int64) // m)
 
 
 class Unknown:
@@ -64,8 +78,8 @@ def prove_rows(program, batch, seeds=None):
     whether row i of every output depends on those values through their row i alone (on axis 0), every
     other value held constant -- what per-example gradients need of a layer's output."""
     env = {}
-    if seeds is not None:
-        env.update({vid: -ndim for vid, ndim in seeds.items()})
+    if seeds is not None:  # (value id -> its number of dimensions, or (dimensions, the batch's axis))
+        env.update({vid: (s[1] - s[0] if isinstance(s, tuple) else -s) for vid, s in seeds.items()})
     else:
         for vid, shape in zip(program.inputs, program.input_shapes):
             if len(shape) and shape[0] == batch:
@@ -81,7 +95,7 @@ def prove_rows(program, batch, seeds=None):
         if isinstance(s, Unknown):
             unknown = unknown or s
             continue
-        if isinstance(s, Blocked):
+        if isinstance(s, Blocked):  # (or Strided)
             return "mixed", Mixed(None, f"output {k} has the batch merged with other axes on its axis "
                                         f"{s.axis + len(shape)}")
         if s != -len(shape):
@@ -129,14 +143,15 @@ def _apply_blocked(node, ins, batch):
     rule answers where that axis goes; the blocks stay), and structural operations (row numbers)."""
     n_out = len(node.outs)
     kind = rule_for(node.name).kind
-    ms = {s.m if isinstance(s, Blocked) else 1 for s in ins.values()}
+    ms = {(s.m, type(s)) if isinstance(s, Blocked) else (1, int) for s in ins.values()}
     if kind == "structural":
         return [_structural(node, ins, batch)]
     if kind not in _KEEP_BLOCKS or len(ms) != 1:
         return [Unknown(f"{_name(node)} of a batch merged with other axes")] * n_out
-    m = ms.pop()
+    like = next(iter(ins.values()))
+    m = ms.pop()[0]
     outs = _apply_rows(node, {pos: s.axis if isinstance(s, Blocked) else s for pos, s in ins.items()}, batch)
-    return [_row(o, m) if isinstance(o, int) and not isinstance(o, bool) else o for o in outs]
+    return [_row(o, m, like) if isinstance(o, int) and not isinstance(o, bool) else o for o in outs]
 
 
 def _apply_rows(node, ins, batch):
@@ -270,13 +285,13 @@ def _structural(node, ins, batch):
         (pos, d), = ins.items()
         axes = node.params.get("axes", node.params.get("permutation"))
         nd = len(node.shape(pos))
-        m = d.m if blocked else 1
+        m, like = (d.m, d) if blocked else (1, None)
         d = d.axis if blocked else d
-        return _row(list(int(a) % nd for a in axes).index(d + nd) - nd, m)
+        return _row(list(int(a) % nd for a in axes).index(d + nd) - nd, m, like)
     elif name == "matrix_transpose":
         (pos, d), = ins.items()
         if blocked:
-            return Blocked({-1: -2, -2: -1}.get(d.axis, d.axis), d.m)
+            return _row({-1: -2, -2: -1}.get(d.axis, d.axis), d.m, d)
         return {-1: -2, -2: -1}.get(d, d)
     if name == "gather" and "dimension_numbers" in node.params and set(ins) == {0}:
         # a jaxpr gather whose operand and indices share the batch as their first batching axis (what
@@ -292,8 +307,8 @@ def _structural(node, ins, batch):
         shape = node.shape(pos)
         if pos in ins:
             d, m = (ins[pos].axis, ins[pos].m) if isinstance(ins[pos], Blocked) else (ins[pos], 1)
-            rows = (1 + np.arange(shape[d], dtype=np.int64) // m).reshape([-1 if k == d + len(shape) else 1
-                                                                          for k in range(len(shape))])
+            rows = _row_numbers(shape[d], m, isinstance(ins[pos], Strided), batch).reshape(
+                [-1 if k == d + len(shape) else 1 for k in range(len(shape))])
             args[pos] = np.broadcast_to(rows, shape).copy()
         else:
             args[pos] = np.zeros(shape, dtype=np.int64)
@@ -307,8 +322,10 @@ def _structural(node, ins, batch):
     for q in range(nd):
         if batch == 0 or out.shape[q] % batch or not out.shape[q]:
             continue
-        m = out.shape[q] // batch  # rows in blocks of m along q (m == 1: plain rows)
-        expected = (1 + np.arange(out.shape[q]) // m).reshape([-1 if k == q else 1 for k in range(nd)])
-        if np.all((out == expected) | (out == 0)):
-            return _row(q - nd, m)
+        m = out.shape[q] // batch  # rows in blocks of m along q (m == 1: plain rows), or every batch-th
+        for strided in ((False, True) if m > 1 else (False,)):
+            expected = _row_numbers(out.shape[q], m, strided, batch).reshape([-1 if k == q else 1
+                                                                             for k in range(nd)])
+            if np.all((out == expected) | (out == 0)):
+                return _row(q - nd, m, Strided(0, 2) if strided else None)
     return Mixed(node, f"{name} moves or combines rows of the batch")

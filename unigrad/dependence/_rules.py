@@ -124,6 +124,9 @@ _put("convolution max_pool1d max_pool2d max_pool3d max_pool1d_with_indices max_p
      "upsample_linear1d upsample_bilinear2d upsample_bicubic2d upsample_trilinear3d",
      Rule("per_sample", "nonlinear", rows=(0,)), "aten.")  # (each over the axes after the first two only)
 _put("embedding", Rule("per_sample", "linear", rows=()), "aten.")  # a lookup in its weight (never a row)
+_put("_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_attention_math "
+     "_scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention",
+     Rule("per_sample", "nonlinear", rows=(0, 1, 2)), "aten.")  # queries, keys, values: (B, heads, T, d)
 _put("native_batch_norm_training", Rule("lane", "nonlinear"), "aten.")  # statistics over the batch
 
 _UNKNOWN = Rule("unknown", "nonlinear")

@@ -58,9 +58,10 @@ def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, co
 
     On the NumPy tape, JAX and torch, parameters used by dense layers (``x @ W``, ``x @ W.T``, ``+ b``,
     ``* s``; ``nn.Linear`` on torch; on torch also convolutions, embeddings, LayerNorm's and GroupNorm's
-    scale and shift, a weight used several times) get their rows from one ordinary backward pass, where
-    the program proves that rows of the losses stay apart after the layer; others are materialised as Jacobian
-    rows (about B backward passes; every parameter on TensorFlow and plugins). The returned
+    scale and shift, attention's projections, a weight used several times) get their rows from one
+    ordinary backward pass, where the program proves that rows of the losses stay apart after the
+    layer; others are materialised as Jacobian rows (about B backward passes; every parameter on
+    TensorFlow and plugins). The returned
     function's ``.paths`` maps each parameter leaf to the way it took on the last call.
 
     Args:

@@ -8,8 +8,10 @@ depends on that output through its row i alone. Then example i's gradient is the
 ``d loss_i / d y_u,i`` contracted with what the layer multiplied the parameter by, and ``G_u``'s row i
 is that derivative. The uses:
 
-* dense ``mm``/``addmm`` (the parameter directly or through transposes, ``F.linear(x, w.T)``), over
-  positions too: ``X_i^T G_i`` (or ``G_i^T X_i`` for a transposed use);
+* dense ``mm``/``addmm``/``bmm`` of a leading one (the parameter through any views and transposes,
+  ``F.linear(x, w.T)``, ``einsum``), over positions too, the examples on any axis of the product
+  reshaped back (attention's projections see (positions, B, features)): ``X_i^T G_i`` (or ``G_i^T X_i``
+  for a transposed use);
 * ``convolution`` (1-d, 2-d, 3-d, any stride, padding, dilation, groups): per group j,
   ``G_ij^T U_ij`` with ``U_i`` the input's patches (``unfold``, 1-d and 2-d), P output positions; the
   rows themselves as torch's weight gradient of one convolution with the examples as groups;

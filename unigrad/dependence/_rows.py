@@ -52,10 +52,10 @@ class Strided(Blocked):
     __slots__ = ()
 
 
-def _row(axis, m, like=None):
+def _row(axis, m, strided=False):
     if m == 1:
         return axis
-    return Strided(axis, m) if isinstance(like, Strided) else Blocked(axis, m)
+    return Strided(axis, m) if strided else Blocked(axis, m)
 
 
 def _row_numbers(n, m, strided, batch):
@@ -148,10 +148,10 @@ def _apply_blocked(node, ins, batch):
         return [_structural(node, ins, batch)]
     if kind not in _KEEP_BLOCKS or len(ms) != 1:
         return [Unknown(f"{_name(node)} of a batch merged with other axes")] * n_out
-    like = next(iter(ins.values()))
-    m = ms.pop()[0]
+    m, kind_of_merge = ms.pop()
+    strided = kind_of_merge is Strided
     outs = _apply_rows(node, {pos: s.axis if isinstance(s, Blocked) else s for pos, s in ins.items()}, batch)
-    return [_row(o, m, like) if isinstance(o, int) and not isinstance(o, bool) else o for o in outs]
+    return [_row(o, m, strided) if isinstance(o, int) and not isinstance(o, bool) else o for o in outs]
 
 
 def _apply_rows(node, ins, batch):
@@ -285,13 +285,13 @@ def _structural(node, ins, batch):
         (pos, d), = ins.items()
         axes = node.params.get("axes", node.params.get("permutation"))
         nd = len(node.shape(pos))
-        m, like = (d.m, d) if blocked else (1, None)
+        m, strided = (d.m, isinstance(d, Strided)) if blocked else (1, False)
         d = d.axis if blocked else d
-        return _row(list(int(a) % nd for a in axes).index(d + nd) - nd, m, like)
+        return _row(list(int(a) % nd for a in axes).index(d + nd) - nd, m, strided)
     elif name == "matrix_transpose":
         (pos, d), = ins.items()
         if blocked:
-            return _row({-1: -2, -2: -1}.get(d.axis, d.axis), d.m, d)
+            return _row({-1: -2, -2: -1}.get(d.axis, d.axis), d.m, isinstance(d, Strided))
         return {-1: -2, -2: -1}.get(d, d)
     if name == "gather" and "dimension_numbers" in node.params and set(ins) == {0}:
         # a jaxpr gather whose operand and indices share the batch as their first batching axis (what
@@ -327,5 +327,5 @@ def _structural(node, ins, batch):
             expected = _row_numbers(out.shape[q], m, strided, batch).reshape([-1 if k == q else 1
                                                                              for k in range(nd)])
             if np.all((out == expected) | (out == 0)):
-                return _row(q - nd, m, Strided(0, 2) if strided else None)
+                return _row(q - nd, m, strided)
     return Mixed(node, f"{name} moves or combines rows of the batch")

@@ -3,9 +3,10 @@
 Three problems, each's result the gradient norm of every example over all parameters, float32:
   * MLP 784-256-10 (tanh, softmax cross-entropy), batch 128;
   * a small CNN: conv2d(1->16, 3x3, padding 1) - relu - conv2d(16->32, 3x3, stride 2, padding 1) - relu -
-    linear(32*14*14 -> 10), 28x28 inputs, batch 64 (``--cnn``);
+    linear(32*14*14 -> 10), 28x28 inputs, batch 64;
   * a sequence model: embedding(2000, 64) - LayerNorm - linear(64 -> 2000), per-token cross-entropy summed
-    over 32 tokens, batch 64 (``--sequence``).
+    over 32 tokens, batch 64;
+  * a transformer: TransformerEncoderLayer(64, 4 heads, 128) - linear, 32 tokens, batch 64.
 Reported as ratios to ``torch.func``'s ``vmap(grad(loss))`` followed by the norms, measured in the same
 run (median of per-round ratios, the rounds' range beside it), with the machine's load average:
   * unigrad.per_example_grad_norms on the NumPy tape (MLP only: dense layers found in the recorded
@@ -20,7 +21,7 @@ run (median of per-round ratios, the rounds' range beside it), with the machine'
 Every contestant's norms are checked against torch.func's before timing. torch runs with one thread
 here (restored afterwards): on a loaded machine its spinning worker threads distort the ratios.
 
-Run: python benchmarks/bench_per_example.py [--quick] [--json] [--only mlp,cnn,sequence]
+Run: python benchmarks/bench_per_example.py [--quick] [--json] [--only mlp,cnn,sequence,transformer]
 """
 
 from __future__ import annotations
@@ -254,11 +255,32 @@ def sequence_contestants(seed=0):
                               per_example, (x, y), b)
 
 
-PROBLEMS = {"mlp": lambda: contestants(*problem()), "cnn": cnn_contestants, "sequence": sequence_contestants}
+TRANSFORMER = dict(batch=64, tokens=32, width=64, heads=4, hidden=128)
+
+
+def transformer_contestants(seed=0):
+    import torch
+
+    torch.manual_seed(seed)
+    b, t, d = TRANSFORMER["batch"], TRANSFORMER["tokens"], TRANSFORMER["width"]
+    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(d, TRANSFORMER["heads"], TRANSFORMER["hidden"],
+                                                                 dropout=0.0, batch_first=True),
+                                torch.nn.Flatten(), torch.nn.Linear(t * d, 10))
+    x, y = torch.randn(b, t, d), torch.randint(10, (b,))
+    ce = torch.nn.functional.cross_entropy
+    return module_contestants(model, lambda z, target: ce(z, target, reduction="sum"),
+                              lambda z, target: ce(z, target, reduction="none"), (x, y), b)
+
+
+PROBLEMS = {"mlp": lambda: contestants(*problem()), "cnn": cnn_contestants, "sequence": sequence_contestants,
+            "transformer": transformer_contestants}
 TITLES = {"mlp": f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}",
           "cnn": f"CNN conv2d-relu-conv2d-relu-linear on 28x28, batch {CNN_BATCH}",
           "sequence": (f"embedding({SEQ['vocabulary']}, {SEQ['width']})-LayerNorm-linear, {SEQ['tokens']} tokens, "
-                       f"batch {SEQ['batch']}")}
+                       f"batch {SEQ['batch']}"),
+          "transformer": (f"TransformerEncoderLayer({TRANSFORMER['width']}, {TRANSFORMER['heads']} heads, "
+                          f"{TRANSFORMER['hidden']})-linear, {TRANSFORMER['tokens']} tokens, "
+                          f"batch {TRANSFORMER['batch']}")}
 
 
 def load_average():
@@ -318,7 +340,7 @@ def _measure(found, quick):
 
 
 def report(results):
-    parts = [("mlp", results)] + [(k, results[k]) for k in ("cnn", "sequence") if k in results]
+    parts = [("mlp", results)] + [(k, results[k]) for k in ("cnn", "sequence", "transformer") if k in results]
     for key, res in parts:
         if "seconds" not in res:
             continue
@@ -345,7 +367,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", default=None, help="comma-separated problems among mlp,cnn,sequence")
+    parser.add_argument("--only", default=None, help="comma-separated problems among mlp,cnn,sequence,transformer")
     args = parser.parse_args(argv)
     only = args.only.split(",") if args.only else None
     results = run(args.quick, only)

@@ -36,7 +36,10 @@ def verdict(f, x):
 
 X2 = torch.randn(B, 4)
 X3 = torch.randn(B, 6, 4)
+X4 = torch.randn(B, 2, 6, 6)
 LABELS = torch.randint(3, (B,))
+CW = torch.randn(4, 1, 3, 3)
+IDX = torch.randint(B, (3, 2))
 
 CASES = [
     # FREE: no derivative flows (comparisons, factories, detach)
@@ -58,6 +61,15 @@ CASES = [
     ("cat axis 1", lambda x: torch.cat([x, x * 2], 1).sum(1), X2, "row"),
     ("flip axis 1", lambda x: x.flip(1).sum(1), X2, "row"),
     ("where", lambda x: torch.where(x > 0, x, x * x).sum(1), X2, "row"),
+    ("batch merged inside", lambda x: (x.transpose(0, 1).reshape(-1, 4) @ W).reshape(6, B, 3).sum((0, 2)), X3,
+     "row"),  # (6, B, 4) -> (6*B, 4): the batch the inner factor, then split back
+    # per example: convolutions, poolings, group norm, batch norm in eval mode
+    ("conv2d", lambda x: F.conv2d(x, CW, stride=2, padding=1, groups=2).sum((1, 2, 3)), X4, "row"),
+    ("max pool", lambda x: F.max_pool2d(x, 2).sum((1, 2, 3)), X4, "row"),
+    ("reflect pad, upsample", lambda x: F.interpolate(F.pad(x, (1, 1, 1, 1), mode="reflect"), scale_factor=2)
+     .sum((1, 2, 3)), X4, "row"),
+    ("group norm", lambda x: F.group_norm(x, 2).sum((1, 2, 3)), X4, "row"),
+    ("batch norm eval", lambda x: F.batch_norm(x, torch.zeros(2), torch.ones(2)).sum((1, 2, 3)), X4, "row"),
     # MIXED: the batch axis reduced, scanned, contracted, moved
     ("mean over batch", lambda x: (x - x.mean(0)).sum(1), X2, "mixed: mean over the batch axis"),
     ("softmax over batch", lambda x: torch.softmax(x, 0).sum(1), X2, "mixed: _softmax along the batch axis"),
@@ -67,8 +79,16 @@ CASES = [
      "mixed: nll_loss_reduced over the batch axis"),
     ("flip batch", lambda x: x.flip(0).sum(1), X2, "mixed: flip moves or combines rows of the batch"),
     ("merge batch", lambda x: x.reshape(-1).sum().expand(B), X2, "mixed: sum over the batch axis"),
+    ("merged inside, split wrongly", lambda x: x.transpose(0, 1).reshape(-1, 4).reshape(B, 24).sum(1), X3,
+     "mixed: reshape moves or combines rows of the batch"),
+    ("batch norm training", lambda x: F.batch_norm(x, None, None, training=True).sum((1, 2, 3)), X4,
+     "mixed: native_batch_norm_training along the batch axis"),
+    ("conv across batch", lambda x: F.conv2d(x.transpose(0, 1), torch.ones(B, B, 1, 1)).sum((0, 2, 3)), X4,
+     "mixed: convolution acts across the batch axis"),
     # unknown: no rule (the caller materialises or probes)
     ("sort", lambda x: torch.sort(x, 0)[0].sum(1), X2, "unknown: no row rule for the primitive 'sort'"),
+    ("embedding of rows", lambda x: F.embedding(IDX, x).sum((1, 2)).repeat(2)[:B], X2,
+     "unknown: embedding with a row-dependent operand 0"),
 ]
 
 

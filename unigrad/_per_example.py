@@ -35,7 +35,8 @@ from . import _per_example_common as _common
 from . import _per_example_jaxpr as _jaxpr
 from . import _per_example_tf as _tf
 from . import _per_example_torch as _torch
-from ._per_example_common import BIAS, DENSE, DENSE_GHOST, DENSE_OUTER, MATERIALISED, SCALE  # noqa: F401
+from ._per_example_common import (BIAS, CONV, CONV_GHOST, DENSE, DENSE_GHOST, DENSE_OUTER,  # noqa: F401
+                                  EMBEDDING, EMBEDDING_GHOST, MATERIALISED, NORM, SCALE, SHARED, SHARED_SUMMED)
 from ._per_example_common import check_losses as _check_losses
 from ._call import BoundedCache, execute, prepare
 from ._pystate import python_state
@@ -61,9 +62,10 @@ def per_example_grad(f: Callable, argnums=0, batch_argnum=1, *, backend=None, co
 
     On the NumPy tape, JAX, torch and TensorFlow, parameters used by dense layers (``x @ W``,
     ``x @ W.T``, ``+ b``, ``* s``; ``nn.Linear`` on torch, ``tf.matmul``/``tf.nn.bias_add`` on
-    TensorFlow) get their rows from one ordinary backward pass, where the program proves that rows of
-    the losses stay apart after the layer; others are materialised as Jacobian rows (about B backward
-    passes; every parameter on plugins). The returned
+    TensorFlow; on torch also convolutions, embeddings, LayerNorm's and GroupNorm's scale and shift,
+    attention's projections, a weight used several times) get their rows from one ordinary backward
+    pass, where the program proves that rows of the losses stay apart after the layer; others are
+    materialised as Jacobian rows (about B backward passes; every parameter on plugins). The returned
     function's ``.paths`` maps each parameter leaf to the way it took on the last call.
 
     Args:

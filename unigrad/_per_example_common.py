@@ -9,6 +9,13 @@ DENSE_GHOST = "dense: ghost (X X^T) * (G G^T)"
 DENSE = "dense: X^T G"
 BIAS = "bias: G summed"
 SCALE = "scale: G * Z summed"
+CONV = "conv: weight gradient, the examples as groups"
+CONV_GHOST = "conv: ghost (U U^T) * (G G^T)"
+EMBEDDING = "embedding: G added into the looked-up rows"
+EMBEDDING_GHOST = "embedding: ghost [idx = idx'] * (G G^T)"
+NORM = "norm: xhat * G summed"
+SHARED = "shared: uses stacked along positions"
+SHARED_SUMMED = "shared: each use's rows summed"
 
 
 def check_losses(b, outs, batch, fname):

@@ -1,4 +1,4 @@
-"""Per-example gradients on torch: dense layers found in the ATen program the call ran.
+"""Per-example gradients on torch: layers found in the ATen program the call ran.
 
 The same method as the tape's and JAX's (``_per_example.py``, ``_per_example_jaxpr.py``), for native
 torch code (``torch.func.functional_call`` of an ``nn.Module``, ``F.linear``, ``x @ W``) and portable code:
@@ -10,15 +10,17 @@ torch code (``torch.func.functional_call`` of an ``nn.Module``, ``F.linear``, ``
    makes the record unusable (then everything is materialised, as before).
 2. For a new program (its operations, data flow, shapes, dtypes and literal arguments are the cache
    key), the record becomes a ``torch.fx`` graph, read by the dependence analysis's fx front-end
-   (``unigrad.dependence._fx``). A parameter whose one use is a dense layer -- ``mm``/``addmm`` (through
-   ``t``/``transpose``; over positions: reshape, product, reshape back), a bias (``addmm``'s, or
-   ``add``/``sub`` of a broadcast parameter), a scale (``mul``) -- takes the fast path where the row
-   proof shows that row i of the losses depends on the layer's output through its row i alone.
+   (``unigrad.dependence._fx``). A parameter every use of which is a layer ``_per_example_torch_layers``
+   knows -- ``mm``/``addmm`` (through transposes; over positions: reshape, product, reshape back), a
+   convolution, an embedding, a bias or scale (``addmm``'s, a convolution's, ``add``/``sub``/``mul`` of a
+   broadcast parameter, through views), LayerNorm's or GroupNorm's weight and bias -- takes the fast path
+   where the row proof shows that row i of the losses depends on each layer's output through its row i alone.
 3. ``G``, the gradient of ``sum(losses)`` with respect to those layers' outputs, comes from one
-   ``torch.autograd.grad`` of this very forward pass; ``X`` is the layer's recorded input. Norms:
-   ``|x_i|^2 |g_i|^2``, ghost ``sum((X_i X_i^T) * (G_i G_i^T))`` or ``X_i^T G_i``, as on the other engines.
+   ``torch.autograd.grad`` of this very forward pass; ``X`` (patches, indices, normalised inputs) are the
+   layer's recorded values. Norms: ``|x_i|^2 |g_i|^2``, ghost ``sum((X_i X_i^T) * (G_i G_i^T))`` or
+   ``X_i^T G_i``, as on the other engines; see ``_per_example_torch_layers`` for the other layers.
 
-Parameters the trick does not cover (used twice, by a convolution, before rows mix...) are
+Parameters the trick does not cover (a use no rule reads, rows mixed after the layer...) are
 materialised with the backend's ``jacrev`` of the losses.
 """
 
@@ -68,13 +70,18 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
         rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
         if fast:
             ys = [recorder.value(ref) for ref in analysis.captures]
-            usable = [y.requires_grad for y in ys]
-            grads = torch.autograd.grad(losses.sum(), [y for y, u in zip(ys, usable) if u], allow_unused=True)
+            # (a layer output later overwritten in place: G at the value it held, by its gradient edge)
+            edges = [recorder.edges.get(ref) for ref in analysis.captures]
+            usable = [e is not None or y.requires_grad for y, e in zip(ys, edges)]
+            grads = torch.autograd.grad(losses.sum(), [y if e is None else e for y, e, u in zip(ys, edges, usable)
+                                                        if u], allow_unused=True)
             it = iter(grads)
             gs = [next(it) if u else None for u in usable]
             gs = [torch.zeros_like(y) if g is None else g for g, y in zip(gs, ys)]
-            for k, plan in fast.items():
-                rows[k], squares[k], paths[k] = plan.rows(recorder, gs[plan.capture], leaves[k], batch, norms)
+            from ._per_example_torch_layers import parameter_rows
+
+            for k, uses in fast.items():
+                rows[k], squares[k], paths[k] = parameter_rows(uses, recorder, gs, leaves[k], batch, norms)
     losses = losses.detach()
     slow = [k for k in range(n) if k not in fast]
     if slow:
@@ -95,27 +102,8 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
 
 
 # ---------------------------------------------------------------------------------------------
-# The analysis of one program: which parameters are dense layers whose rows stay apart
+# The analysis of one program: which parameters are used by layers whose rows stay apart
 # ---------------------------------------------------------------------------------------------
-
-class _Plan:
-    __slots__ = ("kind", "capture", "x", "other", "transposed", "sign", "seed_shape", "positions")
-
-    def __init__(self, kind, capture, seed_shape, x=None, other=None, transposed=False, sign=1.0):
-        self.kind, self.capture, self.seed_shape = kind, capture, seed_shape
-        self.x, self.other, self.transposed, self.sign = x, other, transposed, sign
-
-    def rows(self, recorder, g, param, batch, norms):
-        """``(rows or None, squared norms or None, path)`` from G, the gradient at the captured output."""
-        g = g.detach().reshape(self.seed_shape)
-        if self.kind == "matmul":
-            x = recorder.value(self.x).detach()
-            return pe.matmul_rows(_ops(), x, g, batch, norms, self.transposed, param.dtype)
-        other = None if self.kind == "bias" else recorder.value(self.other).detach()
-        rows, path = pe.broadcast_rows(_ops(), self.kind, g, other, tuple(param.shape), self.seed_shape, self.sign,
-                                       batch)
-        return rows.to(param.dtype), None, path
-
 
 def _ops():
     import torch
@@ -126,116 +114,50 @@ def _ops():
 
 
 class _Analysis:
-    """The plans of one program: ``plans`` (leaf -> _Plan) and ``captures`` (the refs whose gradient is G)."""
+    """The plans of one program: ``plans`` (leaf -> its uses, see ``_per_example_torch_layers``) and
+    ``captures`` (the refs whose gradient is G)."""
 
     def __init__(self, recorder, losses, n, batch):
+        from ._per_example_torch_layers import find_uses
         from .dependence import prove_rows
         from .dependence._fx import fx_program
 
         self.plans, self.captures = {}, []
         graph, refs = recorder.graph(losses)
         ids = {}
-        program = fx_program(graph, ids=ids)
+        program = fx_program(graph, ids=ids, in_place=True)
         placeholders = [node for node in graph.nodes if node.op == "placeholder"]
         proved = {}
         for k in range(n):
-            found = _find(placeholders[k], batch)
-            if found is None:
+            uses = find_uses(placeholders[k], batch)
+            if uses is None:
                 continue
-            plan, seed, capture_node = found
-            if seed not in proved:
-                vid = ids.get(seed)
-                proved[seed] = vid is not None and prove_rows(
-                    program, batch, seeds={vid: len(plan.seed_shape)})[0] == "row"
-            if not proved[seed]:
+            for use in uses:  # the first of the seed's possible batch axes that the proof holds for
+                vid = ids.get(use.seed)
+                for axis in use.axes:
+                    key = (use.seed, axis)
+                    if key not in proved:
+                        proved[key] = vid is not None and prove_rows(
+                            program, batch, seeds={vid: (len(use.seed_shape), axis)})[0] == "row"
+                    if proved[key]:
+                        use.axis = axis
+                        break
+                else:
+                    use.axis = None
+            if not all(use.axis is not None and use.resolve(refs) and use.capture in refs for use in uses):
                 continue
-            ref = refs[capture_node]
-            if ref not in self.captures:
-                self.captures.append(ref)
-            plan.capture = self.captures.index(ref)
-            if plan.x is not None:
-                plan.x = refs[plan.x]
-            if plan.other is not None:
-                plan.other = refs.get(plan.other)
-                if plan.other is None:
-                    continue
-            self.plans[k] = plan
+            if any(recorder.stale(r) for u in uses for r in u.refs.values()) or any(
+                    recorder.stale(refs[u.capture]) and refs[u.capture] not in recorder.edges for u in uses):
+                continue  # a value the rows read was overwritten in place later in f: materialised
+            for use in uses:
+                ref = refs[use.capture]
+                if ref not in self.captures:
+                    self.captures.append(ref)
+                use.g_index = self.captures.index(ref)
+            self.plans[k] = uses
 
     @classmethod
     def none(cls, n):
         self = cls.__new__(cls)
         self.plans, self.captures = {}, []
         return self
-
-
-def _aten(node):
-    from .dependence._fx import _aten_name
-    return _aten_name(node)
-
-
-def _only_use(node):
-    """The one node using ``node``, using it once; else None."""
-    from torch.utils import _pytree
-
-    if len(node.users) != 1:
-        return None
-    user = next(iter(node.users))
-    flat, _ = _pytree.tree_flatten((user.args, user.kwargs))
-    return user if sum(1 for a in flat if a is node) == 1 else None
-
-
-def _shape(node):
-    return tuple(node.meta["val"].shape)
-
-
-def _find(p, batch):
-    """``(plan, seed node, capture node)`` for a parameter whose one use is a dense layer, else None."""
-    import torch
-
-    from .dependence._fx import positions_product
-
-    val = p.meta["val"]
-    if not val.is_floating_point():
-        return None
-    user = _only_use(p)
-    if user is None:
-        return None
-    operand, transposed = p, False
-    name = _aten(user)
-    if name in ("t", "transpose", "permute") and val.dim() == 2:
-        if name == "permute" and tuple(d % 2 for d in user.args[1]) != (1, 0):
-            return None
-        operand, transposed, user = user, True, _only_use(user)
-        if user is None:
-            return None
-        name = _aten(user)
-    if name in ("mm", "addmm") and not user.kwargs:
-        at = 1 if name == "addmm" else 0
-        folded = positions_product(user)
-        seed, x = (folded[1], folded[0]) if folded is not None else (user, user.args[at])
-        if user.args[at + 1] is operand:
-            a = user.args[at]
-            if _shape(seed)[0] != batch or (folded is None and (len(_shape(a)) != 2 or _shape(a)[0] != batch)):
-                return None
-            del x
-            return _Plan("matmul", user, _shape(seed), x=a, transposed=transposed), seed, user
-        if name == "addmm" and user.args[0] is operand and not transposed and len(_shape(p)) <= 2 and (
-                len(_shape(p)) < 2 or _shape(p)[0] == 1) and _shape(seed)[0] == batch:
-            return _Plan("bias", user, _shape(seed)), seed, user
-        return None
-    if transposed or name not in ("add", "sub", "mul") or user.target._overloadname != "Tensor":
-        return None
-    if user.kwargs.get("alpha", 1) != 1 or len(user.args) != 2:
-        return None
-    pos = 0 if user.args[0] is p else 1
-    other = user.args[1 - pos]
-    out = _shape(user)
-    if not isinstance(other, torch.fx.Node) or _shape(other) != out or not out or out[0] != batch:
-        return None
-    shape = _shape(p)
-    if len(shape) > len(out) or (len(shape) == len(out) and shape[0] != 1):
-        return None  # the parameter has an axis along the batch: not shared by the rows
-    sign = -1.0 if (name == "sub" and pos == 1) else 1.0
-    if name == "mul":
-        return _Plan("scale", user, out, other=other, sign=sign), user, user
-    return _Plan("bias", user, out, sign=sign), user, user

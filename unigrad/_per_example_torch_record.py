@@ -23,15 +23,24 @@ class Recorder(TorchDispatchMode):
         self.ops, self.sig = [], []
         self.broken = False  # an operand depends on the parameters but its origin was not seen
         self.consts = []
+        self.writes = []  # (operation index, storage) of every tensor an operation wrote in place
+        self.last_write = {}  # storage -> the index of the last operation that wrote into it
+        self.edges = {}  # ref of a value later overwritten in place -> its autograd gradient edge
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         torch = self.torch
+        written = self._written(func, args, kwargs) if func._schema.is_mutable else ()
+        # (a tensor written in place gets a new autograd history: the gradient edge of the value it held
+        # is kept, so G at that value can still be asked for)
+        edges = [(self.where.get(id(t)), torch.autograd.graph.get_gradient_edge(t)) for t in written
+                 if t.grad_fn is not None]
+        out = func(*args, **kwargs)
         if func is torch.ops.aten.detach.default:  # autograd's copies for backward, or the user's detach
             return out
         flat, spec = _flatten(args, kwargs)
         refs = []
+        k = len(self.ops)
         for a in flat:
             if isinstance(a, torch.Tensor):
                 ref = self.where.get(id(a))
@@ -40,10 +49,22 @@ class Recorder(TorchDispatchMode):
                         self.broken = True
                     ref = ("c", len(self.consts))
                     self.consts.append(a)
+                if self.last_write and not self.broken:
+                    # a value read through another alias (a view, its base) of memory written in place
+                    # after that alias was made: the data flow recorded would not be the one that ran
+                    w = self.last_write.get(_storage(a))
+                    if w is not None and (ref[0] if isinstance(ref[0], int) else -1) < w:
+                        self.broken = True
                 refs.append((ref, tuple(a.shape), a.dtype))
             else:
                 refs.append(a)
-        k = len(self.ops)
+        for t in written:
+            ptr = _storage(t)
+            self.writes.append((k, ptr))
+            self.last_write[ptr] = k
+        for ref, edge in edges:
+            if ref is not None:
+                self.edges.setdefault(ref, edge)
         self.ops.append((func, flat, spec, out))
         self.sig.append((func, spec, tuple(refs)))
         if isinstance(out, (tuple, list)):
@@ -53,6 +74,28 @@ class Recorder(TorchDispatchMode):
         elif isinstance(out, torch.Tensor):
             self.where[id(out)] = (k, None)
         return out
+
+    def _written(self, func, args, kwargs):
+        """The tensors ``func`` writes in place (its schema's ``a!`` arguments)."""
+        torch = self.torch
+        found = []
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+            for t in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(t, torch.Tensor) and t.numel():
+                    found.append(t)
+        return found
+
+    def stale(self, ref):
+        """Whether the value of ``ref`` (or a view of its memory) was written in place after it was made:
+        then it no longer holds what the operations that read it saw."""
+        if not self.writes:
+            return False
+        made = ref[0] if isinstance(ref[0], int) else -1
+        ptr = _storage(self.value(ref))
+        return any(k > made and p == ptr for k, p in self.writes)
 
     def key(self, losses, batch):
         ref = self.where.get(id(losses))
@@ -131,6 +174,16 @@ class Recorder(TorchDispatchMode):
                     refs[id(a)] = r[0]
             self._at = cache = (k, refs)
         return cache[1]
+
+
+def _storage(t):
+    """An id of the memory ``t`` lives in (shared by its views); None for an empty tensor."""
+    if not t.numel():
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a wrapper): its own identity
+        return ("id", id(t))
 
 
 def _flatten(args, kwargs):

@@ -25,6 +25,7 @@ import operator
 import numpy as np
 
 from ._program import Node, Program
+from ._rules import rule_for
 
 
 class Aval:
@@ -40,16 +41,20 @@ _RENAME = {"view": "reshape", "_unsafe_view": "reshape", "reshape": "reshape", "
 _REDUCE = frozenset({"sum", "mean", "amax", "amin", "prod", "logsumexp", "var", "std", "norm",
                      "linalg_vector_norm"})
 _AXIS = frozenset({"_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp", "gather"})
+# positions (among tensor operands) that carry no derivative
 _NOT_DATA = {"where": (0,), "gather": (1,), "index": None, "index_select": (1,), "masked_fill": (1,),
-             "nll_loss_forward": (1, 2, 3)}  # positions (among tensor operands) that carry no derivative
+             "nll_loss_forward": (1, 2, 3), "embedding": (1,)}
 _FOLD_LIMIT = 1 << 20
 
 
-def fx_program(graph, ids=None) -> Program:
+def fx_program(graph, ids=None, in_place=False) -> Program:
     """The program of a ``torch.fx`` graph (or GraphModule) of ATen operations.
 
     Shapes are read from each node's ``meta["val"]`` (``make_fx`` sets it; so does the recorder).
-    ``ids``, a dict when given, receives each fx node's value id in the program.
+    ``ids``, a dict when given, receives each fx node's value id in the program. ``in_place``: the
+    graph's data flow is known to be exact across in-place operations (no value is read through an
+    alias written after it was made: the per-example recorder checks this), so an elementwise
+    operation in place (``relu_``, ``add_``) takes its out-of-place rule; otherwise it has none.
     """
     import torch
     from torch.utils import _pytree
@@ -111,6 +116,11 @@ def fx_program(graph, ids=None) -> Program:
                               {}, out_list, out_shapes))
             continue
         name = target._schema.name.split("::")[-1]
+        if in_place and name.endswith("_") and not name.startswith("_") and target._schema.is_mutable and rule_for(
+                "aten." + name[:-1]).kind == "elementwise" and target._schema.arguments[0].alias_info is not None:
+            # in place (relu_, add_): the value it makes is a new node (the recorder refuses programs that
+            # then read the old value through another alias), the same rule as the operation out of place
+            name = name[:-1]
         bound = _bind(target, fx_node.args, fx_node.kwargs)
         # fold what literal arguments alone decide (arange, full): index operands the rules can read
         if all(flat[i] in known for i in operand_at) and torch.Tag.nondeterministic_seeded not in target.tags:
@@ -174,6 +184,12 @@ def fx_program(graph, ids=None) -> Program:
             params = {"axis": bound.get("dim")}
         elif name == "native_layer_norm":  # normalised over its trailing axes
             params = {"axis": tuple(range(-len(bound["normalized_shape"]), 0))}
+        elif name == "native_batch_norm":  # in training, normalised with statistics over the batch
+            nd = len(values[0].shape)
+            if bound.get("training", True):
+                name, params = "native_batch_norm_training", {"axis": tuple(a for a in range(nd) if a != 1)}
+            else:
+                name = "native_batch_norm_eval"
         elif name == "permute":
             params = {"axes": tuple(bound["dims"])}
         elif name in ("t", "transpose"):  # as a permutation (the rules read one)

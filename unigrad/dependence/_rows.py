@@ -45,8 +45,22 @@ class Blocked(tuple):
         return self[1]
 
 
-def _row(axis, m):
-    return axis if m == 1 else Blocked(axis, m)
+class Strided(Blocked):
+    """Like :class:`Blocked`, the batch merged with other axes on one axis, but as the *inner* factor
+    (element j belongs to row ``j % batch``): ``(T, B, C) -> (T*B, C)``, as attention's output projection
+    reshapes it. ``m`` is the number of elements per row."""
+    __slots__ = ()
+
+
+def _row(axis, m, strided=False):
+    if m == 1:
+        return axis
+    return Strided(axis, m) if strided else Blocked(axis, m)
+
+
+def _merged_rows(n, m, strided, batch):
+    """1 + the row of each of the n elements of a merged axis (m elements per row)."""
+    return 1 + (np.arange(n, dtype=np.int64) % batch if strided else np.arange(n, dtype=np.int64) // m)
 
 
 class Unknown:
@@ -64,8 +78,8 @@ def prove_rows(program, batch, seeds=None):
     whether row i of every output depends on those values through their row i alone (on axis 0), every
     other value held constant -- what per-example gradients need of a layer's output."""
     env = {}
-    if seeds is not None:
-        env.update({vid: -ndim for vid, ndim in seeds.items()})
+    if seeds is not None:  # (value id -> its number of dimensions, or (dimensions, the batch's axis))
+        env.update({vid: (s[1] - s[0] if isinstance(s, tuple) else -s) for vid, s in seeds.items()})
     else:
         for vid, shape in zip(program.inputs, program.input_shapes):
             if len(shape) and shape[0] == batch:
@@ -81,7 +95,7 @@ def prove_rows(program, batch, seeds=None):
         if isinstance(s, Unknown):
             unknown = unknown or s
             continue
-        if isinstance(s, Blocked):
+        if isinstance(s, Blocked):  # (or Strided)
             return "mixed", Mixed(None, f"output {k} has the batch merged with other axes on its axis "
                                         f"{s.axis + len(shape)}")
         if s != -len(shape):
@@ -306,14 +320,15 @@ def _apply_blocked(node, ins, batch):
     rule answers where that axis goes; the blocks stay), and structural operations (row numbers)."""
     n_out = len(node.outs)
     kind = rule_for(node.name).kind
-    ms = {s.m if isinstance(s, Blocked) else 1 for s in ins.values()}
+    ms = {(s.m, type(s)) if isinstance(s, Blocked) else (1, int) for s in ins.values()}
     if kind == "structural":
         return [_structural(node, ins, batch)]
     if kind not in _KEEP_BLOCKS or len(ms) != 1:
         return [Unknown(f"{_name(node)} of a batch merged with other axes")] * n_out
-    m = ms.pop()
+    m, kind_of_merge = ms.pop()
+    strided = kind_of_merge is Strided
     outs = _apply_rows(node, {pos: s.axis if isinstance(s, Blocked) else s for pos, s in ins.items()}, batch)
-    return [_row(o, m) if isinstance(o, int) and not isinstance(o, bool) else o for o in outs]
+    return [_row(o, m, strided) if isinstance(o, int) and not isinstance(o, bool) else o for o in outs]
 
 
 def _apply_rows(node, ins, batch):
@@ -354,6 +369,16 @@ def _apply_rows(node, ins, batch):
         return [outs[0]] * n_out
     if kind == "structural":
         return [_structural(node, ins, batch)]
+    if kind == "per_sample":
+        rows_at = rule.extra.get("rows", (0,))
+        for pos, d in ins.items():
+            if pos not in rows_at:
+                return [Unknown(f"{_name(node)} with a row-dependent operand {pos}")] * n_out
+            if d != -len(node.shape(pos)):
+                return [Mixed(node, f"{_name(node)} acts across the batch axis")] * n_out
+        n = node.shape(next(iter(ins)))[0]
+        return [-len(s) if s and s[0] == n else Unknown(f"{_name(node)} changes the batch axis")
+                for s in node.out_shapes]
     if kind == "take":  # out[.., i, .., j] = x[.., i, .., index[.., i, .., j]] along one axis (the index: no derivative)
         if set(ins) != {0}:
             return [Unknown(f"{_name(node)} with a row-dependent operand other than its data")] * n_out
@@ -455,13 +480,13 @@ def _structural(node, ins, batch, idx=None):
         (pos, d), = ins.items()
         axes = node.params.get("axes", node.params.get("permutation"))
         nd = len(node.shape(pos))
-        m = d.m if blocked else 1
+        m, strided = (d.m, isinstance(d, Strided)) if blocked else (1, False)
         d = d.axis if blocked else d
-        return _row(list(int(a) % nd for a in axes).index(d + nd) - nd, m)
+        return _row(list(int(a) % nd for a in axes).index(d + nd) - nd, m, strided)
     elif name == "matrix_transpose":
         (pos, d), = ins.items()
         if blocked:
-            return Blocked({-1: -2, -2: -1}.get(d.axis, d.axis), d.m)
+            return _row({-1: -2, -2: -1}.get(d.axis, d.axis), d.m, isinstance(d, Strided))
         return {-1: -2, -2: -1}.get(d, d)
     if name == "gather" and "dimension_numbers" in node.params and set(ins) <= {0}:
         # a jaxpr gather whose operand and indices share the batch as their first batching axis (what
@@ -484,20 +509,20 @@ def _structural(node, ins, batch, idx=None):
     # every other structural operation: its own implementation applied to row numbers (0: not a row)
     args = list(node.args)
     for pos in sorted(node.data):
-        args[pos] = _row_numbers(node.shape(pos), ins.get(pos))
+        args[pos] = _row_numbers(node.shape(pos), ins.get(pos), batch)
     for pos, a in enumerate(args):
         if pos not in node.data and type(a).__name__ == "Aval":
             return Unknown(f"{name}: an index operand is computed from the input")
     return _rows_of(np.asarray(node.fn(*args, **node.params)), node, batch)
 
 
-def _row_numbers(shape, state):
+def _row_numbers(shape, state, batch):
     """1 + the row each element of a value belongs to (0: FREE)."""
     if state is None:
         return np.zeros(shape, dtype=np.int64)
     d, m = (state.axis, state.m) if isinstance(state, Blocked) else (state, 1)
-    rows = (1 + np.arange(shape[d], dtype=np.int64) // m).reshape([-1 if k == d + len(shape) else 1
-                                                                  for k in range(len(shape))])
+    rows = _merged_rows(shape[d], m, isinstance(state, Strided), batch).reshape(
+        [-1 if k == d + len(shape) else 1 for k in range(len(shape))])
     return np.broadcast_to(rows, shape).copy()
 
 
@@ -541,10 +566,10 @@ def _scatter(node, ins, batch):
         return _window(node, ins, op_shape, set(dn.inserted_window_dims) | set(dn.scatter_dims_to_operand_dims)
                        | batching, tuple(dn.update_window_dims), tuple(sizes), {0: "same", 2: "window"})
     anywhere, surely = targets
-    out = _row_numbers(node.shape(0), ins.get(0)).ravel()
+    out = _row_numbers(node.shape(0), ins.get(0), batch).ravel()
     if name == "scatter" and surely is not None:
         out[surely[surely > 0] - 1] = 0  # overwritten
-    up = _row_numbers(node.shape(2), ins.get(2)).ravel()
+    up = _row_numbers(node.shape(2), ins.get(2), batch).ravel()
     way, src = np.nonzero(anywhere)
     dst, rows = anywhere[way, src] - 1, up[src]
     dst, rows = dst[rows > 0], rows[rows > 0]
@@ -611,8 +636,10 @@ def _rows_of(out, node, batch):
     for q in range(nd):
         if batch == 0 or out.shape[q] % batch or not out.shape[q]:
             continue
-        m = out.shape[q] // batch  # rows in blocks of m along q (m == 1: plain rows)
-        expected = (1 + np.arange(out.shape[q]) // m).reshape([-1 if k == q else 1 for k in range(nd)])
-        if np.all((out == expected) | (out == 0)):
-            return _row(q - nd, m)
+        m = out.shape[q] // batch  # rows in blocks of m along q (m == 1: plain rows), or every batch-th
+        for strided in ((False, True) if m > 1 else (False,)):
+            expected = _merged_rows(out.shape[q], m, strided, batch).reshape([-1 if k == q else 1
+                                                                             for k in range(nd)])
+            if np.all((out == expected) | (out == 0)):
+                return _row(q - nd, m, strided)
     return Mixed(node, f"{name} moves or combines rows of the batch")

@@ -23,6 +23,8 @@ import numpy as np
 # ---------------------------------------------------------------------------------------- classes
 # kind: "elementwise" | "structural" | "reduce" | "scan" | "lane" | "matmul" | "einsum" | "core"
 #       | "take" (a gather along an axis, the index an operand without derivative) | "linear_probe" | "zero"
+#       | "per_sample" (each example's output from its own input alone: the batch on axis 0 of the
+#         operand positions in ``extra["rows"]`` stays on axis 0 of every output; a convolution, a pooling)
 #       | "call" | "loop" (a jaxpr scan or while: its body iterated to a fixed point) | "scatter" | "unknown"
 # order: "linear" (no second derivative), "bilinear" (products of distinct operands), "divide",
 #        "nonlinear"
@@ -119,6 +121,18 @@ _put("cumprod logcumsumexp", Rule("scan", "nonlinear"), "aten.")
 _put("_softmax _log_softmax native_layer_norm", Rule("lane", "nonlinear"), "aten.")
 _put("mm bmm", Rule("matmul", "bilinear"), "aten.")
 _put("gather nll_loss_forward", Rule("take", "linear"), "aten.")
+_put("convolution max_pool1d max_pool2d max_pool3d max_pool1d_with_indices max_pool2d_with_indices "
+     "max_pool3d_with_indices avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d _adaptive_avg_pool2d "
+     "_adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d native_group_norm native_batch_norm_eval "
+     "reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d "
+     "upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d _upsample_nearest_exact2d "
+     "upsample_linear1d upsample_bilinear2d upsample_bicubic2d upsample_trilinear3d",
+     Rule("per_sample", "nonlinear", rows=(0,)), "aten.")  # (each over the axes after the first two only)
+_put("embedding", Rule("per_sample", "linear", rows=()), "aten.")  # a lookup in its weight (never a row)
+_put("_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_attention_math "
+     "_scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention",
+     Rule("per_sample", "nonlinear", rows=(0, 1, 2)), "aten.")  # queries, keys, values: (B, heads, T, d)
+_put("native_batch_norm_training", Rule("lane", "nonlinear"), "aten.")  # statistics over the batch
 
 # TensorFlow graph operations (a FuncGraph, see ._tfgraph), under "tf." with TensorFlow's op type names
 _put("AddV2 Add AddN Sub Neg BiasAdd Cast Select SelectV2 Maximum Minimum Abs ClipByValue Real Imag Conj FloorMod "

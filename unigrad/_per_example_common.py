@@ -91,3 +91,24 @@ def total_norms(ops, squares, rows, batch):
             sq = ops.sum(ops.reshape(r * r, (batch, -1)), (1,), False)
         total = sq if total is None else total + sq
     return ops.sqrt(total)
+
+
+def materialise(b, flat_f, leaves, slow, rows, fixed=None):
+    """The parameters at positions ``slow`` materialised: their rows as the Jacobian rows of the losses
+    (``jacrev``, vectorised over the examples' cotangents; about B backward passes), written into
+    ``rows``. ``fixed``: the other arguments as ``f`` sees them (default ``leaves``). Returns ``f``'s
+    outputs."""
+    from ._transform import promoted_blocks
+
+    fixed = leaves if fixed is None else fixed
+
+    def of_slow(*values):
+        merged = list(fixed)
+        for k, v in zip(slow, values):
+            merged[k] = v
+        return flat_f(*merged)
+
+    outs, jac, _ = b.jacrev(of_slow, [leaves[k] for k in slow])
+    for k, r in zip(slow, promoted_blocks(b, outs, [leaves[k] for k in slow], jac)[0]):
+        rows[k] = r
+    return outs

@@ -70,22 +70,11 @@ def tf_rows(b, flat_f, leaves, batch, norms, fname):
             fast = plans
     slow = [k for k in range(n) if k not in fast]
     if slow:
-        from ._transform import promoted_blocks
-
-        fixed = b.arguments(tuple(leaves))  # (as f sees its arguments: Arrays)
-
-        def of_slow(*s):
-            merged = list(fixed)
-            for k, v in zip(slow, s):
-                merged[k] = v
-            return flat_f(*merged)
-
-        outs2, jac, _ = b.jacrev(of_slow, [leaves[k] for k in slow])
+        # (the other arguments as f sees them: Arrays)
+        outs2 = pe.materialise(b, flat_f, leaves, slow, rows, fixed=b.arguments(tuple(leaves)))
         pe.check_losses(b, outs2, batch, fname)
         if losses is None:
             losses = outs2[0]
-        for k, r in zip(slow, promoted_blocks(b, outs2, [leaves[k] for k in slow], jac)[0]):
-            rows[k] = r
     if not norms:
         return (losses,), tuple(rows), paths
     return (losses,), (pe.total_norms(_ops(), squares, rows, batch),), paths

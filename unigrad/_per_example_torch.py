@@ -85,17 +85,7 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
     losses = losses.detach()
     slow = [k for k in range(n) if k not in fast]
     if slow:
-        from ._transform import promoted_blocks
-
-        def of_slow(*s):
-            merged = list(leaves)
-            for k, v in zip(slow, s):
-                merged[k] = v
-            return flat_f(*merged)
-
-        outs2, jac, _ = b.jacrev(of_slow, [leaves[k] for k in slow])
-        for k, r in zip(slow, promoted_blocks(b, outs2, [leaves[k] for k in slow], jac)[0]):
-            rows[k] = r
+        pe.materialise(b, flat_f, leaves, slow, rows)
     if not norms:
         return (losses,), tuple(r.detach() for r in rows), paths
     return (losses,), (pe.total_norms(_ops(), squares, rows, batch).detach(),), paths

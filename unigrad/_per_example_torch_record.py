@@ -23,14 +23,20 @@ class Recorder(TorchDispatchMode):
         self.ops, self.sig = [], []
         self.broken = False  # an operand depends on the parameters but its origin was not seen
         self.consts = []
+        self.read = set()  # the storages operations have read (their data pointers)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         torch = self.torch
+        if func._schema.is_mutable and any(_storage(t) in self.read for t in _written(func, args, kwargs)):
+            # a value an earlier operation read is overwritten (itself, or through a view): the record's
+            # values (a layer's input X) and its data flow no longer hold; everything is materialised
+            self.broken = True
+        out = func(*args, **kwargs)
         if func is torch.ops.aten.detach.default:  # autograd's copies for backward, or the user's detach
             return out
         flat, spec = _flatten(args, kwargs)
+        self.read.update(_storage(a) for a in flat if isinstance(a, torch.Tensor))
         refs = []
         for a in flat:
             if isinstance(a, torch.Tensor):
@@ -131,6 +137,29 @@ class Recorder(TorchDispatchMode):
                     refs[id(a)] = r[0]
             self._at = cache = (k, refs)
         return cache[1]
+
+
+def _storage(t):
+    """The data pointer of a tensor's storage (0 for none: nothing to overwrite)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass): never matched
+        return 0
+
+
+def _written(func, args, kwargs):
+    """The tensors an operation writes to (its schema's ``Tensor(a!)`` arguments)."""
+    import torch
+
+    found = []
+    for k, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[k] if k < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        for v in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+    return found
 
 
 def _flatten(args, kwargs):

@@ -134,14 +134,24 @@ class _Repeats(Repeats):
     result is one matrix whatever the arguments' structure, so a call with static scalars (whose plan
     was made on the pytree path) is remembered too."""
 
-    __slots__ = ()
+    __slots__ = ("argnums",)
+
+    def __init__(self, backend, device, argnums):
+        super().__init__(None, backend, device)
+        self.argnums = argnums  # None: a given pattern (no array's values matter); else the transform's argnums
 
     def key(self, args):
         if _registry.active_backend.get() is not None:
             return None
         sig = [_registry.current_device() if self.device is None else self.device, len(args)]
-        for a in args:
+        diff = None
+        if self.argnums is not None:
+            diff = {a % len(args) for a in ((self.argnums,) if isinstance(self.argnums, int) else self.argnums)
+                    if isinstance(a, int) and -len(args) <= a < len(args)}
+        for p, a in enumerate(args):
             t = type(a)
+            if diff is not None and p not in diff and not isinstance(a, (bool, int, float, complex, str)):
+                return None  # an array f is given (indices): the pattern depends on its values (see _values_of)
             if t in _LEAF_ARRAYS:
                 sig.append(t)
                 sig.append(a.shape)
@@ -163,6 +173,22 @@ class _Repeats(Repeats):
             self.entries.put(key, (call.plan, call.program))
 
 
+def _values_of(call):
+    """A fingerprint of the values of the arrays ``f`` is given but not differentiated with respect to.
+
+    A detected pattern depends on them, not only on their shapes: an index array picks which inputs
+    each output reads (``x[idx]``), and a constant matrix's zeros are the product's (``A @ x``). So a
+    pattern (and the program compiled with its colouring) is kept per value of those arrays."""
+    import hashlib
+
+    b = call.backend
+    parts = []
+    for x in call.dynamic:
+        a = np.ascontiguousarray(b.to_numpy(x))
+        parts.append((a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=20).digest()))
+    return tuple(parts)
+
+
 def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, compile, device, fname, has_aux):
     if mode not in _MODES:
         raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
@@ -170,16 +196,21 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
     check_chunk(chunk_size, fname)
     plans, sparse_plans = BoundedCache(), BoundedCache(64)
     programs = BoundedCache() if compile else None
-    repeats, finishers = (_Repeats(None, backend, device), BoundedCache()) if compile else (None, None)
+    detect = sparsity is None or (isinstance(sparsity, str) and sparsity == "detect")
+    repeats = _Repeats(backend, device, argnums if detect else None) if compile else None
+    finishers = BoundedCache() if compile else None
     traced = BoundedCache()  # eager calls on a backend whose vectorised passes trace anyway (see passes)
 
     def plan_of(call):
         if not call.diff:
             raise ValueError(f"{fname}: argnums selects no array to differentiate")
-        plan = sparse_plans.get(call.key)
+        key = call.key
+        if detect and key is not None and call.plan.dynamic_positions:
+            key = (key, _values_of(call))
+        plan = sparse_plans.get(key)
         if plan is None:
-            plan = sparse_plans.put(call.key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname,
-                                                         has_aux))
+            plan = sparse_plans.put(key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname,
+                                                    has_aux))
         return plan
 
     def kernel_of(plan):
@@ -194,7 +225,8 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
         return run
 
     def passes(call, plan):
-        decision = ("sparse", plan.mode)
+        # (a pattern per value of the arrays not differentiated: the program is the plan's, held by the key)
+        decision = ("sparse", plan.mode, plan if detect and call.plan.dynamic_positions else None)
         if programs is not None or not call.backend.traces_batched_jacobian:
             return execute(call, kernel_of(plan), programs, decision, keep_outputs=False)
         # Eager, on a backend whose vectorised passes trace a program on every eager call (TensorFlow:

@@ -13,7 +13,7 @@ import numpy as np
 from .. import _registry
 from .._call import _LEAF_ARRAYS, BoundedCache, Repeats, _static_token, execute, prepare
 from .._checks import check_chunk, promote, scalar_check
-from .._transform import _wraps
+from .._transform import _wraps, values_key
 from . import _coloring, _compress, _decompress, _pattern
 
 __all__ = ["SparsePlan", "sparse_jacobian", "sparse_hessian"]
@@ -151,7 +151,7 @@ class _Repeats(Repeats):
         for p, a in enumerate(args):
             t = type(a)
             if diff is not None and p not in diff and not isinstance(a, (bool, int, float, complex, str)):
-                return None  # an array f is given (indices): the pattern depends on its values (see _values_of)
+                return None  # an array f is given (indices): the pattern depends on its values (values_key)
             if t in _LEAF_ARRAYS:
                 sig.append(t)
                 sig.append(a.shape)
@@ -173,22 +173,6 @@ class _Repeats(Repeats):
             self.entries.put(key, (call.plan, call.program))
 
 
-def _values_of(call):
-    """A fingerprint of the values of the arrays ``f`` is given but not differentiated with respect to.
-
-    A detected pattern depends on them, not only on their shapes: an index array picks which inputs
-    each output reads (``x[idx]``), and a constant matrix's zeros are the product's (``A @ x``). So a
-    pattern (and the program compiled with its colouring) is kept per value of those arrays."""
-    import hashlib
-
-    b = call.backend
-    parts = []
-    for x in call.dynamic:
-        a = np.ascontiguousarray(b.to_numpy(x))
-        parts.append((a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=20).digest()))
-    return tuple(parts)
-
-
 def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, compile, device, fname, has_aux):
     if mode not in _MODES:
         raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
@@ -204,9 +188,7 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
     def plan_of(call):
         if not call.diff:
             raise ValueError(f"{fname}: argnums selects no array to differentiate")
-        key = call.key
-        if detect and key is not None and call.plan.dynamic_positions:
-            key = (key, _values_of(call))
+        key = values_key(call) if detect else call.key  # (a detected pattern depends on index arrays' values)
         plan = sparse_plans.get(key)
         if plan is None:
             plan = sparse_plans.put(key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname,

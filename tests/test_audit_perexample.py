@@ -183,3 +183,104 @@ def test_torch_batched_jacobian_write_through_a_view_within_rows():
     scale = np.array([2.0, 1.0, 1.0])
     want = np.stack([np.diag(np.cos(r) * scale) for r in x.numpy()])
     np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom derivative rules: the proofs read f's forward program, the derivative is the rule's
+# ---------------------------------------------------------------------------------------------
+
+def _smear_vjp():
+    @unigrad.custom_vjp
+    def smear(h):
+        return h * 1.0
+
+    def bwd(res, g):  # a rule that combines rows the forward pass keeps apart
+        return (g + unigrad.namespace(g).sum(g, axis=0, keepdims=True),)
+
+    smear.defvjp(lambda h: (h * 1.0, None), bwd)
+    return smear
+
+
+def _smear_jvp():
+    @unigrad.custom_jvp
+    def smear(h):
+        return h * 1.0
+
+    @smear.defjvp
+    def rule(primals, tangents):
+        (h,), (t,) = primals, tangents
+        return h * 1.0, t + unigrad.namespace(t).sum(t, axis=0, keepdims=True)
+
+    return smear
+
+
+@pytest.mark.parametrize("kind", ["vjp", "jvp"])
+def test_per_example_grad_through_a_custom_rule_that_mixes_rows(backend, kind):
+    smear = _smear_vjp() if kind == "vjp" else _smear_jvp()
+
+    def loss(p, x):
+        xp = unigrad.namespace(p["W"], x)
+        return xp.sum(xp.sin(smear(x @ p["W"] + p["b"])), axis=1)
+
+    rng = np.random.default_rng(0)
+    params = {"W": rng.standard_normal((3, 2)), "b": rng.standard_normal(2)}
+    x = rng.standard_normal((4, 3))
+    pb = {k: unigrad.asarray(v, backend=backend) for k, v in params.items()}
+    xb = unigrad.asarray(x, backend=backend)
+    full = unigrad.jacobian(loss, backend=backend)(pb, xb)  # (4, *param): row i is example i's gradient
+    got = unigrad.per_example_grad(loss, backend=backend)(pb, xb)
+    for k in params:
+        np.testing.assert_allclose(unigrad.to_numpy(got[k]), unigrad.to_numpy(full[k]), atol=1e-10, err_msg=k)
+    norms = unigrad.per_example_grad_norms(loss, backend=backend)(pb, xb)
+    want = np.sqrt(sum(np.sum(unigrad.to_numpy(full[k]).reshape(4, -1) ** 2, 1) for k in params))
+    np.testing.assert_allclose(unigrad.to_numpy(norms), want, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["vjp", "jvp"])
+def test_batched_jacobian_through_a_custom_rule_that_mixes_rows_raises(backend, kind):
+    smear = _smear_vjp() if kind == "vjp" else _smear_jvp()
+
+    def f(x):
+        return unigrad.namespace(x).sin(smear(x))
+
+    x = unigrad.asarray(np.random.default_rng(0).standard_normal((4, 2)), backend=backend)
+    with pytest.raises(ValueError, match="not independent"):
+        unigrad.batched_jacobian(f, backend=backend)(x)
+
+
+def _jax_native_smear():
+    jax = pytest.importorskip("jax")
+
+    @jax.custom_jvp
+    def smear(h):
+        return h
+
+    smear.defjvp(lambda p, t: (p[0], t[0] + t[0].sum(0, keepdims=True)))
+    return jax, smear
+
+
+@pytest.mark.xfail(strict=True, reason="unigrad/dependence/_jaxpr.py inlines custom_jvp_call's primal program "
+                   "(call_jaxpr) and ignores its rule (jvp_jaxpr_fun): a native jax.custom_jvp rule that combines "
+                   "elements gets the primal's pattern, so sparse_jacobian drops non-zeros (owner: jaxpr rules)")
+def test_sparse_jacobian_of_a_native_jax_custom_jvp_rule():
+    jax, smear = _jax_native_smear()
+
+    def f(x):
+        return jax.numpy.sin(smear(x))
+
+    x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((4, 2)))
+    dense = np.asarray(unigrad.jacobian(f, backend="jax")(x)).reshape(8, 8)
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore")
+        sparse = np.asarray(unigrad.sparse_jacobian(f, backend="jax", format="dense")(x)).reshape(8, 8)
+    np.testing.assert_allclose(sparse, dense, atol=1e-12)
+
+
+@pytest.mark.xfail(strict=True, reason="the jaxpr row proof inlines custom_jvp_call / custom_vjp_call primal programs: "
+                   "a native JAX rule that combines rows is proved 'row' and batched_jacobian accepts an f whose "
+                   "rows are not independent (owner: unigrad/dependence/_jaxpr.py)")
+def test_batched_jacobian_of_a_native_jax_custom_rule_that_mixes_rows_raises():
+    jax, smear = _jax_native_smear()
+    x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((4, 2)))
+    with pytest.raises(ValueError, match="not independent"):
+        unigrad.batched_jacobian(lambda x: jax.numpy.sin(smear(x)), backend="jax")(x)

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _checks, _memory
 from ._call import BoundedCache, Call, Repeats, execute, prepare
+from ._custom import custom_rules_seen
 from ._transform import (_wraps, budget_chunk, choose_mode, fingerprint, promoted_blocks, static_arguments,
                          values_key)
 from ._dtypes import COMPLEX
@@ -235,7 +236,10 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: B
         return cached[0], cached[1], None, cached[2]
     if cached is None:
         try:
-            got = b.batch_rows(call.flat_f, call.diff, has_aux=has_aux)
+            with custom_rules_seen() as seen:
+                got = b.batch_rows(call.flat_f, call.diff, has_aux=has_aux)
+            if got is not None and seen:  # the derivative is the rule's, which the program does not show
+                got = ("unknown", f"f calls {seen[0]}, whose derivative is a custom rule", False)
         except Exception as exc:  # the backend could not trace f: portable code may still be read on the tape
             got = None
             failure = ("unknown", f"{b.name} could not trace f ({type(exc).__name__}: {exc})", False)

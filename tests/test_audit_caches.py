@@ -25,6 +25,8 @@ def permuted(x, perm):
 @pytest.mark.parametrize("compile", [False, True])
 @pytest.mark.parametrize("check", ["once", "always"])
 def test_batched_jacobian_proof_follows_the_values_of_an_index_array(backend, compile, check):
+    if check == "always" and backend not in ("jax", "tensorflow"):
+        pytest.skip("'always' was wrong on JAX and TensorFlow only (the proof); 'once' covers the probe")
     x = unigrad.asarray(np.random.default_rng(0).standard_normal((B, D)), backend=backend)
     identity = unigrad.asarray(np.arange(B), backend=backend)
     reverse = unigrad.asarray(np.arange(B)[::-1].copy(), backend=backend)

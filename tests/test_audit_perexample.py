@@ -290,3 +290,23 @@ def test_batched_jacobian_of_a_native_jax_custom_rule_that_mixes_rows_raises():
     x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((4, 2)))
     with pytest.raises(ValueError, match="not independent"):
         unigrad.batched_jacobian(lambda x: jax.numpy.sin(smear(x)), backend="jax")(x)
+
+
+def test_tape_per_example_grad_with_a_checkpointed_block():
+    """A parameter whose one use is a unigrad.checkpoint block: the tape's dense-layer search met the
+    block's tape entry (no dtype) and raised AttributeError; now that parameter is materialised."""
+    rng = np.random.default_rng(0)
+
+    def loss(p, x):
+        xp = unigrad.namespace(p["W"], x)
+        h = unigrad.checkpoint(lambda a, b: xp.tanh(a @ b))(x, p["W"])
+        return xp.sum((h @ p["V"]) ** 2, axis=1)
+
+    params = {"W": rng.standard_normal((3, 4)), "V": rng.standard_normal((4, 2))}
+    x = rng.standard_normal((5, 3))
+    full = unigrad.jacobian(loss)(params, x)
+    got = unigrad.per_example_grad(loss)(params, x)
+    for k in params:
+        np.testing.assert_allclose(got[k], full[k], atol=1e-12, err_msg=k)
+    norms = unigrad.per_example_grad_norms(loss)(params, x)
+    np.testing.assert_allclose(norms, np.sqrt(sum(np.sum(full[k].reshape(5, -1) ** 2, 1) for k in params)))

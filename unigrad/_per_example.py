@@ -374,6 +374,8 @@ def _dense_plan(tape, uses, k, batch):
     idx, i = mine[0]
     prim, parents, vals, ans, params = tape[idx]
     x = vals[i]
+    if not (hasattr(x, "dtype") and hasattr(ans, "dtype")):  # an entry of another kind (a checkpointed block)
+        return None
     if np.dtype(x.dtype).kind != "f" or np.dtype(ans.dtype).kind != "f":
         return None
     transposed = False

@@ -69,3 +69,12 @@ def test_batched_jacobian_repeat_with_new_weights_of_the_same_shape(monkeypatch)
             want = np.stack([(1 - np.tanh(r @ wn) ** 2)[:, None] * wn.T for r in xn])
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert len(proofs) == 1
+
+
+def test_batched_jacobian_inside_jax_jit_with_an_index_array():
+    """Inside the user's own jax.jit the index array is a tracer: no fingerprint to read, and no crash
+    (the values-keyed caches are skipped; the probe is abstract there, as before)."""
+    jax = pytest.importorskip("jax")
+    run = jax.jit(lambda x, idx: unigrad.batched_jacobian(permuted, backend="jax")(x, idx))
+    x = jax.numpy.ones((4, 3))
+    assert run(x, jax.numpy.arange(4)).shape == (4, 3, 3)

@@ -113,9 +113,10 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
 
     def batched_jacobian_f(*args):
         call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "batched_jacobian")
-        if call is not None and needs_values.entries.get(key) and (
-                key, fingerprint(call.backend, call.dynamic)) not in settled_values.entries:
-            call = None  # arrays f is given have values the proof (or probe) has not seen: the full path
+        if call is not None and needs_values.entries.get(key):
+            values = fingerprint(call.backend, call.dynamic)
+            if values is None or (key, values) not in settled_values.entries:
+                call = None  # arrays f is given have values the proof (or probe) has not seen: the full path
         if call is not None:  # a repeat of a compiled signature whose rows were proved for the signature
             _, blocks, aux = call.program(call)
             jac = call.blocks_tree(blocks)
@@ -163,7 +164,9 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                     repeats.remember(key, call)
                     if call.plan.dynamic_positions and (by_value or verdict != "row"):  # values decided it
                         needs_values.put(key, True)
-                        settled_values.put((key, fingerprint(call.backend, call.dynamic)), True)
+                        values = fingerprint(call.backend, call.dynamic)
+                        if values is not None:
+                            settled_values.put((key, values), True)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 

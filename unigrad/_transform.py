@@ -101,7 +101,8 @@ def values_key(call: Call):
     key = call.key
     if key is None or not call.plan.dynamic_positions:
         return key
-    return key, fingerprint(call.backend, call.dynamic)
+    values = fingerprint(call.backend, call.dynamic)
+    return None if values is None else (key, values)
 
 
 _DIGESTS: dict = {}  # id of an immutable array (JAX's, TensorFlow's eager tensors) -> (weak reference, digest)
@@ -109,8 +110,9 @@ _DIGESTS: dict = {}  # id of an immutable array (JAX's, TensorFlow's eager tenso
 
 def fingerprint(b, arrays) -> tuple:
     """The values of ``arrays`` as a hashable tuple: each array's shape, dtype and 20-byte BLAKE2b digest
-    of its bytes. Arrays that cannot change (JAX arrays, TensorFlow eager tensors) are read once: their
-    digest is kept while they live, so weights passed again on every call cost a lookup."""
+    of its bytes; None when one has no value to read (a tracer of an enclosing ``jax.jit``). Arrays that
+    cannot change (JAX arrays, TensorFlow eager tensors) are read once: their digest is kept while they
+    live, so weights passed again on every call cost a lookup."""
     import hashlib
     import weakref
 
@@ -125,7 +127,10 @@ def fingerprint(b, arrays) -> tuple:
             if hit is not None and hit[0]() is x:
                 parts.append(hit[1])
                 continue
-        a = np.ascontiguousarray(b.to_numpy(x))
+        try:
+            a = np.ascontiguousarray(b.to_numpy(x))
+        except Exception:  # an abstract value (inside another framework's transform): nothing to key on
+            return None
         digest = (a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=20).digest())
         if immutable and len(_DIGESTS) < 4096:
             try:

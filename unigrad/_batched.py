@@ -62,7 +62,11 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         it (rows independent, and no value made from the batch size or positions in a trace with a
         symbolic batch size). Default False.
       backend: backend name or object.
-      compile: one compiled program per signature (``jax.jit``, ``tf.function``).
+      compile: one compiled program per signature (``jax.jit``, ``tf.function``). Eager calls on
+        TensorFlow run as one traced program per signature too (its vectorised map would trace anew on
+        every call): as with ``compile=True``, Python values ``f`` reads besides its arguments (a
+        global, a closed-over NumPy array) are those it read when traced; pass what changes as an
+        argument.
       device: place the inputs on this device.
       memory_budget: bytes or a size (``"2GB"``) for the result and the work together; the chunk
         size is chosen from the measured peak of one VJP (or JVP) of the batch, once per signature.

@@ -94,7 +94,7 @@ CASES = [
      "mixed: AddV2 combines rows along different axes"),
     ("sort over batch", lambda x: tf.sort(x, axis=0), X2, "mixed: TopKV2 along the batch axis"),
     ("gather along batch", lambda x: tf.gather(x, tf.argmax(x[:, 0])[None] + tf.zeros(B, tf.int64)), X2,
-     "mixed: GatherV2.indexed along the batch axis"),
+     "unknown: GatherV2.indexed along the batch axis at indices computed in the program"),
     # unknown: no rule (the caller materialises or probes)
     ("sort rows", lambda x: tf.sort(x, axis=1), X2, "row"),
     ("no rule", lambda x: tf.math.bessel_i1e(x), X2, "unknown: no row rule for the primitive 'BesselI1e'"),

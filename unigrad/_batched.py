@@ -19,7 +19,9 @@ import numpy as np
 
 from . import _checks, _memory
 from ._call import BoundedCache, Call, Repeats, execute, prepare
-from ._transform import _wraps, budget_chunk, choose_mode, promoted_blocks, static_arguments
+from ._custom import custom_rules_seen
+from ._transform import (_wraps, budget_chunk, choose_mode, fingerprint, promoted_blocks, static_arguments,
+                         values_key)
 from ._dtypes import COMPLEX
 from ._pystate import python_state
 
@@ -61,7 +63,11 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         it (rows independent, and no value made from the batch size or positions in a trace with a
         symbolic batch size). Default False.
       backend: backend name or object.
-      compile: one compiled program per signature (``jax.jit``, ``tf.function``).
+      compile: one compiled program per signature (``jax.jit``, ``tf.function``). Eager calls on
+        TensorFlow run as one traced program per signature too (its vectorised map would trace anew on
+        every call): as with ``compile=True``, Python values ``f`` reads besides its arguments (a
+        global, a closed-over NumPy array) are those it read when traced; pass what changes as an
+        argument.
       device: place the inputs on this device.
       memory_budget: bytes or a size (``"2GB"``) for the result and the work together; the chunk
         size is chosen from the measured peak of one VJP (or JVP) of the batch, once per signature.
@@ -88,6 +94,9 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     budget = _memory.parse_budget(memory_budget, "batched_jacobian") if chunk_size is None else None
     plans, shapes, settled, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64), BoundedCache(64)
     proofs = BoundedCache(64)  # per signature: a code-level proof (a backend's program, or the tape's)
+    # compiled repeats whose proof (on the tape) or probe read the values of the arrays f is given: the
+    # repeat key -> True, and (repeat key, those values) -> True for each value proved or probed
+    needs_values, settled_values = BoundedCache(64), BoundedCache(64)
     programs = BoundedCache() if compile else None
     traced = BoundedCache()  # eager calls on a backend that traces its per-example Jacobian anyway (see below)
     static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
@@ -109,6 +118,10 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
 
     def batched_jacobian_f(*args):
         call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "batched_jacobian")
+        if call is not None and needs_values.entries.get(key):
+            values = fingerprint(call.backend, call.dynamic)
+            if values is None or (key, values) not in settled_values.entries:
+                call = None  # arrays f is given have values the proof (or probe) has not seen: the full path
         if call is not None:  # a repeat of a compiled signature whose rows were proved for the signature
             _, blocks, aux = call.program(call)
             jac = call.blocks_tree(blocks)
@@ -124,10 +137,12 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             if verdict == "mixed":
                 raise _mixed_error(detail)
             per_example = separable or (verdict == "row" and provable)
-        if verdict != "row" and (check_independence == "always" or (
-                check_independence == "once" and settled.get(call.key) is None)):
-            if _settle_independence(call, batch, has_aux):  # no proof: the probe
-                settled.put(call.key, True)
+        if verdict != "row" and check_independence != "never":
+            # (a probe's verdict holds for the values of the arrays f is given too, not only their shapes)
+            settle_key = values_key(call)
+            if check_independence == "always" or settled.get(settle_key) is None:
+                if _settle_independence(call, batch, has_aux):  # no proof: the probe
+                    settled.put(settle_key, True)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=True)
         if recorded is not None and chosen == "rev" and budget is None and programs is None:
             kernel, decision = kernel_for(chosen, chunk_size, per_example, recorded), None
@@ -143,11 +158,20 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
             # Repeats skip the proof and the probe: only when both were settled for the whole signature
             # (a proof kept per signature, not one made per call because the program changes with the
-            # values; no Python float whose value the proof saw), or the caller vouches.
-            if key is not None and (check_independence == "never" or (
-                    check_independence == "once" and not call.plan.weak and proofs.get(call.key) is not None
-                    and (verdict == "row" or settled.get(call.key)))):
+            # values; no Python float whose value the proof saw), or the caller vouches. The proof and the
+            # probe read the values of the arrays f is given too (an index array): a repeat with other
+            # values of them takes the full path (settled_values).
+            if key is not None and check_independence == "never":
                 repeats.remember(key, call)
+            elif key is not None and check_independence == "once" and not call.plan.weak:
+                kept, by_value = proved_by_value(call, proofs)
+                if kept and (verdict == "row" or settled.get(values_key(call))):
+                    repeats.remember(key, call)
+                    if call.plan.dynamic_positions and (by_value or verdict != "row"):  # values decided it
+                        needs_values.put(key, True)
+                        values = fingerprint(call.backend, call.dynamic)
+                        if values is not None:
+                            settled_values.put((key, values), True)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 
@@ -215,26 +239,55 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: B
         if verdict == "mixed":
             detail = _located(call.flat_f, call.diff, has_aux, batch) or detail
         return verdict, detail, recorded, False
-    cached = proofs.get(call.key) if call.key is not None else None
+    cached = proofs.get(call.key)
+    if cached is not None and cached[0] != _BY_VALUE:
+        return cached[0], cached[1], None, cached[2]
+    if cached is None:
+        try:
+            with custom_rules_seen() as seen:
+                got = b.batch_rows(call.flat_f, call.diff, has_aux=has_aux)
+            if got is not None and seen:  # the derivative is the rule's, which the program does not show
+                got = ("unknown", f"f calls {seen[0]}, whose derivative is a custom rule", False)
+        except Exception as exc:  # the backend could not trace f: portable code may still be read on the tape
+            got = None
+            failure = ("unknown", f"{b.name} could not trace f ({type(exc).__name__}: {exc})", False)
+        else:
+            failure = None
+        if got is not None and got[0] != "unknown":  # the backend's own program, where the arrays f is given
+            proofs.put(call.key, got)  # are unknown values: the proof holds for the signature
+            return got[0], got[1], None, got[2]
+        if got is not None:  # an operation without a row rule (or a custom rule): portable f may still be
+            failure = got    # proved on the tape, else this is the answer
+        proofs.put(call.key, (_BY_VALUE, failure))
+    else:
+        failure = cached[1]
+    # Portable f on the tape, which reads the values of the arrays f is given (an index array picks rows):
+    # its proof is kept per value of them (values_key), not per signature.
+    tape_key = None if call.key is None else ("tape", values_key(call))
+    cached = proofs.get(tape_key)
     if cached is not None:
         return cached[0], cached[1], None, cached[2]
-    try:
-        got = b.batch_rows(call.flat_f, call.diff, has_aux=has_aux)
-    except Exception as exc:  # the backend could not trace f: portable code may still be read on the tape
-        got = None
-        failure = ("unknown", f"{b.name} could not trace f ({type(exc).__name__}: {exc})", False)
-    else:
-        failure = None
-    per_call = False
-    if got is None or got[0] == "unknown":  # no program, or one with an operation without a row rule:
-        tape_got, tape_per_call = _tape_proof(call, batch, has_aux, argnums)  # portable f on the tape
-        if tape_got[0] != "unknown":
-            got, per_call = tape_got, tape_per_call
-        elif got is None:
-            got, per_call = (failure if failure is not None else tape_got), tape_per_call
-    if not per_call and call.key is not None:
-        proofs.put(call.key, got)
+    got, per_call = _tape_proof(call, batch, has_aux, argnums)
+    if got[0] == "unknown" and failure is not None:
+        got = failure
+    if not per_call:
+        proofs.put(tape_key, got)
     return got[0], got[1], None, got[2]
+
+
+_BY_VALUE = "by value"  # a signature whose proof is read on the tape, per value of the arrays f is given
+
+
+def proved_by_value(call: Call, proofs: BoundedCache):
+    """``(settled, by_value)`` for a call of a non-tape backend: whether a proof is kept that covers its
+    signature (not one made per call), and whether it holds only for the values of the arrays f is
+    given (read on the tape)."""
+    cached = proofs.get(call.key)
+    if cached is None:
+        return False, False
+    if cached[0] != _BY_VALUE:
+        return True, False
+    return proofs.get(None if call.key is None else ("tape", values_key(call))) is not None, True
 
 
 def _tape_proof(call: Call, batch, has_aux, argnums):

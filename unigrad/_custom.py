@@ -14,6 +14,8 @@ code (written with the namespace's ops), so second derivatives differentiate the
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 from dataclasses import dataclass
@@ -28,6 +30,28 @@ from .backend import Backend
 from .backend import unsupported_rules as _unsupported
 
 __all__ = ["custom_vjp", "custom_jvp", "stop_gradient", "Rule"]
+
+# Proofs about f's rows read its forward program, and a custom rule's derivative is not that program's
+# (a rule may combine rows the forward pass keeps apart). Code that proves from a forward trace listens
+# here (custom_rules_seen): each custom function called meanwhile is noted.
+_SEEN: contextvars.ContextVar = contextvars.ContextVar("unigrad_custom_rules_seen", default=None)
+
+
+@contextlib.contextmanager
+def custom_rules_seen():
+    """A list receiving the name of every custom_vjp / custom_jvp function called inside the block."""
+    seen: list = []
+    token = _SEEN.set(seen)
+    try:
+        yield seen
+    finally:
+        _SEEN.reset(token)
+
+
+def _note(fun):
+    seen = _SEEN.get()
+    if seen is not None:
+        seen.append(_name(fun))
 
 
 @dataclass(frozen=True, eq=False)
@@ -385,6 +409,7 @@ class custom_vjp(_CustomFunction):
     def __call__(self, *args, **kwargs):
         if self.fwd is None:
             raise AttributeError(f"{_name(self.fun)}: no rule defined; call {_name(self.fun)}.defvjp(fwd, bwd) first")
+        _note(self.fun)
         call = _Call("vjp", self.fun, self.nondiff_argnums, _resolve_kwargs(self.fun, args, kwargs))
         call.user_fwd, call.user_bwd = self.fwd, self.bwd
         return call.apply(Rule(call.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd))
@@ -434,6 +459,7 @@ class custom_jvp(_CustomFunction):
     def __call__(self, *args, **kwargs):
         if self.jvp is None:
             raise AttributeError(f"{_name(self.fun)}: no rule defined; call {_name(self.fun)}.defjvp(rule) first")
+        _note(self.fun)
         call = _Call("jvp", self.fun, self.nondiff_argnums, _resolve_kwargs(self.fun, args, kwargs))
         call.user_jvp = self.jvp
         return call.apply(Rule(call.name, fun=call.flat_fun, jvp=call.flat_jvp))

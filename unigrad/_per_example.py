@@ -39,6 +39,7 @@ from ._per_example_common import (BIAS, CONV, CONV_GHOST, DENSE, DENSE_GHOST, DE
                                   EMBEDDING, EMBEDDING_GHOST, MATERIALISED, NORM, SCALE, SHARED, SHARED_SUMMED)
 from ._per_example_common import check_losses as _check_losses
 from ._call import BoundedCache, execute, prepare
+from ._custom import custom_rules_seen
 from ._pystate import python_state
 from ._transform import _wraps, promoted_blocks
 
@@ -165,8 +166,8 @@ class _PerExample:
             outs, blocks, paths = _tape_rows(call.flat_f, call.diff, batch, self.norms, fname)
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))
-        elif call.diff and _torch.is_torch_backend(b) and (found := _torch.torch_rows(
-                b, call.flat_f, call.diff, batch, self.norms, fname, self.analyses, call.dynamic)) is not None:
+        elif call.diff and _torch.is_torch_backend(b) and (found := _unless_custom_rules(lambda: _torch.torch_rows(
+                b, call.flat_f, call.diff, batch, self.norms, fname, self.analyses, call.dynamic))) is not None:
             outs, blocks, paths = found
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))
@@ -174,7 +175,10 @@ class _PerExample:
             norms, found = self.norms, {}
 
             def kernel(b, flat_f, leaves):
-                outs, blocks, found["paths"] = _jaxpr.jax_rows(b, flat_f, leaves, batch, norms, fname)
+                rows = _unless_custom_rules(lambda: _jaxpr.jax_rows(b, flat_f, leaves, batch, norms, fname))
+                if rows is None:
+                    rows = _materialised(b, flat_f, leaves, batch, norms, fname)
+                outs, blocks, found["paths"] = rows
                 return outs, blocks, ()
 
             _, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
@@ -190,13 +194,7 @@ class _PerExample:
             norms = self.norms
 
             def kernel(b, flat_f, leaves):
-                outs, jac, _ = b.jacrev(flat_f, leaves)
-                _check_losses(b, outs, batch, fname)
-                rows = promoted_blocks(b, outs, leaves, jac)[0]
-                if not norms:
-                    return outs, tuple(rows), ()
-                # (through evaluate: the backend's scope for its arrays, such as JAX's 64-bit mode)
-                return outs, (b.evaluate(lambda *r: _norm_of_rows(b, r, batch), rows),), ()
+                return _materialised(b, flat_f, leaves, batch, norms, fname)[:2] + ((),)
 
             outs, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
             paths = [MATERIALISED] * len(call.diff)
@@ -221,7 +219,10 @@ class _PerExample:
         norms, fname, found = self.norms, self.fname, {}
 
         def kernel(b, flat_f, leaves):
-            outs, blocks, found["paths"] = _tf.tf_rows(b, flat_f, leaves, batch, norms, fname)
+            rows = _unless_custom_rules(lambda: _tf.tf_rows(b, flat_f, leaves, batch, norms, fname))
+            if rows is None:
+                rows = _materialised(b, flat_f, leaves, batch, norms, fname)
+            outs, blocks, found["paths"] = rows
             return outs, blocks, ()
 
         if self.programs is not None:
@@ -238,6 +239,30 @@ class _PerExample:
         # (a program traced its kernel once, for its signature: its paths are the signature's)
         paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
         return blocks, paths
+
+
+def _materialised(b, flat_f, leaves, batch, norms, fname):
+    """``(outputs, blocks, paths)``: every parameter's rows as Jacobian rows (or one block of norms)."""
+    outs, jac, _ = b.jacrev(flat_f, leaves)
+    _check_losses(b, outs, batch, fname)
+    rows = promoted_blocks(b, outs, leaves, jac)[0]
+    paths = [MATERIALISED] * len(leaves)
+    if not norms:
+        return outs, tuple(rows), paths
+    # (through evaluate: the backend's scope for its arrays, such as JAX's 64-bit mode)
+    return outs, (b.evaluate(lambda *r: _norm_of_rows(b, r, batch), rows),), paths
+
+
+def _unless_custom_rules(rows):
+    """``rows()`` (a fast path's ``(outputs, blocks, paths)``, or None), or None where ``f`` called a
+    custom_vjp / custom_jvp function and a parameter took a dense-layer path: the proof that keeps a
+    layer's rows apart reads the forward program, and the derivative through a custom function is its
+    rule's, which may combine rows (then everything is materialised, with the rule)."""
+    with custom_rules_seen() as seen:
+        found = rows()
+    if seen and found is not None and any(p != MATERIALISED for p in found[2]):
+        return None
+    return found
 
 
 def _argnum_tuple(value, what, fname):
@@ -387,6 +412,8 @@ def _dense_plan(tape, uses, k, batch):
     idx, i = mine[0]
     prim, parents, vals, ans, params = tape[idx]
     x = vals[i]
+    if not (hasattr(x, "dtype") and hasattr(ans, "dtype")):  # an entry of another kind (a checkpointed block)
+        return None
     if np.dtype(x.dtype).kind != "f" or np.dtype(ans.dtype).kind != "f":
         return None
     transposed = False

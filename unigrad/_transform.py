@@ -90,6 +90,59 @@ def budget_chunk(chunks: BoundedCache, shapes: BoundedCache, call: Call, chosen:
     return chunks.put(key, _memory.chunk_for_budget(budget, n_rows, result_bytes, per_row, fname))
 
 
+def values_key(call: Call):
+    """``call.key`` with a fingerprint of the values of the arrays ``f`` is given but not differentiated
+    with respect to (:func:`fingerprint`; None where ``call.key`` is None).
+
+    What is derived from the program ``f`` traces (a sparsity pattern, a row proof, a probe's verdict)
+    may depend on those values, not only on their shapes: an index array decides which rows or inputs
+    an output reads (``x[idx]``), a constant matrix's zeros are a product's. Such a result is kept per
+    value of those arrays."""
+    key = call.key
+    if key is None or not call.plan.dynamic_positions:
+        return key
+    values = fingerprint(call.backend, call.dynamic)
+    return None if values is None else (key, values)
+
+
+_DIGESTS: dict = {}  # id of an immutable array (JAX's, TensorFlow's eager tensors) -> (weak reference, digest)
+
+
+def fingerprint(b, arrays) -> tuple:
+    """The values of ``arrays`` as a hashable tuple: each array's shape, dtype and 20-byte BLAKE2b digest
+    of its bytes; None when one has no value to read (a tracer of an enclosing ``jax.jit``). Arrays that
+    cannot change (JAX arrays, TensorFlow eager tensors) are read once: their digest is kept while they
+    live, so weights passed again on every call cost a lookup."""
+    import hashlib
+    import weakref
+
+    import numpy as np
+
+    parts = []
+    for x in arrays:
+        t = type(x)
+        immutable = (t.__name__ == "ArrayImpl" and t.__module__.startswith("jax")) or t.__name__ == "EagerTensor"
+        if immutable:
+            hit = _DIGESTS.get(id(x))
+            if hit is not None and hit[0]() is x:
+                parts.append(hit[1])
+                continue
+        try:
+            a = np.ascontiguousarray(b.to_numpy(x))
+        except Exception:  # an abstract value (inside another framework's transform): nothing to key on
+            return None
+        digest = (a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=20).digest())
+        if immutable and len(_DIGESTS) < 4096:
+            try:
+                ref = weakref.ref(x, lambda _, k=id(x): _DIGESTS.pop(k, None))
+            except TypeError:
+                pass
+            else:
+                _DIGESTS[id(x)] = (ref, digest)
+        parts.append(digest)
+    return tuple(parts)
+
+
 def _wraps(wrapper, f, kind):
     name = getattr(f, "__name__", type(f).__name__)
     wrapper.__name__ = f"{kind}({name})"

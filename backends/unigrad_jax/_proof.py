@@ -28,7 +28,10 @@ def batch_rows(backend, f, primals, has_aux):
     specs = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in primals]
     with _x64(f, primals):
         closed = jax.make_jaxpr(outputs)(*specs)
-        verdict, detail = prove_rows(from_closed_jaxpr(closed), primals[0].shape[0])
+        # the arrays f is given but not differentiated (its closure_arrays) are constants of the jaxpr whose
+        # values change from call to call: the proof, kept per signature, must hold for any of them
+        unknown = {id(a) for a in getattr(f, "closure_arrays", ())}
+        verdict, detail = prove_rows(from_closed_jaxpr(closed, unknown=unknown), primals[0].shape[0])
         separable = verdict == "row" and _separable(outputs, primals)
     return verdict, detail, separable
 

@@ -65,10 +65,14 @@ def fx_program(graph, ids=None, in_place=False) -> Program:
     outputs, output_shapes = [], []
     count = [0]
     fused = set()
+    aliases = _Aliases()
 
     def new():
         count[0] += 1
         return count[0] - 1
+
+    def vid(n):  # the value id a node's tensor has now (another after a write through one of its aliases)
+        return aliases.current.get(n, vids[n]) if n in vids else None
 
     for fx_node in graph.nodes:
         op = fx_node.op
@@ -85,8 +89,8 @@ def fx_program(graph, ids=None, in_place=False) -> Program:
             results = fx_node.args[0]
             results = results if isinstance(results, (tuple, list)) else (results,)
             for r in results:
-                if isinstance(r, torch.fx.Node) and r in vids and not isinstance(vids[r], tuple):
-                    outputs.append(vids[r])
+                if isinstance(r, torch.fx.Node) and r in vids and not isinstance(vid(r), tuple):
+                    outputs.append(vid(r))
                     v = r.meta.get("val")
                     output_shapes.append(tuple(v.shape) if hasattr(v, "shape") else ())
                 else:
@@ -97,8 +101,9 @@ def fx_program(graph, ids=None, in_place=False) -> Program:
         if fx_node in fused:  # the reshape back of a product over positions (below): already its output
             continue
         if op == "call_function" and target is operator.getitem:
-            base = vids.get(fx_node.args[0])
+            base = vid(fx_node.args[0])
             vids[fx_node] = base[fx_node.args[1]] if isinstance(base, tuple) else new()
+            aliases.item(fx_node)
             if fx_node.args[0] in known and isinstance(known[fx_node.args[0]], (tuple, list)):
                 known[fx_node] = known[fx_node.args[0]][fx_node.args[1]]
             continue
@@ -111,8 +116,8 @@ def fx_program(graph, ids=None, in_place=False) -> Program:
         out_shapes = [tuple(v.shape) if hasattr(v, "shape") else () for v in (val if multiple else [val])]
         if not isinstance(target, torch._ops.OpOverload) or op != "call_function":
             what = getattr(target, "__name__", str(target))
-            nodes.append(Node(f"python.{what}", None, [], {k: vids[flat[i]] for k, i in enumerate(operand_at)
-                                                          if not isinstance(vids[flat[i]], tuple)},
+            nodes.append(Node(f"python.{what}", None, [], {k: vid(flat[i]) for k, i in enumerate(operand_at)
+                                                          if not isinstance(vid(flat[i]), tuple)},
                               {}, out_list, out_shapes))
             continue
         name = target._schema.name.split("::")[-1]
@@ -122,6 +127,11 @@ def fx_program(graph, ids=None, in_place=False) -> Program:
             # then read the old value through another alias), the same rule as the operation out of place
             name = name[:-1]
         bound = _bind(target, fx_node.args, fx_node.kwargs)
+        written = aliases.operation(fx_node, target, bound)
+        if written:  # a write that other views of the tensor see: their values change without an edge
+            rebound = aliases.write(written, [flat[i] for i in operand_at], vid, new, known)
+            if rebound is not None:
+                nodes.append(rebound)
         # fold what literal arguments alone decide (arange, full): index operands the rules can read
         if all(flat[i] in known for i in operand_at) and torch.Tag.nondeterministic_seeded not in target.tags:
             try:
@@ -137,8 +147,8 @@ def fx_program(graph, ids=None, in_place=False) -> Program:
         not_data = _NOT_DATA.get(name, ())
         data = frozenset(range(len(values))) if not_data is not None else frozenset({0})
         data = frozenset(k for k in data if k not in (not_data or ()))
-        traced = {k: vids[flat[i]] for k, i in enumerate(operand_at)
-                  if k in data and flat[i] not in known and not isinstance(vids[flat[i]], tuple)}
+        traced = {k: vid(flat[i]) for k, i in enumerate(operand_at)
+                  if k in data and flat[i] not in known and not isinstance(vid(flat[i]), tuple)}
         fn = _runner(target, flat, spec, operand_at)
         params = {}
         folded = positions_product(fx_node)
@@ -149,7 +159,7 @@ def fx_program(graph, ids=None, in_place=False) -> Program:
             w_val, x_val = values[at + 1], _value(x_node, known)
             mm_traced = {}
             if x_node not in known:
-                mm_traced[0] = vids[x_node]
+                mm_traced[0] = vid(x_node)
             if at + 1 in traced:
                 mm_traced[1] = traced[at + 1]
             back_shape = tuple(back.meta["val"].shape)
@@ -214,6 +224,87 @@ def fx_program(graph, ids=None, in_place=False) -> Program:
 
 
 _RESHAPES = ("view", "_unsafe_view", "reshape")
+
+
+class _Aliases:
+    """The nodes of a graph that share one tensor's storage -- views (their schema returns an alias of
+    an argument: ``select``, ``slice``, ``t``, ``view``, ``unbind``...) and in-place results -- so that a
+    write through one of them is seen to reach the others.
+
+    The graph's edges do not show such a write: ``make_fx`` and the recorder of ``_per_example_torch``
+    give the other views (and the base) their old identities, so ``h[0] += h[1]; loss(h)`` reads as a
+    ``loss`` of the unchanged ``h``, whose rows look apart. After a write to a tensor with views, every
+    node sharing its storage is therefore rebound (``current``) to an output of an operation that has
+    no rule (``aliased_write``), which depends on all of them and on the written values: the proof
+    gives up there (unknown), never guesses. A write to a tensor without views (``relu_(h)``,
+    ``h += b``) is followed by the edges themselves and is left alone.
+    """
+
+    def __init__(self):
+        self.parent, self.members, self.viewed, self.lists, self.current = {}, {}, set(), set(), {}
+
+    def root(self, n):
+        while n in self.parent:
+            n = self.parent[n]
+        return n
+
+    def union(self, a, b, view):
+        ra, rb = self.root(a), self.root(b)
+        if ra is not rb:
+            self.parent[ra] = rb
+            self.members.setdefault(rb, {rb}).update(self.members.pop(ra, {ra}))
+            if ra in self.viewed:
+                self.viewed.add(rb)
+        if view:
+            self.viewed.add(rb)
+
+    def item(self, fx_node):
+        """``getitem`` of a node that returns a list of views (``unbind``, ``split``): a view too."""
+        if fx_node.args[0] in self.lists:
+            self.union(fx_node, fx_node.args[0], True)
+
+    def operation(self, fx_node, target, bound):
+        """Note the aliases ``fx_node`` makes (from its schema); return the nodes it writes to."""
+        import torch
+
+        schema, written = target._schema, []
+        for arg in schema.arguments:
+            info = arg.alias_info
+            if info is None:
+                continue
+            value = bound.get(arg.name)
+            operands = [v for v in (value if isinstance(value, (list, tuple)) else [value])
+                        if isinstance(v, torch.fx.Node)]
+            for ret in schema.returns:
+                r = ret.alias_info
+                if r is not None and set(r.before_set) & set(info.before_set):
+                    for v in operands:
+                        self.union(fx_node, v, not r.is_write)
+                    if isinstance(ret.type, torch.ListType):
+                        self.lists.add(fx_node)
+            if info.is_write:
+                written.extend(operands)
+        return written
+
+    def write(self, written, operands, vid, new, known):
+        """The ``aliased_write`` node rebinding every node that shares storage with a written tensor
+        that has views (None where none has)."""
+        group = set()
+        for w in written:
+            r = self.root(w)
+            if r in self.viewed:
+                group |= self.members.get(r, {r})
+        if not group:
+            return None
+        members = sorted(group, key=lambda n: n.name)
+        ins = [v for v in (vid(n) for n in members + list(operands)) if v is not None and not isinstance(v, tuple)]
+        for n in members:
+            known.pop(n, None)
+        outs = [new() for _ in members]
+        shapes = [tuple(getattr(n.meta.get("val"), "shape", ())) for n in members]
+        self.current.update(zip(members, outs))
+        return Node("aliased_write", None, [Aval((), None)] * len(ins), dict(enumerate(ins)), {}, outs, shapes,
+                    data=frozenset(range(len(ins))))
 
 
 def _aten_name(fx_node):

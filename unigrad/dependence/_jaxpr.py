@@ -48,14 +48,16 @@ def jaxpr_program(f, args, unroll=True):
     return from_closed_jaxpr(closed, unroll=unroll)
 
 
-def from_closed_jaxpr(closed, env=None, unroll=False):
+def from_closed_jaxpr(closed, env=None, unroll=False, unknown=()):
     """The program of a closed jaxpr; ``env``, a dict when given, receives its variables' value ids.
-    ``unroll``: unroll loops whose trip count is known, when small (else every loop is one node)."""
+    ``unroll``: unroll loops whose trip count is known, when small (else every loop is one node).
+    ``unknown``: ids of constants whose values the program must not use (arrays a transform's ``f`` is
+    given, which change from call to call with the same shapes: an index array), as for tracers."""
     builder = _Builder(unroll)
     jaxpr = closed.jaxpr
     env = {} if env is None else env
     for v, c in zip(jaxpr.constvars, closed.consts):
-        if _is_tracer(c):  # (made inside an enclosing trace, jit: its value is not known here)
+        if _is_tracer(c) or id(c) in unknown:  # (made inside an enclosing trace, jit: its value is not known here)
             builder.key(v, env)
         else:
             builder.known[builder.key(v, env)] = c

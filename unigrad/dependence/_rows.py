@@ -399,8 +399,8 @@ def _apply_rows(node, ins, batch):
         nd = len(node.shape(0))
         p = ins[0] + nd
         axis, bd, ir = node.params["axis"], node.params["batch_dims"], node.params["index_rank"]
-        if p == axis:
-            return [Mixed(node, f"{_name(node)} along the batch axis")]
+        if p == axis:  # rows picked by indices whose values decide (the identity keeps them apart)
+            return [Unknown(f"{_name(node)}{_where(node)} along the batch axis at indices computed in the program")]
         out_shape = node.out_shapes[0]
         q = p if p < axis else p + ir - bd - 1
         if not 0 <= q < len(out_shape) or out_shape[q] != node.shape(0)[p]:

@@ -14,7 +14,7 @@ from .. import _registry
 from .._batched import traced_once
 from .._call import _LEAF_ARRAYS, BoundedCache, Repeats, _static_token, execute, prepare
 from .._checks import check_chunk, promote, scalar_check
-from .._transform import _wraps
+from .._transform import _wraps, values_key
 from . import _coloring, _compress, _decompress, _pattern
 
 __all__ = ["SparsePlan", "sparse_jacobian", "sparse_hessian"]
@@ -134,14 +134,24 @@ class _Repeats(Repeats):
     result is one matrix whatever the arguments' structure, so a call with static scalars (whose plan
     was made on the pytree path) is remembered too."""
 
-    __slots__ = ()
+    __slots__ = ("argnums",)
+
+    def __init__(self, backend, device, argnums):
+        super().__init__(None, backend, device)
+        self.argnums = argnums  # None: a given pattern (no array's values matter); else the transform's argnums
 
     def key(self, args):
         if _registry.active_backend.get() is not None:
             return None
         sig = [_registry.current_device() if self.device is None else self.device, len(args)]
-        for a in args:
+        diff = None
+        if self.argnums is not None:
+            diff = {a % len(args) for a in ((self.argnums,) if isinstance(self.argnums, int) else self.argnums)
+                    if isinstance(a, int) and -len(args) <= a < len(args)}
+        for p, a in enumerate(args):
             t = type(a)
+            if diff is not None and p not in diff and not isinstance(a, (bool, int, float, complex, str)):
+                return None  # an array f is given (indices): the pattern depends on its values (values_key)
             if t in _LEAF_ARRAYS:
                 sig.append(t)
                 sig.append(a.shape)
@@ -170,16 +180,19 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
     check_chunk(chunk_size, fname)
     plans, sparse_plans = BoundedCache(), BoundedCache(64)
     programs = BoundedCache() if compile else None
-    repeats, finishers = (_Repeats(None, backend, device), BoundedCache()) if compile else (None, None)
+    detect = sparsity is None or (isinstance(sparsity, str) and sparsity == "detect")
+    repeats = _Repeats(backend, device, argnums if detect else None) if compile else None
+    finishers = BoundedCache() if compile else None
     traced = BoundedCache()  # eager calls on a backend whose vectorised passes trace anyway (see passes)
 
     def plan_of(call):
         if not call.diff:
             raise ValueError(f"{fname}: argnums selects no array to differentiate")
-        plan = sparse_plans.get(call.key)
+        key = values_key(call) if detect else call.key  # (a detected pattern depends on index arrays' values)
+        plan = sparse_plans.get(key)
         if plan is None:
-            plan = sparse_plans.put(call.key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname,
-                                                         has_aux))
+            plan = sparse_plans.put(key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname,
+                                                    has_aux))
         return plan
 
     def kernel_of(plan):
@@ -194,7 +207,8 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
         return run
 
     def passes(call, plan):
-        decision = ("sparse", plan.mode)
+        # (a pattern per value of the arrays not differentiated: the program is the plan's, held by the key)
+        decision = ("sparse", plan.mode, plan if detect and call.plan.dynamic_positions else None)
         if programs is not None or not call.backend.traces_batched_jacobian:
             return execute(call, kernel_of(plan), programs, decision, keep_outputs=False)
         # Eager, on a backend whose vectorised passes trace a program on every eager call (TensorFlow:

@@ -183,25 +183,25 @@ def uncached():
 def repeat_hits(monkeypatch):
     """The outcomes of the repeat lookups (``unigrad._call.Repeats``, the fast path of a compiled call that
     repeats a signature) made while the test runs: True for a hit. Spies on ``Repeats.call`` and on
-    ``Repeats.lookup`` (grad's whole-call runners: a hit skips ``Repeats.call``, a miss goes on to it)."""
+    ``Repeats.run`` (grad's whole-call runners: a hit skips ``Repeats.call``, a miss goes on to it)."""
     from unigrad import _call
 
     seen = []
-    real_call, real_lookup = _call.Repeats.call, _call.Repeats.lookup
+    real_call, real_run = _call.Repeats.call, _call.Repeats.run
 
     def spy_call(self, key, f, args, has_aux, fname):
         call = real_call(self, key, f, args, has_aux, fname)
         seen.append(call is not None)
         return call
 
-    def spy_lookup(self, args):
-        run, key = real_lookup(self, args)
-        if run is not None:
+    def spy_run(self, args, go=True):
+        out = real_run(self, args, go)
+        if go and type(out) is not _call.Miss:
             seen.append(True)
-        return run, key
+        return out
 
     monkeypatch.setattr(_call.Repeats, "call", spy_call)
-    monkeypatch.setattr(_call.Repeats, "lookup", spy_lookup)
+    monkeypatch.setattr(_call.Repeats, "run", spy_run)
     return seen
 
 

@@ -18,7 +18,7 @@ import optree
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
 from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
-from ._call import _LEAF, BoundedCache, Call, FlatPlans, Repeats, execute, prepare, reject_lazy, unflatten
+from ._call import _LEAF, BoundedCache, Call, FlatPlans, Miss, Repeats, execute, prepare, reject_lazy, unflatten
 from . import _memory
 from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
                          promoted_blocks, static_arguments)
@@ -230,13 +230,11 @@ def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnum
 
     def value_and_grad_f(*args, **kwargs):
         if repeats is not None and not kwargs:
-            run, key = repeats.lookup(args)
-            if run is not None:  # a repeat of a compiled signature: arguments to the program to the result
-                return run(args)
-            if key is not None:
-                call = repeats.call(key, f, args, has_aux, "grad")
-            else:
-                call = None
+            miss = repeats.run(args)
+            if type(miss) is not Miss:  # a repeat of a compiled signature: arguments to the program to the result
+                return miss
+            key = miss.key
+            call = None if key is None else repeats.call(key, f, args, has_aux, "grad")
         else:
             call, key = None, None
         if call is not None:  # a repeat of a compiled signature: straight to its program

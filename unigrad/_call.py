@@ -25,6 +25,8 @@ must give the same results (the test suite runs both ways).
 from __future__ import annotations
 
 import inspect
+import operator
+import os as _os
 import warnings
 from dataclasses import dataclass
 
@@ -102,6 +104,34 @@ class Key:
 # Array types met as leaves: an argument list of these needs no pytree flattening. (Array types are not
 # pytree nodes; one registered as a node after it was met here would not be seen.) Bounded.
 _LEAF_ARRAYS: set = {np.ndarray}
+
+_SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
+# Array type -> what stands for an array's shape and dtype in a compiled repeat's key (Repeats.lookup):
+# ``(shape, dtype)``, or the owning backend's ``signature_attribute`` (JAX's ``aval``). Bounded.
+_SUMMARIES: dict = {np.ndarray: _SHAPE_DTYPE}
+_DEVICE_VAR = _os.environ.encodekey("UNIGRAD_DEVICE") if hasattr(_os.environ, "encodekey") else None
+
+
+def _summary(a):
+    """The function giving the key's stand-in for an array's shape and dtype, for ``a``'s type (None:
+    ``a`` is not an array, or is a container). Remembered per type where its backend is loaded (its
+    ``signature_attribute`` is known); for another type the pair ``(shape, dtype)``, this time."""
+    t = type(a)
+    if t is float or t is complex or isinstance(a, (tuple, list, dict)):
+        return None
+    owner = _registry._array_owner(a)
+    if owner is None:
+        return None
+    inst = _registry._instances.get(owner)
+    if inst is None:  # not loaded yet: (shape, dtype) is right for every backend; decide next time
+        return _SHAPE_DTYPE
+    name = getattr(inst, "signature_attribute", None)
+    summary = _SHAPE_DTYPE if name is None else operator.attrgetter(name)
+    if len(_SUMMARIES) < 64:
+        _SUMMARIES[t] = summary
+    if len(_LEAF_ARRAYS) < 64:
+        _LEAF_ARRAYS.add(t)  # (as in signature())
+    return summary
 
 
 def _static_token(x):
@@ -676,7 +706,9 @@ class Program:
         """A function of the arguments of calls that repeat ``call``'s signature (a flat signature:
         arrays of the backend, nothing to convert or place, and dynamic Python floats), returning the
         program's flat outputs (only the one at ``index``, where given): what :meth:`__call__` does,
-        without building a :class:`Call`. None where ``call`` is not such a call.
+        without building a :class:`Call`. None where ``call`` is not such a call. With ``index``, for
+        arguments in the program's own order: the runner ``(fn, index, failed)`` of :meth:`Repeats.run`
+        instead of a function (one Python frame fewer on every repeat).
 
         A compiled function may offer ``specialize(args) -> (fn, translate)``: ``fn`` is itself, leaner,
         for arguments with the types, shapes and dtypes of ``args`` (those of the signature), and
@@ -700,14 +732,9 @@ class Program:
             if other is not None:
                 raise other from exc
 
-        if in_order and index is not None:
-            def run(args):
-                try:
-                    return fn(*args)[index]
-                except Exception as exc:
-                    failed(exc, args)
-                    raise
-        elif in_order:
+        if in_order and index is not None:  # the runner itself (Repeats.run calls fn; no closure in between)
+            return fn, index, failed
+        if in_order:
             def run(args):
                 try:
                     return fn(*args)
@@ -723,6 +750,19 @@ class Program:
                     raise
                 return flat if index is None else flat[index]
         return run
+
+
+class Miss:
+    """What :meth:`Repeats.run` returns where it did not run the call: the repeat key (None: the call
+    takes the full path) and the runner kept for it (None: none, or not looked up)."""
+
+    __slots__ = ("key", "runner")
+
+    def __init__(self, key, runner=None):
+        self.key, self.runner = key, runner
+
+
+_NO_KEY = Miss(None)
 
 
 class Repeats:
@@ -749,38 +789,88 @@ class Repeats:
 
     def key(self, args):
         """The repeat key of ``args``, or None when they take the full path."""
-        return self.lookup(args)[1]
+        return self.run(args, False).key
 
     def lookup(self, args):
-        """``(runner, key)``: the transform's whole call for repeats of ``args``' signature, kept by
-        :meth:`remember` (None: none kept), and the repeat key of ``args`` (None when they take the full
-        path). One call for both: a compiled repeat's whole Python work is this and the runner."""
+        """``(runner, key)``: what :meth:`remember` kept for repeats of ``args``' signature (a
+        ``(fn, index, failed)`` triple, see :meth:`run`; None: nothing kept), and the repeat key of
+        ``args`` (None when they take the full path)."""
+        miss = self.run(args, False)
+        return miss.runner, miss.key
+
+    def run(self, args, go=True):
+        """The transform's result for ``args`` where it repeats a signature whose whole call
+        :meth:`remember` kept (a runner); else a :class:`Miss` holding the repeat key (None: the full
+        path) and the runner (None: none kept; only when ``go`` is false, which never runs it).
+
+        A runner is ``(fn, index, failed)``: the result is ``fn(*args)[index]``, and ``failed(exc, args)``
+        raises the error to raise instead of ``exc`` (or returns: ``exc`` itself); ``index`` None: the
+        result is ``fn(args)``. The key and the run are in this one function: a compiled repeat's
+        whole Python work is this, so it reads no more than it must (each step is a visible share of
+        a small compiled call) and calls nothing it need not."""
         if _ACTIVE.get() is not None:  # nested: the full path checks what may nest
-            return None, None
-        static = self.static
-        if static and min(static) < 0:
-            static = frozenset(a % len(args) for a in static if -len(args) <= a < len(args))
+            return _NO_KEY
         device = self.device
-        if device is None:  # _registry.current_device(), inline (every compiled repeat asks)
-            device = _DEVICE.get() or _registry._getenv("UNIGRAD_DEVICE") or None
-        sig = [device, len(args)]
-        for p, a in enumerate(args):
-            t = type(a)
-            if t in _LEAF_ARRAYS:
-                sig += (t, a.shape, a.dtype)
-            elif (t is float or t is complex) and p not in static:
-                sig.append(t)
-            elif len(_LEAF_ARRAYS) < 64 and not isinstance(a, (tuple, list, dict)) and _registry._array_owner(a):
-                _LEAF_ARRAYS.add(t)  # an array type met for the first time (as in signature())
-                sig += (t, a.shape, a.dtype)
-            else:
-                return None, None
+        if device is None:  # _registry.current_device(), inline: use_device, else UNIGRAD_DEVICE as set now
+            device = _DEVICE.get()
+            if device is None:
+                try:  # the variable's raw bytes (None: unset): only compared, never decoded
+                    device = _os.environ._data.get(_DEVICE_VAR)
+                except AttributeError:  # os.environ replaced by another mapping
+                    device = _registry._getenv("UNIGRAD_DEVICE")
         backend = self.backend
         b = _registry._instances.get(backend) if type(backend) is str else None  # get_backend's own first step
-        sig.append(b if b is not None else _registry.resolve(backend, args))
-        key = tuple(sig)
+        key = [device, b if b is not None else _registry.resolve(backend, args)]
+        if self.static:
+            key = self._static_key(args, key)
+            if key is None:
+                return _NO_KEY
+        else:
+            for a in args:
+                t = type(a)
+                summary = _SUMMARIES.get(t)
+                if summary is not None:  # an array of a type met before: its type and (shape, dtype)
+                    key.append(t)
+                    key.append(summary(a))
+                elif t is float or t is complex:  # a dynamic Python scalar: its type only
+                    key.append(t)
+                else:
+                    summary = _summary(a)
+                    if summary is None:  # an int, a static value, a container: the full path
+                        return _NO_KEY
+                    key.append(t)
+                    key.append(summary(a))
+            key = tuple(key)
         # (the dict itself, no method call: a transform made under UNIGRAD_NO_CACHE keeps no runner)
-        return self.runners.entries.get(key), key
+        runner = self.runners.entries.get(key)
+        if runner is None or not go:
+            return Miss(key, runner)
+        fn, index, failed = runner
+        if index is None:
+            return fn(args)
+        try:
+            return fn(*args)[index]
+        except Exception as exc:
+            failed(exc, args)
+            raise
+
+    def _static_key(self, args, key):
+        """:meth:`run`'s key when some positions are static: a Python float or complex there takes the
+        full path (None: one program per value)."""
+        static = self.static
+        if min(static) < 0:
+            static = frozenset(a % len(args) for a in static if -len(args) <= a < len(args))
+        for p, a in enumerate(args):
+            t = type(a)
+            summary = _SUMMARIES.get(t) or _summary(a)
+            if summary is not None:
+                key.append(t)
+                key.append(summary(a))
+            elif (t is float or t is complex) and p not in static:
+                key.append(t)
+            else:
+                return None
+        return tuple(key)
 
     def find(self, args, f, has_aux, fname):
         """``(call, key)``: the :class:`Call` of a repeat (its program in ``call.program``) or None, and
@@ -810,16 +900,16 @@ class Repeats:
         """Keep ``call``'s plan and program for repeats of ``key`` (a flat call run by a program).
 
         ``finish(call, program)``, when given, may return the transform's whole call for repeats of
-        ``key``: a function of the arguments alone (made with :meth:`Program.flat_runner`); it is kept
-        in ``runners``, :meth:`lookup` finds it, and the transform calls it instead of :meth:`call`.
-        It returns None where the transform needs the :class:`Call`."""
+        ``key``: a runner (see :meth:`run`; made with :meth:`Program.flat_runner`), or a function of
+        the arguments alone (the runner ``(fn, None, None)``); it is kept in ``runners``, and
+        :meth:`run` runs it. It returns None where the transform needs the :class:`Call`."""
         if key is None or call.program is None or call.treedef is not None:
             return
         self.entries.put(key, (call.plan, call.program))
         if finish is not None:
             whole = finish(call, call.program)
             if whole is not None:
-                self.runners.put(key, whole)
+                self.runners.put(key, whole if type(whole) is tuple else (whole, None, None))
 
 
 def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=None, keep_outputs=True):

@@ -297,3 +297,54 @@ def test_an_array_stands_in_the_key_by_its_backends_signature_attribute():
     n = np.ones((2, 3))
     assert _call._SUMMARIES[np.ndarray](n) == ((2, 3), np.dtype("float64"))
     assert _call._summary(0.5) is None and _call._summary(3) is None and _call._summary((a,)) is None
+
+
+def two_outputs(x, c):
+    xp = unigrad.namespace(x)
+    return xp.tanh(x * c), x * x
+
+
+def with_aux(x, c):
+    return rows(x, c), unigrad.namespace(x).sum(x)
+
+
+@pytest.mark.parametrize("transform", ["jacobian", "batched_jacobian"])
+@pytest.mark.parametrize("form", ["one-block", "argnums-tuple", "two-outputs", "has-aux", "float64"])
+def test_jacobian_repeats_give_the_uncached_result_in_every_form(repeat_hits, monkeypatch, transform, form):
+    """A repeat of ``jacobian`` / ``batched_jacobian`` whose result is the program's one block runs whole
+    (``block_runner``); the other forms (blocks for a tuple of arguments, a tuple of outputs, aux) go
+    through the repeat's Call. Each is a hit on the second call and equals an uncached transform."""
+    x32 = np.linspace(-1, 1, 6).reshape(3, 2).astype(np.float32)
+    f, options, args = rows, {}, lambda c: (jnp_array(x32), c)
+    if form == "argnums-tuple":
+        f, options = (lambda x, y, c: rows(x * y, c)), {"argnums": (0, 1)}
+        args = lambda c: (jnp_array(x32), jnp_array(x32[::-1].copy()), c)  # noqa: E731
+    elif form == "two-outputs":
+        f = two_outputs
+    elif form == "has-aux":
+        f, options = with_aux, {"has_aux": True}
+    elif form == "float64":
+        args = lambda c: (jnp_array(x32.astype(np.float64)), c)  # noqa: E731
+    if transform == "batched_jacobian":
+        options["check_independence"] = "never"  # (remembered whatever the proof: the runner is under test)
+    from unigrad import _call
+
+    built = []  # the repeat Calls built (a runner builds none)
+    spied = _call.Repeats.call
+    monkeypatch.setattr(_call.Repeats, "call", lambda self, *a: built.append(1) or spied(self, *a))
+    make = getattr(unigrad, transform)
+    g = make(f, backend="jax", compile=True, **options)
+    g(*args(0.5))
+    got = g(*args(1.25))
+    assert repeat_hits == [False, True]
+    assert len(built) == (1 if form in ("one-block", "float64") else 2)
+    want = fresh(make, f, args(1.25), backend="jax", compile=True, **options)
+    got_leaves, want_leaves = optree_leaves(got), optree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for a, b in zip(got_leaves, want_leaves):
+        if isinstance(b, (float, int)):
+            assert a == b
+        else:
+            check(a, b)
+    if form == "float64":
+        assert unigrad.to_numpy(got).dtype == np.float64

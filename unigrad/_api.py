@@ -18,7 +18,8 @@ import optree
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
 from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
-from ._call import _LEAF, BoundedCache, Call, FlatPlans, Miss, Repeats, execute, prepare, reject_lazy, unflatten
+from ._call import (_LEAF, BoundedCache, Call, FlatPlans, Miss, Repeats, block_runner, execute, prepare,
+                    reject_lazy, unflatten)
 from . import _memory
 from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
                          promoted_blocks, static_arguments)
@@ -344,7 +345,14 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     repeats = Repeats(static, backend, device) if compile else None
 
     def jacobian_f(*args):
-        call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "jacobian")
+        if repeats is not None:
+            miss = repeats.run(args)
+            if type(miss) is not Miss:  # a repeat whose whole call is the program's one block
+                return miss
+            key = miss.key
+            call = None if key is None else repeats.call(key, f, args, has_aux, "jacobian")
+        else:
+            call, key = None, None
         if call is not None:  # a repeat of a compiled signature (mode and chunk follow from it)
             _, blocks, aux = call.program(call)
             jac = call.blocks_tree(blocks)
@@ -357,7 +365,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
             kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
         _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
         if key is not None:
-            repeats.remember(key, call)
+            repeats.remember(key, call, block_runner)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from . import _checks, _memory
-from ._call import BoundedCache, Call, Repeats, execute, prepare
+from ._call import BoundedCache, Call, Miss, Repeats, block_runner, execute, prepare
 from ._transform import _wraps, budget_chunk, choose_mode, promoted_blocks, static_arguments
 from ._dtypes import COMPLEX
 
@@ -106,8 +106,11 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
 
     repeats = Repeats(static, backend, device) if compile else None
 
-    def batched_jacobian_f(*args):
-        call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "batched_jacobian")
+    def batched_jacobian_f(args, miss):
+        """The call on ``args`` that :meth:`Repeats.run` did not run (``miss``: its :class:`Miss`, None
+        without compile)."""
+        key = None if miss is None else miss.key
+        call = None if key is None else repeats.call(key, f, args, has_aux, "batched_jacobian")
         if call is not None:  # a repeat of a compiled signature whose rows were proved for the signature
             _, blocks, aux = call.program(call)
             jac = call.blocks_tree(blocks)
@@ -146,23 +149,28 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             if key is not None and (check_independence == "never" or (
                     check_independence == "once" and not call.plan.weak and proofs.get(call.key) is not None
                     and (verdict == "row" or settled.get(call.key)))):
-                repeats.remember(key, call)
+                repeats.remember(key, call, block_runner)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 
-    _wraps(batched_jacobian_f, f, "batched_jacobian")
-    return _with_parameter_hint(batched_jacobian_f, f, argnums)
+    return _with_parameter_hint(batched_jacobian_f, f, argnums, repeats)
 
 
 _BATCH_AXIS_ERRORS = ("batch size", "leading batch axis", "leading (batch) axes differ")
 
 
-def _with_parameter_hint(run, f, argnums):
-    """``run`` whose batch-axis errors also say where per-example gradients with respect to shared
+def _with_parameter_hint(run, f, argnums, repeats):
+    """The transform: a repeat that ``repeats`` (None without compile) runs whole, else ``run(args,
+    miss)``; its batch-axis errors also say where per-example gradients with respect to shared
     parameters are (the usual reason an argument has no batch axis)."""
     def batched_jacobian_f(*args):
         try:
-            return run(*args)
+            if repeats is None:
+                return run(args, None)
+            miss = repeats.run(args)
+            if type(miss) is not Miss:  # a repeat whose whole call is the program's one block
+                return miss
+            return run(args, miss)
         except ValueError as exc:
             text = str(exc)
             if not text.startswith("batched_jacobian:") or not any(k in text for k in _BATCH_AXIS_ERRORS):

@@ -752,6 +752,17 @@ class Program:
         return run
 
 
+def block_runner(call: Call, program: Program):
+    """A ``finish`` for :meth:`Repeats.remember` of transforms whose result is their Jacobian blocks
+    (``jacobian``, ``batched_jacobian``): where one differentiated argument (an int ``argnums``) and
+    one output array, without aux, make the result the program's one block as it is (what
+    :meth:`Call.blocks_tree` returns for such a call), the runner of that block; else None."""
+    if (call.has_aux or program.aux_static or program.out_tree is not _LEAF or not call.plan.single
+            or program.n_blocks != 1):
+        return None
+    return program.flat_runner(call, program.n_out)
+
+
 class Miss:
     """What :meth:`Repeats.run` returns where it did not run the call: the repeat key (None: the call
     takes the full path) and the runner kept for it (None: none, or not looked up)."""

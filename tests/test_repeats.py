@@ -229,24 +229,29 @@ def test_each_rule_choosing_the_backend_now_is_part_of_the_key(repeat_hits, monk
     check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="numpy"))
 
 
-def test_the_device_variable_set_now_is_part_of_the_key(repeat_hits, monkeypatch):
+@pytest.mark.parametrize("context", [None, ""])
+def test_the_device_variable_set_now_is_part_of_the_key(repeat_hits, monkeypatch, context):
     """``UNIGRAD_DEVICE`` is read on every call (the repeat key holds its raw value): setting it makes a
-    repeated signature miss, and unsetting it again finds the first program."""
+    repeated signature miss, and unsetting it again finds the first program. ``use_device`` with an
+    empty device leaves the choice to the variable, in the key as in the full path."""
+    import contextlib
+
     monkeypatch.delenv("UNIGRAD_DEVICE", raising=False)
     g = unigrad.grad(loss, backend="jax", compile=True)
     x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
-    g(x, 0.5)
-    g(x, 0.6)
-    assert repeat_hits == [False, True]
-    monkeypatch.setenv("UNIGRAD_DEVICE", "cpu")
-    got = g(x, 0.7)
-    assert repeat_hits[-1] is False
-    check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="jax", compile=True, device="cpu"))
-    monkeypatch.delenv("UNIGRAD_DEVICE")
-    repeat_hits.clear()
-    got = g(x, 0.8)
-    assert repeat_hits == [True]
-    check(got, fresh(unigrad.grad, loss, (x, 0.8), backend="jax", compile=True))
+    with contextlib.nullcontext() if context is None else unigrad.use_device(context):
+        g(x, 0.5)
+        g(x, 0.6)
+        assert repeat_hits == [False, True]
+        monkeypatch.setenv("UNIGRAD_DEVICE", "cpu")
+        got = g(x, 0.7)
+        assert repeat_hits[-1] is False
+        check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="jax", compile=True, device="cpu"))
+        monkeypatch.delenv("UNIGRAD_DEVICE")
+        repeat_hits.clear()
+        got = g(x, 0.8)
+        assert repeat_hits == [True]
+        check(got, fresh(unigrad.grad, loss, (x, 0.8), backend="jax", compile=True))
 
 
 def test_a_weak_or_strong_scalar_array_and_a_python_float_give_their_own_results(repeat_hits):
@@ -297,6 +302,10 @@ def test_an_array_stands_in_the_key_by_its_backends_signature_attribute():
     n = np.ones((2, 3))
     assert _call._SUMMARIES[np.ndarray](n) == ((2, 3), np.dtype("float64"))
     assert _call._summary(0.5) is None and _call._summary(3) is None and _call._summary((a,)) is None
+    import jax
+
+    # an object of JAX's modules without an aval (no array): no key, the full path
+    assert _call._summary(jax.ShapeDtypeStruct((2, 3), np.float32)) is None
 
 
 def two_outputs(x, c):

@@ -123,9 +123,11 @@ def _summary(a):
     if owner is None:
         return None
     inst = _registry._instances.get(owner)
+    name = None if inst is None else getattr(inst, "signature_attribute", None)
+    if not (hasattr(a, "shape") and hasattr(a, "dtype") and (name is None or hasattr(a, name))):
+        return None  # an object of the framework that is no array: the full path says what is wrong
     if inst is None:  # not loaded yet: (shape, dtype) is right for every backend; decide next time
         return _SHAPE_DTYPE
-    name = getattr(inst, "signature_attribute", None)
     summary = _SHAPE_DTYPE if name is None else operator.attrgetter(name)
     if len(_SUMMARIES) < 64:
         _SUMMARIES[t] = summary
@@ -824,7 +826,7 @@ class Repeats:
         device = self.device
         if device is None:  # _registry.current_device(), inline: use_device, else UNIGRAD_DEVICE as set now
             device = _DEVICE.get()
-            if device is None:
+            if not device:  # (use_device(None) or "": the variable decides, as in current_device())
                 try:  # the variable's raw bytes (None: unset): only compared, never decoded
                     device = _os.environ._data.get(_DEVICE_VAR)
                 except AttributeError:  # os.environ replaced by another mapping

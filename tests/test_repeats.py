@@ -357,3 +357,44 @@ def test_jacobian_repeats_give_the_uncached_result_in_every_form(repeat_hits, mo
             check(a, b)
     if form == "float64":
         assert unigrad.to_numpy(got).dtype == np.float64
+
+
+def test_a_registration_change_makes_a_repeat_without_backend_miss(repeat_hits):
+    """Without ``backend=`` the key holds what the selection rules read, and the count of registration
+    changes: a backend registered anew under the name ``set_backend`` chose runs the next call (its
+    own program), not the repeat of the old one."""
+    from unigrad_jax import JaxBackend
+
+    made = []
+
+    class Counting(JaxBackend):
+        def compile(self, fn, weak_scalars=()):
+            made.append(self)
+            return super().compile(fn, weak_scalars)
+
+    g = unigrad.grad(loss, compile=True)
+    x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    unigrad.register_backend("jax_counting", Counting)
+    try:
+        unigrad.set_backend("jax_counting")
+        g(x, 0.5)
+        g(x, 0.6)
+        assert repeat_hits == [False, True] and len(made) == 1
+        unigrad.register_backend("jax_counting", Counting, replace=True)  # a new instance under the name
+        got = g(x, 0.7)
+        assert repeat_hits[-1] is False
+        assert len(made) == 2 and made[1] is not made[0] and made[1] is unigrad.get_backend("jax_counting")
+    finally:
+        unigrad.set_backend(None)
+        unigrad.unregister_backend("jax_counting")
+    check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="jax", compile=True))
+
+
+def test_a_backend_instance_passed_as_backend_repeats(repeat_hits):
+    b = unigrad.get_backend("jax")
+    g = unigrad.grad(loss, backend=b, compile=True)
+    x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    g(x, 0.5)
+    got = g(x, 0.6)
+    assert repeat_hits == [False, True]
+    check(got, fresh(unigrad.grad, loss, (x, 0.6), backend="jax", compile=True))

@@ -110,6 +110,8 @@ _SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
 # ``(shape, dtype)``, or the owning backend's ``signature_attribute`` (JAX's ``aval``). Bounded.
 _SUMMARIES: dict = {np.ndarray: _SHAPE_DTYPE}
 _DEVICE_VAR = _os.environ.encodekey("UNIGRAD_DEVICE") if hasattr(_os.environ, "encodekey") else None
+_BACKEND_VAR = _os.environ.encodekey("UNIGRAD_BACKEND") if hasattr(_os.environ, "encodekey") else None
+_CONTEXT_BACKEND, _DEFAULT_BACKEND = _registry._context_backend, _registry._default_backend
 
 
 def _summary(a):
@@ -785,20 +787,22 @@ class Repeats:
     After the first call of a signature, a compiled call's work is the program's: the rest of
     :func:`prepare` and :func:`execute` (the pytree signature, the :class:`Key`, the plan and program
     caches) derives again what the first call derived. A repeat is recognised from what decided
-    them: the backend the selection rules pick now (explicit, ``use_backend``, ``set_backend``,
-    ``UNIGRAD_BACKEND``, the arrays' types), the device they place on now, and for each argument its
-    array type, shape and dtype, or the type of a Python float or complex that the program takes as a
-    dynamic scalar. Anything else (a pytree, an int, a static float, keyword arguments, a call
+    them: the backend the selection rules pick now (``backend=``'s instance; without ``backend=``, what
+    the rules read instead of their outcome: ``use_backend``, ``set_backend`` and ``UNIGRAD_BACKEND`` as
+    they are now, the count of registration changes, and the arrays' types, which are in the key
+    anyway), the device they place on now, and for each argument its array type, shape and dtype, or
+    the type of a Python float or complex that the program takes as a dynamic scalar. Anything else (a pytree, an int, a static float, keyword arguments, a call
     nested in another transform) takes the full path, and so does a call the transform did not
     :meth:`remember` (the transform decides which decisions hold for a whole signature).
     """
 
-    __slots__ = ("entries", "runners", "static", "backend", "device")
+    __slots__ = ("entries", "runners", "static", "backend", "device", "fixed")
 
     def __init__(self, static_args, backend, device, maxsize: int = 32):
         self.entries = BoundedCache(maxsize)
         self.runners = BoundedCache(maxsize)  # key -> the transform's whole call, arguments to result (see remember)
         self.static, self.backend, self.device = static_args or frozenset(), backend, device
+        self.fixed = backend if isinstance(backend, Backend) else None  # backend= an instance: itself
 
     def key(self, args):
         """The repeat key of ``args``, or None when they take the full path."""
@@ -832,8 +836,19 @@ class Repeats:
                 except AttributeError:  # os.environ replaced by another mapping
                     device = _registry._getenv("UNIGRAD_DEVICE")
         backend = self.backend
-        b = _registry._instances.get(backend) if type(backend) is str else None  # get_backend's own first step
-        key = [device, b if b is not None else _registry.resolve(backend, args)]
+        if type(backend) is str:
+            b = _registry._instances.get(backend)  # get_backend's own first step
+            if b is None:
+                b = _registry.resolve(backend, args)
+        elif backend is None:  # what the selection rules read, not their outcome (resolve() costs ~1 us):
+            try:  # with the arrays' types (below) and the registrations, it decides the backend
+                env = _os.environ._data.get(_BACKEND_VAR)
+            except AttributeError:
+                env = _registry._getenv("UNIGRAD_BACKEND")
+            b = (_CONTEXT_BACKEND.get(), _DEFAULT_BACKEND.get(), env, _registry._generation)
+        else:
+            b = self.fixed if self.fixed is not None else _registry.resolve(backend, args)
+        key = [device, b]
         if self.static:
             key = self._static_key(args, key)
             if key is None:

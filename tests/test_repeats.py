@@ -398,3 +398,29 @@ def test_a_backend_instance_passed_as_backend_repeats(repeat_hits):
     got = g(x, 0.6)
     assert repeat_hits == [False, True]
     check(got, fresh(unigrad.grad, loss, (x, 0.6), backend="jax", compile=True))
+
+
+@pytest.mark.parametrize("engine", ["jax", "tensorflow"])
+@pytest.mark.parametrize("form", ["array", "one-leaf-dict", "float-first", "two-leaves"])
+def test_a_compiled_grad_of_one_leaf_returns_the_uncached_gradient(engine, form):
+    """A compiled ``grad`` of one leaf, without aux, has a program returning the gradient itself (not a
+    1-tuple: ``Program.bare``); the first call, its repeats, the full path (a pytree) and the
+    reordered runner give the eager gradient, on every compiling backend. Two leaves: no bare program."""
+    if importlib.util.find_spec(engine) is None:
+        pytest.skip(f"{engine} not installed")
+    x32 = np.linspace(-1, 1, 5).astype(np.float32)
+    x = unigrad.asarray(x32, backend=engine)
+    f, argnums, args = loss, 0, lambda c: (x, c)
+    if form == "one-leaf-dict":
+        f, args = (lambda p, c: loss(p["w"], c)), (lambda c: ({"w": x}, c))
+    elif form == "float-first":
+        f, argnums, args = pair, 1, (lambda c: (c, x))
+    elif form == "two-leaves":
+        f, args = (lambda p, c: loss(p[0] * p[1], c)), (lambda c: ((x, x), c))
+    g = unigrad.grad(f, argnums=argnums, backend=engine, compile=True)
+    for c in (0.5, 0.75, 1.25):
+        got, want = g(*args(c)), unigrad.grad(f, argnums=argnums, backend=engine)(*args(c))
+        for a, b in zip(optree_leaves(got), optree_leaves(want)):
+            np.testing.assert_allclose(unigrad.to_numpy(a), unigrad.to_numpy(b), rtol=1e-5)
+            assert unigrad.to_numpy(a).dtype == np.float32
+        assert len(optree_leaves(got)) == (2 if form == "two-leaves" else 1)

@@ -247,7 +247,8 @@ def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnum
                 g = f if not kwargs else (lambda *a: f(*a, **kwargs))
                 call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device,
                                static if not kwargs else None)
-            outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value)
+            outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value,
+                                          bare=not keep_value and not has_aux and len(call.diff) == 1)
             if key is not None:
                 repeats.remember(key, call, finish)
         if not call.diff:

@@ -651,15 +651,18 @@ class Program:
     """A compiled program of one transform for one signature and decision.
 
     It takes the differentiated leaves and the dynamic leaves, and returns a flat tuple: the outputs
-    (only with ``keep_outputs``), the result blocks and the aux leaves that are arrays. What tracing
+    (only with ``keep_outputs``), the result blocks and the aux leaves that are arrays; with ``bare``
+    (the caller knows that tuple holds one array: a ``grad`` of one leaf, no aux) the array itself,
+    which :meth:`__call__` puts back in a tuple (a compiled call then returns what ``jax.jit(jax.grad(f))``
+    returns, no tuple to build and index on every call). What tracing
     revealed -- the output and aux structures, and the aux leaves that are not arrays (returned as
     ``f`` gave them) -- is recorded in the program when it is traced. It holds no array of the call
     that built it.
     """
 
-    __slots__ = ("compiled", "out_tree", "aux_tree", "n_out", "n_blocks", "aux_static", "weak")
+    __slots__ = ("compiled", "out_tree", "aux_tree", "n_out", "n_blocks", "aux_static", "weak", "bare")
 
-    def __init__(self, f, call: Call, kernel, keep_outputs: bool):
+    def __init__(self, f, call: Call, kernel, keep_outputs: bool, bare: bool = False):
         plan = call.plan
         b, n = plan.backend, len(plan.diff_positions)
         has_aux, fname, batch, treedef = call.has_aux, call.fname, call.seen.batch, call.treedef
@@ -669,6 +672,7 @@ class Program:
         self.out_tree = self.aux_tree = None
         self.n_out = self.n_blocks = 0
         self.aux_static = ()
+        self.bare = bare
 
         def program(*arrays):
             seen = Seen(batch)
@@ -678,7 +682,13 @@ class Program:
             aux = tuple(aux or ())
             self.aux_static = tuple((k, a) for k, a in enumerate(aux) if not b.is_array(a))
             self.out_tree, self.aux_tree, self.n_out, self.n_blocks = seen.out_tree, seen.aux_tree, len(outs), len(blocks)
-            return outs + tuple(blocks) + tuple(a for a in aux if b.is_array(a))
+            flat = outs + tuple(blocks) + tuple(a for a in aux if b.is_array(a))
+            if not bare:
+                return flat
+            if len(flat) != 1 or self.aux_static:
+                raise RuntimeError(f"unigrad internal error: {fname}'s compiled program was to return one array, "
+                                   f"not {len(flat)}")
+            return flat[0]
 
         # Python floats among the dynamic leaves are traced as weakly typed scalars (x32 * c stays float32)
         self.weak = tuple(n + i for i in plan.weak)
@@ -690,6 +700,8 @@ class Program:
         except Exception as exc:
             self.explain(exc, call)
             raise
+        if self.bare:
+            flat = (flat,)
         seen = call.seen
         seen.out_tree, seen.aux_tree = self.out_tree, self.aux_tree
         n_out, end = self.n_out, self.n_out + self.n_blocks
@@ -736,9 +748,10 @@ class Program:
             if other is not None:
                 raise other from exc
 
+        bare = self.bare
         if in_order and index is not None:  # the runner itself (Repeats.run calls fn; no closure in between)
-            return fn, index, failed
-        if in_order:
+            return (fn, None, failed) if bare else (fn, index, failed)
+        if in_order and not bare:
             def run(args):
                 try:
                     return fn(*args)
@@ -752,6 +765,8 @@ class Program:
                 except Exception as exc:
                     failed(exc, args)
                     raise
+                if bare:
+                    flat = (flat,)
                 return flat if index is None else flat[index]
         return run
 
@@ -820,9 +835,10 @@ class Repeats:
         :meth:`remember` kept (a runner); else a :class:`Miss` holding the repeat key (None: the full
         path) and the runner (None: none kept; only when ``go`` is false, which never runs it).
 
-        A runner is ``(fn, index, failed)``: the result is ``fn(*args)[index]``, and ``failed(exc, args)``
-        raises the error to raise instead of ``exc`` (or returns: ``exc`` itself); ``index`` None: the
-        result is ``fn(args)``. The key and the run are in this one function: a compiled repeat's
+        A runner is ``(fn, index, failed)``: the result is ``fn(*args)[index]`` (``index`` None:
+        ``fn(*args)``, a :class:`Program` made ``bare``), and ``failed(exc, args)`` raises the error to
+        raise instead of ``exc`` (or returns: ``exc`` itself); ``index`` and ``failed`` None: the result
+        is ``fn(args)`` (a function that handles its errors). The key and the run are in this one function: a compiled repeat's
         whole Python work is this, so it reads no more than it must (each step is a visible share of
         a small compiled call) and calls nothing it need not."""
         if _ACTIVE.get() is not None:  # nested: the full path checks what may nest
@@ -875,7 +891,13 @@ class Repeats:
             return Miss(key, runner)
         fn, index, failed = runner
         if index is None:
-            return fn(args)
+            if failed is None:
+                return fn(args)
+            try:
+                return fn(*args)
+            except Exception as exc:
+                failed(exc, args)
+                raise
         try:
             return fn(*args)[index]
         except Exception as exc:
@@ -940,9 +962,11 @@ class Repeats:
                 self.runners.put(key, whole if type(whole) is tuple else (whole, None, None))
 
 
-def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=None, keep_outputs=True):
+def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=None, keep_outputs=True,
+            bare=False):
     """``kernel(backend, flat_f, leaves) -> (outputs, flat result blocks, aux)`` for this call: compiled
-    when ``programs`` is given and the backend compiles, else eagerly."""
+    when ``programs`` is given and the backend compiles, else eagerly. ``bare``: the kernel's outputs
+    (with ``keep_outputs``), blocks and aux arrays are one array (see :class:`Program`)."""
     b = call.plan.backend
     if not call.diff:
         return _no_inputs(call)
@@ -952,7 +976,7 @@ def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=N
     key = None if call.program_key is None else (call.program_key, decision)
     program = programs.get(key)
     if program is None:
-        program = programs.put(key, Program(call.f, call, kernel, keep_outputs))
+        program = programs.put(key, Program(call.f, call, kernel, keep_outputs, bare))
         _count_program(programs, call)
     call.program = program  # (for Repeats.remember)
     return program(call)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib
+import inspect
 import os
 import types
 
@@ -183,25 +184,25 @@ def uncached():
 def repeat_hits(monkeypatch):
     """The outcomes of the repeat lookups (``unigrad._call.Repeats``, the fast path of a compiled call that
     repeats a signature) made while the test runs: True for a hit. Spies on ``Repeats.call`` and on
-    ``Repeats.lookup`` (grad's whole-call runners: a hit skips ``Repeats.call``, a miss goes on to it)."""
+    ``Repeats.run`` (grad's whole-call runners: a hit skips ``Repeats.call``, a miss goes on to it)."""
     from unigrad import _call
 
     seen = []
-    real_call, real_lookup = _call.Repeats.call, _call.Repeats.lookup
+    real_call, real_run = _call.Repeats.call, _call.Repeats.run
 
     def spy_call(self, key, f, args, has_aux, fname):
         call = real_call(self, key, f, args, has_aux, fname)
         seen.append(call is not None)
         return call
 
-    def spy_lookup(self, args):
-        run, key = real_lookup(self, args)
-        if run is not None:
+    def spy_run(self, args, go=True):
+        out = real_run(self, args, go)
+        if go and type(out) is not _call.Miss:
             seen.append(True)
-        return run, key
+        return out
 
     monkeypatch.setattr(_call.Repeats, "call", spy_call)
-    monkeypatch.setattr(_call.Repeats, "lookup", spy_lookup)
+    monkeypatch.setattr(_call.Repeats, "run", spy_run)
     return seen
 
 
@@ -342,3 +343,27 @@ def broken_backend(request, register_backend):
     """The name of a registered broken backend; parametrise indirectly with a name from BUGS."""
     cls = make_broken_backend(request.param)
     return register_backend(cls.name, cls)
+
+
+class Counted:
+    """``fn`` that counts how often it runs (a compiled or traced program runs it once per trace).
+
+    The count is kept on the class, not on the object: eager TensorFlow keeps its traced programs per
+    value of the Python state ``f`` reads (``unigrad._pystate``), an object's attributes included, and an
+    attribute that changes on every call would be state that changes (a new trace per call)."""
+
+    _calls: dict = {}
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "counted")
+        self.__signature__ = inspect.signature(fn)  # static_argnames reads f's parameter names
+        type(self)._calls[id(self)] = 0
+
+    def __call__(self, *args):
+        type(self)._calls[id(self)] += 1
+        return self.fn(*args)
+
+    @property
+    def calls(self):
+        return type(self)._calls[id(self)]

@@ -9,13 +9,13 @@ an argument that forces many programs is named in one warning.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import warnings
 
 import numpy as np
 import pytest
 
 import unigrad
+from conftest import Counted  # noqa: E402
 
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("torch", "jax", "tensorflow")}
 BACKENDS = ["numpy"] + [name for name, ok in HAVE.items() if ok]
@@ -24,19 +24,6 @@ COMPILERS = [name for name in ("jax", "tensorflow") if HAVE[name]]
 
 def _np(tree):
     return unigrad.to_numpy(tree)
-
-
-class Counted:
-    """``fn`` that counts how often it runs (a compiled program runs it once per trace)."""
-
-    def __init__(self, fn):
-        self.fn, self.calls = fn, 0
-        self.__name__ = fn.__name__
-        self.__signature__ = inspect.signature(fn)  # static_argnames reads f's parameter names
-
-    def __call__(self, *args):
-        self.calls += 1
-        return self.fn(*args)
 
 
 def scaled_loss(x, c):

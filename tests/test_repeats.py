@@ -3,7 +3,7 @@ signature goes straight to its program, and everything that decided the program 
 
 Each test makes a first call (which the transform remembers), then a second call that differs in
 one component, and checks both that the repeat path was not taken (spies on ``Repeats.call`` and
-``Repeats.lookup``) and that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
+``Repeats.run``) and that the result equals a fresh, uncached transform's. A hit is checked to happen where it must
 (the same signature with a new Python float), so the tests cannot pass by never taking it.
 """
 
@@ -164,7 +164,7 @@ def pair(c, x):
 
 @pytest.mark.parametrize("form", ["value_and_grad", "argnums-tuple", "float64", "float-first"])
 def test_each_whole_call_runner_gives_the_uncached_result(repeat_hits, form):
-    """A repeat of grad / value_and_grad runs as one closure (found by ``Repeats.lookup``): each of its forms
+    """A repeat of grad / value_and_grad runs as one runner (found and run by ``Repeats.run``): each of its forms
     (value and gradient, a tuple of gradients, a 64-bit signature run under x64, arguments the
     program takes in another order) gives what an uncached transform gives, on the hit itself."""
     x32 = np.linspace(-1, 1, 5).astype(np.float32)
@@ -192,3 +192,235 @@ def optree_leaves(tree):
     import optree
 
     return optree.tree_leaves(tree)
+
+
+@pytest.mark.parametrize("rule", ["use_backend", "set_backend", "UNIGRAD_BACKEND"])
+def test_each_rule_choosing_the_backend_now_is_part_of_the_key(repeat_hits, monkeypatch, rule):
+    """A transform without ``backend=`` that repeated on JAX while a rule chose JAX takes the full path
+    (here: the NumPy tape) as soon as that rule no longer chooses it."""
+    import contextlib
+
+    g = unigrad.grad(loss, compile=True)
+    x = np.linspace(-1, 1, 5)
+
+    @contextlib.contextmanager
+    def jax_chosen():
+        if rule == "use_backend":
+            with unigrad.use_backend("jax"):
+                yield
+        elif rule == "set_backend":
+            unigrad.set_backend("jax")
+            try:
+                yield
+            finally:
+                unigrad.set_backend(None)
+        else:
+            monkeypatch.setenv("UNIGRAD_BACKEND", "jax")
+            yield
+            monkeypatch.delenv("UNIGRAD_BACKEND")
+
+    with jax_chosen():
+        g(x, 0.5)
+        on_jax = g(x, 0.6)
+    assert repeat_hits == [False, True]
+    assert not isinstance(on_jax, np.ndarray)
+    got = g(x, 0.7)
+    assert repeat_hits[-1] is False and isinstance(got, np.ndarray)
+    check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="numpy"))
+
+
+@pytest.mark.parametrize("context", [None, ""])
+def test_the_device_variable_set_now_is_part_of_the_key(repeat_hits, monkeypatch, context):
+    """``UNIGRAD_DEVICE`` is read on every call (the repeat key holds its raw value): setting it makes a
+    repeated signature miss, and unsetting it again finds the first program. ``use_device`` with an
+    empty device leaves the choice to the variable, in the key as in the full path."""
+    import contextlib
+
+    monkeypatch.delenv("UNIGRAD_DEVICE", raising=False)
+    g = unigrad.grad(loss, backend="jax", compile=True)
+    x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    with contextlib.nullcontext() if context is None else unigrad.use_device(context):
+        g(x, 0.5)
+        g(x, 0.6)
+        assert repeat_hits == [False, True]
+        monkeypatch.setenv("UNIGRAD_DEVICE", "cpu")
+        got = g(x, 0.7)
+        assert repeat_hits[-1] is False
+        check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="jax", compile=True, device="cpu"))
+        monkeypatch.delenv("UNIGRAD_DEVICE")
+        repeat_hits.clear()
+        got = g(x, 0.8)
+        assert repeat_hits == [True]
+        check(got, fresh(unigrad.grad, loss, (x, 0.8), backend="jax", compile=True))
+
+
+def test_a_weak_or_strong_scalar_array_and_a_python_float_give_their_own_results(repeat_hits):
+    """JAX's key stand-in for an array is its abstract value, which holds the weak type: a weakly typed
+    0-d array (``jnp.asarray(0.5)``), a float32 one and a Python float are three signatures, each with
+    the uncached result, in any order."""
+    import jax.numpy as jnp
+
+    g = unigrad.grad(pair, argnums=1, backend="jax", compile=True)  # the gradient of the second argument
+    x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    scalars = [jnp.asarray(0.5), jnp.asarray(0.5, dtype=jnp.float32), 0.5]
+    assert scalars[0].weak_type and not scalars[1].weak_type
+    for c in scalars + scalars[::-1]:
+        check(g(c, x), fresh(unigrad.grad, pair, (c, x), argnums=1, backend="jax", compile=True))
+    assert repeat_hits.count(True) == 3  # the second half repeats the first, signature by signature
+
+
+def test_the_x64_context_of_the_call_gives_the_uncached_result(repeat_hits):
+    """JAX's own cache holds the x64 state: a signature remembered outside ``jax.enable_x64`` and
+    repeated inside it (and back) gives what an uncached transform gives there, 32-bit and 64-bit
+    arrays alike."""
+    import jax
+
+    g = unigrad.grad(loss, backend="jax", compile=True)
+    x32 = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    x64 = jnp_array(np.linspace(-1, 1, 5))  # float64 (unigrad.asarray keeps NumPy's dtype)
+    for x in (x32, x64):
+        g(x, 0.5)
+        with jax.enable_x64(True):
+            inside = g(x, 0.1 + 1e-12)
+            want = fresh(unigrad.grad, loss, (x, 0.1 + 1e-12), backend="jax", compile=True)
+        check(inside, want)
+        check(g(x, 0.1 + 1e-12), fresh(unigrad.grad, loss, (x, 0.1 + 1e-12), backend="jax", compile=True))
+    assert unigrad.to_numpy(g(x64, 0.5)).dtype == np.float64
+
+
+def test_an_array_stands_in_the_key_by_its_backends_signature_attribute():
+    """``Backend.signature_attribute``: JAX arrays by their ``aval`` (one attribute), NumPy arrays by
+    ``(shape, dtype)``; either is equal for two arrays only where shapes and dtypes are equal."""
+    from unigrad import _call
+
+    a, b = jnp_array(np.ones((2, 3), np.float32)), jnp_array(np.zeros((2, 3), np.float32))
+    unigrad.grad(loss, backend="jax", compile=True)(a, 0.5)  # the JAX backend is loaded
+    summary = _call._summary(a)
+    assert summary(a) is a.aval and summary(a) == summary(b)
+    assert summary(a) != summary(jnp_array(np.ones((3, 2), np.float32)))
+    assert summary(a) != summary(jnp_array(np.ones((2, 3), np.float64)))
+    n = np.ones((2, 3))
+    assert _call._SUMMARIES[np.ndarray](n) == ((2, 3), np.dtype("float64"))
+    assert _call._summary(0.5) is None and _call._summary(3) is None and _call._summary((a,)) is None
+    import jax
+
+    # an object of JAX's modules without an aval (no array): no key, the full path
+    assert _call._summary(jax.ShapeDtypeStruct((2, 3), np.float32)) is None
+
+
+def two_outputs(x, c):
+    xp = unigrad.namespace(x)
+    return xp.tanh(x * c), x * x
+
+
+def with_aux(x, c):
+    return rows(x, c), unigrad.namespace(x).sum(x)
+
+
+@pytest.mark.parametrize("transform", ["jacobian", "batched_jacobian"])
+@pytest.mark.parametrize("form", ["one-block", "argnums-tuple", "two-outputs", "has-aux", "float64"])
+def test_jacobian_repeats_give_the_uncached_result_in_every_form(repeat_hits, monkeypatch, transform, form):
+    """A repeat of ``jacobian`` / ``batched_jacobian`` whose result is the program's one block runs whole
+    (``block_runner``); the other forms (blocks for a tuple of arguments, a tuple of outputs, aux) go
+    through the repeat's Call. Each is a hit on the second call and equals an uncached transform."""
+    x32 = np.linspace(-1, 1, 6).reshape(3, 2).astype(np.float32)
+    f, options, args = rows, {}, lambda c: (jnp_array(x32), c)
+    if form == "argnums-tuple":
+        f, options = (lambda x, y, c: rows(x * y, c)), {"argnums": (0, 1)}
+        args = lambda c: (jnp_array(x32), jnp_array(x32[::-1].copy()), c)  # noqa: E731
+    elif form == "two-outputs":
+        f = two_outputs
+    elif form == "has-aux":
+        f, options = with_aux, {"has_aux": True}
+    elif form == "float64":
+        args = lambda c: (jnp_array(x32.astype(np.float64)), c)  # noqa: E731
+    if transform == "batched_jacobian":
+        options["check_independence"] = "never"  # (remembered whatever the proof: the runner is under test)
+    from unigrad import _call
+
+    built = []  # the repeat Calls built (a runner builds none)
+    spied = _call.Repeats.call
+    monkeypatch.setattr(_call.Repeats, "call", lambda self, *a: built.append(1) or spied(self, *a))
+    make = getattr(unigrad, transform)
+    g = make(f, backend="jax", compile=True, **options)
+    g(*args(0.5))
+    got = g(*args(1.25))
+    assert repeat_hits == [False, True]
+    assert len(built) == (1 if form in ("one-block", "float64") else 2)
+    want = fresh(make, f, args(1.25), backend="jax", compile=True, **options)
+    got_leaves, want_leaves = optree_leaves(got), optree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for a, b in zip(got_leaves, want_leaves):
+        if isinstance(b, (float, int)):
+            assert a == b
+        else:
+            check(a, b)
+    if form == "float64":
+        assert unigrad.to_numpy(got).dtype == np.float64
+
+
+def test_a_registration_change_makes_a_repeat_without_backend_miss(repeat_hits):
+    """Without ``backend=`` the key holds what the selection rules read, and the count of registration
+    changes: a backend registered anew under the name ``set_backend`` chose runs the next call (its
+    own program), not the repeat of the old one."""
+    from unigrad_jax import JaxBackend
+
+    made = []
+
+    class Counting(JaxBackend):
+        def compile(self, fn, weak_scalars=()):
+            made.append(self)
+            return super().compile(fn, weak_scalars)
+
+    g = unigrad.grad(loss, compile=True)
+    x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    unigrad.register_backend("jax_counting", Counting)
+    try:
+        unigrad.set_backend("jax_counting")
+        g(x, 0.5)
+        g(x, 0.6)
+        assert repeat_hits == [False, True] and len(made) == 1
+        unigrad.register_backend("jax_counting", Counting, replace=True)  # a new instance under the name
+        got = g(x, 0.7)
+        assert repeat_hits[-1] is False
+        assert len(made) == 2 and made[1] is not made[0] and made[1] is unigrad.get_backend("jax_counting")
+    finally:
+        unigrad.set_backend(None)
+        unigrad.unregister_backend("jax_counting")
+    check(got, fresh(unigrad.grad, loss, (x, 0.7), backend="jax", compile=True))
+
+
+def test_a_backend_instance_passed_as_backend_repeats(repeat_hits):
+    b = unigrad.get_backend("jax")
+    g = unigrad.grad(loss, backend=b, compile=True)
+    x = jnp_array(np.linspace(-1, 1, 5).astype(np.float32))
+    g(x, 0.5)
+    got = g(x, 0.6)
+    assert repeat_hits == [False, True]
+    check(got, fresh(unigrad.grad, loss, (x, 0.6), backend="jax", compile=True))
+
+
+@pytest.mark.parametrize("engine", ["jax", "tensorflow"])
+@pytest.mark.parametrize("form", ["array", "one-leaf-dict", "float-first", "two-leaves"])
+def test_a_compiled_grad_of_one_leaf_returns_the_uncached_gradient(engine, form):
+    """A compiled ``grad`` of one leaf, without aux, has a program returning the gradient itself (not a
+    1-tuple: ``Program.bare``); the first call, its repeats, the full path (a pytree) and the
+    reordered runner give the eager gradient, on every compiling backend. Two leaves: no bare program."""
+    if importlib.util.find_spec(engine) is None:
+        pytest.skip(f"{engine} not installed")
+    x32 = np.linspace(-1, 1, 5).astype(np.float32)
+    x = unigrad.asarray(x32, backend=engine)
+    f, argnums, args = loss, 0, lambda c: (x, c)
+    if form == "one-leaf-dict":
+        f, args = (lambda p, c: loss(p["w"], c)), (lambda c: ({"w": x}, c))
+    elif form == "float-first":
+        f, argnums, args = pair, 1, (lambda c: (c, x))
+    elif form == "two-leaves":
+        f, args = (lambda p, c: loss(p[0] * p[1], c)), (lambda c: ((x, x), c))
+    g = unigrad.grad(f, argnums=argnums, backend=engine, compile=True)
+    for c in (0.5, 0.75, 1.25):
+        got, want = g(*args(c)), unigrad.grad(f, argnums=argnums, backend=engine)(*args(c))
+        for a, b in zip(optree_leaves(got), optree_leaves(want)):
+            np.testing.assert_allclose(unigrad.to_numpy(a), unigrad.to_numpy(b), rtol=1e-5)
+            assert unigrad.to_numpy(a).dtype == np.float32
+        assert len(optree_leaves(got)) == (2 if form == "two-leaves" else 1)

@@ -20,7 +20,7 @@ sparse = pytest.importorskip("scipy.sparse")
 
 import unigrad  # noqa: E402
 
-from conftest import uncached  # noqa: E402
+from conftest import Counted, uncached  # noqa: E402
 
 CACHED = pytest.mark.skipif(os.environ.get("UNIGRAD_NO_CACHE") is not None, reason="counts what the caches keep")
 HAVE = {m: importlib.util.find_spec(m) is not None for m in ("jax", "tensorflow")}
@@ -116,17 +116,6 @@ def test_compiled_sparse_repeat_with_aux_and_hessian(repeat_hits):
     want = unigrad.hessian(lambda x: with_aux(x)[0])(2.0 * x)
     np.testing.assert_allclose(dense(h), want, rtol=1e-12)
     assert aux["n"] == 3 and float(unigrad.to_numpy(aux["sum"])) == pytest.approx(float(np.sum(2.0 * x)))
-
-
-class Counted:
-    """``fn`` that counts how often it runs (a traced program runs it once per trace)."""
-
-    def __init__(self, fn):
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, *args):
-        self.calls += 1
-        return self.fn(*args)
 
 
 @CACHED

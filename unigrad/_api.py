@@ -18,7 +18,8 @@ import optree
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
 from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
-from ._call import _LEAF, BoundedCache, Call, FlatPlans, Repeats, execute, prepare, reject_lazy, unflatten
+from ._call import (_LEAF, BoundedCache, Call, FlatPlans, Miss, Repeats, block_runner, execute, prepare,
+                    reject_lazy, unflatten)
 from . import _memory
 from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
                          promoted_blocks, static_arguments)
@@ -230,13 +231,11 @@ def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnum
 
     def value_and_grad_f(*args, **kwargs):
         if repeats is not None and not kwargs:
-            run, key = repeats.lookup(args)
-            if run is not None:  # a repeat of a compiled signature: arguments to the program to the result
-                return run(args)
-            if key is not None:
-                call = repeats.call(key, f, args, has_aux, "grad")
-            else:
-                call = None
+            miss = repeats.run(args)
+            if type(miss) is not Miss:  # a repeat of a compiled signature: arguments to the program to the result
+                return miss
+            key = miss.key
+            call = None if key is None else repeats.call(key, f, args, has_aux, "grad")
         else:
             call, key = None, None
         if call is not None:  # a repeat of a compiled signature: straight to its program
@@ -248,7 +247,8 @@ def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnum
                 g = f if not kwargs else (lambda *a: f(*a, **kwargs))
                 call = prepare(plans, g, args, argnums, has_aux, backend, "grad", device,
                                static if not kwargs else None)
-            outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value)
+            outputs, grads, aux = execute(call, kernel, programs if not kwargs else None, keep_outputs=keep_value,
+                                          bare=not keep_value and not has_aux and len(call.diff) == 1)
             if key is not None:
                 repeats.remember(key, call, finish)
         if not call.diff:
@@ -346,7 +346,14 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     repeats = Repeats(static, backend, device) if compile else None
 
     def jacobian_f(*args):
-        call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "jacobian")
+        if repeats is not None:
+            miss = repeats.run(args)
+            if type(miss) is not Miss:  # a repeat whose whole call is the program's one block
+                return miss
+            key = miss.key
+            call = None if key is None else repeats.call(key, f, args, has_aux, "jacobian")
+        else:
+            call, key = None, None
         if call is not None:  # a repeat of a compiled signature (mode and chunk follow from it)
             _, blocks, aux = call.program(call)
             jac = call.blocks_tree(blocks)
@@ -359,7 +366,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
             kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
         _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
         if key is not None:
-            repeats.remember(key, call)
+            repeats.remember(key, call, block_runner)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from . import _checks, _memory
-from ._call import BoundedCache, Call, Repeats, execute, prepare
+from ._call import BoundedCache, Call, Miss, Repeats, block_runner, execute, prepare
 from ._custom import custom_rules_seen
 from ._transform import (_wraps, budget_chunk, choose_mode, fingerprint, promoted_blocks, static_arguments,
                          values_key)
@@ -116,8 +116,11 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
 
     repeats = Repeats(static, backend, device) if compile else None
 
-    def batched_jacobian_f(*args):
-        call, key = (None, None) if repeats is None else repeats.find(args, f, has_aux, "batched_jacobian")
+    def batched_jacobian_f(args, miss):
+        """The call on ``args`` that :meth:`Repeats.run` did not run (``miss``: its :class:`Miss`, None
+        without compile)."""
+        key = None if miss is None else miss.key
+        call = None if key is None else repeats.call(key, f, args, has_aux, "batched_jacobian")
         if call is not None and needs_values.entries.get(key):
             values = fingerprint(call.backend, call.dynamic)
             if values is None or (key, values) not in settled_values.entries:
@@ -159,35 +162,43 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             # Repeats skip the proof and the probe: only when both were settled for the whole signature
             # (a proof kept per signature, not one made per call because the program changes with the
             # values; no Python float whose value the proof saw), or the caller vouches. The proof and the
-            # probe read the values of the arrays f is given too (an index array): a repeat with other
-            # values of them takes the full path (settled_values).
+            # probe read the values of the arrays f is given too (an index array): such a repeat keeps no
+            # runner (Repeats.run would skip the check), and one with other values of them takes the full
+            # path (settled_values).
             if key is not None and check_independence == "never":
-                repeats.remember(key, call)
+                repeats.remember(key, call, block_runner)
             elif key is not None and check_independence == "once" and not call.plan.weak:
                 kept, by_value = proved_by_value(call, proofs)
                 if kept and (verdict == "row" or settled.get(values_key(call))):
-                    repeats.remember(key, call)
                     if call.plan.dynamic_positions and (by_value or verdict != "row"):  # values decided it
+                        repeats.remember(key, call)
                         needs_values.put(key, True)
                         values = fingerprint(call.backend, call.dynamic)
                         if values is not None:
                             settled_values.put((key, values), True)
+                    else:
+                        repeats.remember(key, call, block_runner)
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
 
-    _wraps(batched_jacobian_f, f, "batched_jacobian")
-    return _with_parameter_hint(batched_jacobian_f, f, argnums)
+    return _with_parameter_hint(batched_jacobian_f, f, argnums, repeats)
 
 
 _BATCH_AXIS_ERRORS = ("batch size", "leading batch axis", "leading (batch) axes differ")
 
 
-def _with_parameter_hint(run, f, argnums):
-    """``run`` whose batch-axis errors also say where per-example gradients with respect to shared
+def _with_parameter_hint(run, f, argnums, repeats):
+    """The transform: a repeat that ``repeats`` (None without compile) runs whole, else ``run(args,
+    miss)``; its batch-axis errors also say where per-example gradients with respect to shared
     parameters are (the usual reason an argument has no batch axis)."""
     def batched_jacobian_f(*args):
         try:
-            return run(*args)
+            if repeats is None:
+                return run(args, None)
+            miss = repeats.run(args)
+            if type(miss) is not Miss:  # a repeat whose whole call is the program's one block
+                return miss
+            return run(args, miss)
         except ValueError as exc:
             text = str(exc)
             if not text.startswith("batched_jacobian:") or not any(k in text for k in _BATCH_AXIS_ERRORS):

@@ -25,6 +25,8 @@ must give the same results (the test suite runs both ways).
 from __future__ import annotations
 
 import inspect
+import operator
+import os as _os
 import warnings
 from dataclasses import dataclass
 
@@ -102,6 +104,38 @@ class Key:
 # Array types met as leaves: an argument list of these needs no pytree flattening. (Array types are not
 # pytree nodes; one registered as a node after it was met here would not be seen.) Bounded.
 _LEAF_ARRAYS: set = {np.ndarray}
+
+_SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
+# Array type -> what stands for an array's shape and dtype in a compiled repeat's key (Repeats.lookup):
+# ``(shape, dtype)``, or the owning backend's ``signature_attribute`` (JAX's ``aval``). Bounded.
+_SUMMARIES: dict = {np.ndarray: _SHAPE_DTYPE}
+_DEVICE_VAR = _os.environ.encodekey("UNIGRAD_DEVICE") if hasattr(_os.environ, "encodekey") else None
+_BACKEND_VAR = _os.environ.encodekey("UNIGRAD_BACKEND") if hasattr(_os.environ, "encodekey") else None
+_CONTEXT_BACKEND, _DEFAULT_BACKEND = _registry._context_backend, _registry._default_backend
+
+
+def _summary(a):
+    """The function giving the key's stand-in for an array's shape and dtype, for ``a``'s type (None:
+    ``a`` is not an array, or is a container). Remembered per type where its backend is loaded (its
+    ``signature_attribute`` is known); for another type the pair ``(shape, dtype)``, this time."""
+    t = type(a)
+    if t is float or t is complex or isinstance(a, (tuple, list, dict)):
+        return None
+    owner = _registry._array_owner(a)
+    if owner is None:
+        return None
+    inst = _registry._instances.get(owner)
+    name = None if inst is None else getattr(inst, "signature_attribute", None)
+    if not (hasattr(a, "shape") and hasattr(a, "dtype") and (name is None or hasattr(a, name))):
+        return None  # an object of the framework that is no array: the full path says what is wrong
+    if inst is None:  # not loaded yet: (shape, dtype) is right for every backend; decide next time
+        return _SHAPE_DTYPE
+    summary = _SHAPE_DTYPE if name is None else operator.attrgetter(name)
+    if len(_SUMMARIES) < 64:
+        _SUMMARIES[t] = summary
+    if len(_LEAF_ARRAYS) < 64:
+        _LEAF_ARRAYS.add(t)  # (as in signature())
+    return summary
 
 
 def _static_token(x):
@@ -617,15 +651,18 @@ class Program:
     """A compiled program of one transform for one signature and decision.
 
     It takes the differentiated leaves and the dynamic leaves, and returns a flat tuple: the outputs
-    (only with ``keep_outputs``), the result blocks and the aux leaves that are arrays. What tracing
+    (only with ``keep_outputs``), the result blocks and the aux leaves that are arrays; with ``bare``
+    (the caller knows that tuple holds one array: a ``grad`` of one leaf, no aux) the array itself,
+    which :meth:`__call__` puts back in a tuple (a compiled call then returns what ``jax.jit(jax.grad(f))``
+    returns, no tuple to build and index on every call). What tracing
     revealed -- the output and aux structures, and the aux leaves that are not arrays (returned as
     ``f`` gave them) -- is recorded in the program when it is traced. It holds no array of the call
     that built it.
     """
 
-    __slots__ = ("compiled", "out_tree", "aux_tree", "n_out", "n_blocks", "aux_static", "weak")
+    __slots__ = ("compiled", "out_tree", "aux_tree", "n_out", "n_blocks", "aux_static", "weak", "bare")
 
-    def __init__(self, f, call: Call, kernel, keep_outputs: bool):
+    def __init__(self, f, call: Call, kernel, keep_outputs: bool, bare: bool = False):
         plan = call.plan
         b, n = plan.backend, len(plan.diff_positions)
         has_aux, fname, batch, treedef = call.has_aux, call.fname, call.seen.batch, call.treedef
@@ -635,6 +672,7 @@ class Program:
         self.out_tree = self.aux_tree = None
         self.n_out = self.n_blocks = 0
         self.aux_static = ()
+        self.bare = bare
 
         def program(*arrays):
             seen = Seen(batch)
@@ -644,7 +682,13 @@ class Program:
             aux = tuple(aux or ())
             self.aux_static = tuple((k, a) for k, a in enumerate(aux) if not b.is_array(a))
             self.out_tree, self.aux_tree, self.n_out, self.n_blocks = seen.out_tree, seen.aux_tree, len(outs), len(blocks)
-            return outs + tuple(blocks) + tuple(a for a in aux if b.is_array(a))
+            flat = outs + tuple(blocks) + tuple(a for a in aux if b.is_array(a))
+            if not bare:
+                return flat
+            if len(flat) != 1 or self.aux_static:
+                raise RuntimeError(f"unigrad internal error: {fname}'s compiled program was to return one array, "
+                                   f"not {len(flat)}")
+            return flat[0]
 
         # Python floats among the dynamic leaves are traced as weakly typed scalars (x32 * c stays float32)
         self.weak = tuple(n + i for i in plan.weak)
@@ -656,6 +700,8 @@ class Program:
         except Exception as exc:
             self.explain(exc, call)
             raise
+        if self.bare:
+            flat = (flat,)
         seen = call.seen
         seen.out_tree, seen.aux_tree = self.out_tree, self.aux_tree
         n_out, end = self.n_out, self.n_out + self.n_blocks
@@ -676,7 +722,9 @@ class Program:
         """A function of the arguments of calls that repeat ``call``'s signature (a flat signature:
         arrays of the backend, nothing to convert or place, and dynamic Python floats), returning the
         program's flat outputs (only the one at ``index``, where given): what :meth:`__call__` does,
-        without building a :class:`Call`. None where ``call`` is not such a call.
+        without building a :class:`Call`. None where ``call`` is not such a call. With ``index``, for
+        arguments in the program's own order: the runner ``(fn, index, failed)`` of :meth:`Repeats.run`
+        instead of a function (one Python frame fewer on every repeat).
 
         A compiled function may offer ``specialize(args) -> (fn, translate)``: ``fn`` is itself, leaner,
         for arguments with the types, shapes and dtypes of ``args`` (those of the signature), and
@@ -700,14 +748,10 @@ class Program:
             if other is not None:
                 raise other from exc
 
-        if in_order and index is not None:
-            def run(args):
-                try:
-                    return fn(*args)[index]
-                except Exception as exc:
-                    failed(exc, args)
-                    raise
-        elif in_order:
+        bare = self.bare
+        if in_order and index is not None:  # the runner itself (Repeats.run calls fn; no closure in between)
+            return (fn, None, failed) if bare else (fn, index, failed)
+        if in_order and not bare:
             def run(args):
                 try:
                     return fn(*args)
@@ -721,8 +765,34 @@ class Program:
                 except Exception as exc:
                     failed(exc, args)
                     raise
+                if bare:
+                    flat = (flat,)
                 return flat if index is None else flat[index]
         return run
+
+
+def block_runner(call: Call, program: Program):
+    """A ``finish`` for :meth:`Repeats.remember` of transforms whose result is their Jacobian blocks
+    (``jacobian``, ``batched_jacobian``): where one differentiated argument (an int ``argnums``) and
+    one output array, without aux, make the result the program's one block as it is (what
+    :meth:`Call.blocks_tree` returns for such a call), the runner of that block; else None."""
+    if (call.has_aux or program.aux_static or program.out_tree is not _LEAF or not call.plan.single
+            or program.n_blocks != 1):
+        return None
+    return program.flat_runner(call, program.n_out)
+
+
+class Miss:
+    """What :meth:`Repeats.run` returns where it did not run the call: the repeat key (None: the call
+    takes the full path) and the runner kept for it (None: none, or not looked up)."""
+
+    __slots__ = ("key", "runner")
+
+    def __init__(self, key, runner=None):
+        self.key, self.runner = key, runner
+
+
+_NO_KEY = Miss(None)
 
 
 class Repeats:
@@ -732,55 +802,125 @@ class Repeats:
     After the first call of a signature, a compiled call's work is the program's: the rest of
     :func:`prepare` and :func:`execute` (the pytree signature, the :class:`Key`, the plan and program
     caches) derives again what the first call derived. A repeat is recognised from what decided
-    them: the backend the selection rules pick now (explicit, ``use_backend``, ``set_backend``,
-    ``UNIGRAD_BACKEND``, the arrays' types), the device they place on now, and for each argument its
-    array type, shape and dtype, or the type of a Python float or complex that the program takes as a
-    dynamic scalar. Anything else (a pytree, an int, a static float, keyword arguments, a call
+    them: the backend the selection rules pick now (``backend=``'s instance; without ``backend=``, what
+    the rules read instead of their outcome: ``use_backend``, ``set_backend`` and ``UNIGRAD_BACKEND`` as
+    they are now, the count of registration changes, and the arrays' types, which are in the key
+    anyway), the device they place on now, and for each argument its array type, shape and dtype, or
+    the type of a Python float or complex that the program takes as a dynamic scalar. Anything else (a pytree, an int, a static float, keyword arguments, a call
     nested in another transform) takes the full path, and so does a call the transform did not
     :meth:`remember` (the transform decides which decisions hold for a whole signature).
     """
 
-    __slots__ = ("entries", "runners", "static", "backend", "device")
+    __slots__ = ("entries", "runners", "static", "backend", "device", "fixed")
 
     def __init__(self, static_args, backend, device, maxsize: int = 32):
         self.entries = BoundedCache(maxsize)
         self.runners = BoundedCache(maxsize)  # key -> the transform's whole call, arguments to result (see remember)
         self.static, self.backend, self.device = static_args or frozenset(), backend, device
+        self.fixed = backend if isinstance(backend, Backend) else None  # backend= an instance: itself
 
     def key(self, args):
         """The repeat key of ``args``, or None when they take the full path."""
-        return self.lookup(args)[1]
+        return self.run(args, False).key
 
     def lookup(self, args):
-        """``(runner, key)``: the transform's whole call for repeats of ``args``' signature, kept by
-        :meth:`remember` (None: none kept), and the repeat key of ``args`` (None when they take the full
-        path). One call for both: a compiled repeat's whole Python work is this and the runner."""
+        """``(runner, key)``: what :meth:`remember` kept for repeats of ``args``' signature (a
+        ``(fn, index, failed)`` triple, see :meth:`run`; None: nothing kept), and the repeat key of
+        ``args`` (None when they take the full path)."""
+        miss = self.run(args, False)
+        return miss.runner, miss.key
+
+    def run(self, args, go=True):
+        """The transform's result for ``args`` where it repeats a signature whose whole call
+        :meth:`remember` kept (a runner); else a :class:`Miss` holding the repeat key (None: the full
+        path) and the runner (None: none kept; only when ``go`` is false, which never runs it).
+
+        A runner is ``(fn, index, failed)``: the result is ``fn(*args)[index]`` (``index`` None:
+        ``fn(*args)``, a :class:`Program` made ``bare``), and ``failed(exc, args)`` raises the error to
+        raise instead of ``exc`` (or returns: ``exc`` itself); ``index`` and ``failed`` None: the result
+        is ``fn(args)`` (a function that handles its errors). The key and the run are in this one function: a compiled repeat's
+        whole Python work is this, so it reads no more than it must (each step is a visible share of
+        a small compiled call) and calls nothing it need not."""
         if _ACTIVE.get() is not None:  # nested: the full path checks what may nest
-            return None, None
-        static = self.static
-        if static and min(static) < 0:
-            static = frozenset(a % len(args) for a in static if -len(args) <= a < len(args))
+            return _NO_KEY
         device = self.device
-        if device is None:  # _registry.current_device(), inline (every compiled repeat asks)
-            device = _DEVICE.get() or _registry._getenv("UNIGRAD_DEVICE") or None
-        sig = [device, len(args)]
+        if device is None:  # _registry.current_device(), inline: use_device, else UNIGRAD_DEVICE as set now
+            device = _DEVICE.get()
+            if not device:  # (use_device(None) or "": the variable decides, as in current_device())
+                try:  # the variable's raw bytes (None: unset): only compared, never decoded
+                    device = _os.environ._data.get(_DEVICE_VAR)
+                except AttributeError:  # os.environ replaced by another mapping
+                    device = _registry._getenv("UNIGRAD_DEVICE")
+        backend = self.backend
+        if type(backend) is str:
+            b = _registry._instances.get(backend)  # get_backend's own first step
+            if b is None:
+                b = _registry.resolve(backend, args)
+        elif backend is None:  # what the selection rules read, not their outcome (resolve() costs ~1 us):
+            try:  # with the arrays' types (below) and the registrations, it decides the backend
+                env = _os.environ._data.get(_BACKEND_VAR)
+            except AttributeError:
+                env = _registry._getenv("UNIGRAD_BACKEND")
+            b = (_CONTEXT_BACKEND.get(), _DEFAULT_BACKEND.get(), env, _registry._generation)
+        else:
+            b = self.fixed if self.fixed is not None else _registry.resolve(backend, args)
+        key = [device, b]
+        if self.static:
+            key = self._static_key(args, key)
+            if key is None:
+                return _NO_KEY
+        else:
+            for a in args:
+                t = type(a)
+                summary = _SUMMARIES.get(t)
+                if summary is not None:  # an array of a type met before: its type and (shape, dtype)
+                    key.append(t)
+                    key.append(summary(a))
+                elif t is float or t is complex:  # a dynamic Python scalar: its type only
+                    key.append(t)
+                else:
+                    summary = _summary(a)
+                    if summary is None:  # an int, a static value, a container: the full path
+                        return _NO_KEY
+                    key.append(t)
+                    key.append(summary(a))
+            key = tuple(key)
+        # (the dict itself, no method call: a transform made under UNIGRAD_NO_CACHE keeps no runner)
+        runner = self.runners.entries.get(key)
+        if runner is None or not go:
+            return Miss(key, runner)
+        fn, index, failed = runner
+        if index is None:
+            if failed is None:
+                return fn(args)
+            try:
+                return fn(*args)
+            except Exception as exc:
+                failed(exc, args)
+                raise
+        try:
+            return fn(*args)[index]
+        except Exception as exc:
+            failed(exc, args)
+            raise
+
+    def _static_key(self, args, key):
+        """:meth:`run`'s key when some positions are static: a Python float or complex there takes the
+        full path (None: one program per value)."""
+        static = self.static
+        if min(static) < 0:
+            static = frozenset(a % len(args) for a in static if -len(args) <= a < len(args))
         for p, a in enumerate(args):
             t = type(a)
-            if t in _LEAF_ARRAYS:
-                sig += (t, a.shape, a.dtype)
+            summary = _SUMMARIES.get(t) or _summary(a)
+            if summary is not None:
+                key.append(t)
+                key.append(summary(a))
             elif (t is float or t is complex) and p not in static:
-                sig.append(t)
-            elif len(_LEAF_ARRAYS) < 64 and not isinstance(a, (tuple, list, dict)) and _registry._array_owner(a):
-                _LEAF_ARRAYS.add(t)  # an array type met for the first time (as in signature())
-                sig += (t, a.shape, a.dtype)
+                key.append(t)
             else:
-                return None, None
-        backend = self.backend
-        b = _registry._instances.get(backend) if type(backend) is str else None  # get_backend's own first step
-        sig.append(b if b is not None else _registry.resolve(backend, args))
-        key = tuple(sig)
-        # (the dict itself, no method call: a transform made under UNIGRAD_NO_CACHE keeps no runner)
-        return self.runners.entries.get(key), key
+                return None
+        return tuple(key)
 
     def find(self, args, f, has_aux, fname):
         """``(call, key)``: the :class:`Call` of a repeat (its program in ``call.program``) or None, and
@@ -810,21 +950,23 @@ class Repeats:
         """Keep ``call``'s plan and program for repeats of ``key`` (a flat call run by a program).
 
         ``finish(call, program)``, when given, may return the transform's whole call for repeats of
-        ``key``: a function of the arguments alone (made with :meth:`Program.flat_runner`); it is kept
-        in ``runners``, :meth:`lookup` finds it, and the transform calls it instead of :meth:`call`.
-        It returns None where the transform needs the :class:`Call`."""
+        ``key``: a runner (see :meth:`run`; made with :meth:`Program.flat_runner`), or a function of
+        the arguments alone (the runner ``(fn, None, None)``); it is kept in ``runners``, and
+        :meth:`run` runs it. It returns None where the transform needs the :class:`Call`."""
         if key is None or call.program is None or call.treedef is not None:
             return
         self.entries.put(key, (call.plan, call.program))
         if finish is not None:
             whole = finish(call, call.program)
             if whole is not None:
-                self.runners.put(key, whole)
+                self.runners.put(key, whole if type(whole) is tuple else (whole, None, None))
 
 
-def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=None, keep_outputs=True):
+def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=None, keep_outputs=True,
+            bare=False):
     """``kernel(backend, flat_f, leaves) -> (outputs, flat result blocks, aux)`` for this call: compiled
-    when ``programs`` is given and the backend compiles, else eagerly."""
+    when ``programs`` is given and the backend compiles, else eagerly. ``bare``: the kernel's outputs
+    (with ``keep_outputs``), blocks and aux arrays are one array (see :class:`Program`)."""
     b = call.plan.backend
     if not call.diff:
         return _no_inputs(call)
@@ -834,7 +976,7 @@ def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=N
     key = None if call.program_key is None else (call.program_key, decision)
     program = programs.get(key)
     if program is None:
-        program = programs.put(key, Program(call.f, call, kernel, keep_outputs))
+        program = programs.put(key, Program(call.f, call, kernel, keep_outputs, bare))
         _count_program(programs, call)
     call.program = program  # (for Repeats.remember)
     return program(call)

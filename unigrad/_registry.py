@@ -42,6 +42,10 @@ _factories: dict[str, Callable[[], Backend]] = {}  # runtime registrations
 _entry_points: dict[str, metadata.EntryPoint] | None = None
 _instances: dict[str, Backend] = {}
 _errors: dict[str, BaseException] = {}
+# Counts the changes of runtime registrations (register_backend, unregister_backend): the backend the
+# selection rules pick for given contexts, variables and array types changes only with it (read by
+# the compiled repeat keys, unigrad._call.Repeats, instead of running resolve() on every call).
+_generation = 0
 
 
 def _discover() -> dict[str, metadata.EntryPoint]:
@@ -80,6 +84,7 @@ def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool
         _instances.pop(name, None)
         _errors.pop(name, None)
         _owners.clear()
+        _registered()
 
 
 def unregister_backend(name: str) -> None:
@@ -89,6 +94,13 @@ def unregister_backend(name: str) -> None:
         _instances.pop(name, None)
         _errors.pop(name, None)
         _owners.clear()
+        _registered()
+
+
+def _registered() -> None:
+    """A registration changed: count it (see ``_generation``)."""
+    global _generation
+    _generation += 1
 
 
 def _names() -> list[str]:
@@ -270,7 +282,7 @@ def current_backend_name() -> str:
     return _getenv("UNIGRAD_BACKEND") or DEFAULT
 
 
-_NOT_OWNED = (np.ndarray, float, int, complex, bool, np.generic, type(None), str)
+_NOT_OWNED = frozenset((np.ndarray, float, int, complex, bool, np.generic, type(None), str))  # (a set: one hash)
 
 
 def _array_owner(x) -> str | None:
@@ -364,11 +376,14 @@ def resolve(explicit, leaves) -> Backend:
         return get_backend(env)
     owner = None
     for x in leaves:
-        if type(x) in _NOT_OWNED:  # NumPy arrays and Python scalars, the common case, without a call
+        t = type(x)
+        if t in _NOT_OWNED:  # NumPy arrays and Python scalars, the common case, without a call
             continue
-        name = _array_owner(x)
+        name = _owners.get(t)  # a type met before (_array_owner's own first step, without the call)
         if name is None:
-            continue
+            name = _array_owner(x)
+            if name is None:
+                continue
         if owner is None:
             owner = name
         elif owner != name:

@@ -38,6 +38,7 @@ method                     status    default / note
 ``version()``, ``shape``, ``dtype``, ``device``, ``cast``, ``matches``,
 ``zeros``, ``zeros_like``, ``ones_like``, ``stop_gradient``, ``copy``  optional  from the namespace
 ``mutable_arrays``         optional  True: ``vjp`` copies what the caller holds (False: JAX, TF)
+``signature_attribute``    optional  None: arrays stand in repeat keys by ``(shape, dtype)`` (JAX: ``aval``)
 ``evaluate(f, primals)``   optional  ``f(*primals)``; the core's plain forward evaluations
 ``output_shapes(f, primals, has_aux)``  optional  the outputs' shapes from ``evaluate`` (JAX: traced, no work)
 ``special(name)``          optional  None: unigrad.special's formulas (the framework's own functions)
@@ -125,6 +126,12 @@ class Backend(abc.ABC):
     #: backend copies of the caller's arrays and the caller copies of the outputs: nothing the caller
     #: holds is memory that ``vjp_fn`` reads (see :meth:`copy`).
     mutable_arrays: bool = True
+    #: The name of an attribute of the backend's arrays that stands for their shape and dtype in the keys
+    #: of compiled repeats (``unigrad._call.Repeats``), read instead of ``shape`` and ``dtype``: hashable,
+    #: and equal for two arrays only where their shapes and dtypes are equal (it may tell more apart).
+    #: JAX: ``aval`` (one attribute, where ``shape`` and ``dtype`` are two Python properties over it).
+    #: None: the pair ``(shape, dtype)``.
+    signature_attribute: str | None = None
 
     # ------------------------------------------------------------------ required
     @abc.abstractmethod

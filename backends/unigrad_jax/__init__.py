@@ -207,6 +207,8 @@ class JaxBackend(Backend):
                                 complex=True, float64=True, custom_rules=True)
     accepts_dlpack = True  # asarray takes objects with __dlpack__ (torch tensors...) directly
     mutable_arrays = False  # immutable arrays: vjp_fn cannot see a caller's write
+    # the abstract value: shape, dtype and weak type in one attribute (shape and dtype are properties over it)
+    signature_attribute = "aval"
 
     def special(self, name):
         from jax.scipy import special

@@ -47,6 +47,19 @@ def test_python_state_follows_what_f_reads():
         assert python_state(f) != before
         undo()
         assert python_state(f) == before
+    import collections
+
+    buffer, table = collections.deque([1.0, 2.0]), collections.OrderedDict(scale=1.0)
+
+    def h(x):
+        return x * buffer[-1] * table["scale"]
+
+    before = python_state(h)
+    buffer.append(3.0)
+    assert python_state(h) != before
+    before = python_state(h)
+    table["scale"] = 2.0
+    assert python_state(h) != before
     g = functools.partial(lambda x, w: x * w, w=np.array([1.0]))
     before = python_state(g)
     g.keywords["w"][0] = 2.0

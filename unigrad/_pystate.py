@@ -16,6 +16,8 @@ graph deeper than the bound) is the contract of ``compile=True`` (docs/transform
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import hashlib
 import types
 
@@ -66,15 +68,17 @@ class _Walk:
             out.append((t, id(x)))  # the object itself (its contents are out of reach)
             return out
         self.seen.add(id(x))
-        if t in (tuple, list, set, frozenset):
+        if isinstance(x, (tuple, list, set, frozenset, collections.deque)):  # (namedtuples, subclasses too)
             out.append((t, len(x)))
-            for item in (sorted(x, key=repr) if t in (set, frozenset) else x):
+            for item in (sorted(x, key=repr) if isinstance(x, (set, frozenset)) else x):
                 self.value(item, depth - 1)
-        elif t is dict:
+        elif isinstance(x, collections.abc.Mapping):  # dict, OrderedDict, defaultdict, mappingproxy...
             out.append((t, len(x)))
             for k, v in x.items():
                 self.value(k, depth - 1)
                 self.value(v, depth - 1)
+        elif isinstance(x, (bytearray, memoryview)):
+            out.append((t, bytes(x)))
         elif isinstance(x, types.FunctionType):
             self.function(x, depth)
         elif isinstance(x, types.MethodType):

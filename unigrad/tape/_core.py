@@ -42,6 +42,20 @@ from ._tracer import (PRIMITIVES, FTracer, LeakedTracerError, Primitive, RTracer
 # would cost more time than the memory it frees. (Tests set it to 0 to check every rule's Primitive.keeps.)
 _SHELL_MIN = 2048
 
+# Cotangents of at least this many elements are scaled in their own memory when the sweep alone holds
+# them (a unary elementwise rule): fewer fresh pages, and a smaller peak, on batched sweeps.
+_INPLACE_MIN = 2048
+
+
+def _local_refs():
+    a = np.empty(1)
+    return _refs(a)
+
+
+# What sys.getrefcount reports for an array held by one local variable alone (interpreters differ in
+# whether the call's own argument counts): the sweep's test that nothing else can see a cotangent.
+_LOCAL_REFS = _local_refs()
+
 
 class ReverseTrace(Trace):
     __slots__ = ("tape", "released")
@@ -196,6 +210,23 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
         if g is None:
             continue
         prim, parents, vals, ans, params = tape[idx]
+        slope = prim.slope
+        if slope is not None:  # unary elementwise: g * slope, in g's memory when the sweep alone holds g
+            d = slope(ans, vals[0])
+            if (type(g) is np.ndarray and type(d) is np.ndarray and g.size >= _INPLACE_MIN and g.base is None
+                    and g.dtype == d.dtype and d.shape == g.shape[g.ndim - d.ndim:] and _refs(g) == _LOCAL_REFS
+                    and g.flags.writeable):
+                c = np.multiply(g, d, out=g)
+            else:
+                c = g * d
+            d = None
+            pidx = parents[0][1]
+            old = get(pidx)
+            cts[pidx] = c if old is None else old + c
+            old = c = g = None
+            if release:
+                tape[idx] = None
+            continue
         vjps, broadcasts = prim.vjps, prim.broadcasts
         for i, pidx in parents:
             c = vjps[i](g, ans, *vals, **params) if params else vjps[i](g, ans, *vals)
@@ -208,7 +239,7 @@ def backward(trace: ReverseTrace, out_indices, cotangents, n_inputs, input_value
             old = get(pidx)
             if old is None:
                 cts[pidx] = c
-            elif (type(old) is np.ndarray and type(c) is np.ndarray and old.base is None and _refs(old) == 3
+            elif (type(old) is np.ndarray and type(c) is np.ndarray and old.base is None and _refs(old) == _LOCAL_REFS + 1
                   and old.shape == c.shape and old.dtype == c.dtype and old.flags.writeable):
                 np.add(old, c, out=old)  # only cts holds old (+ the local, + getrefcount's argument): sum in place
             else:

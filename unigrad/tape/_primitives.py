@@ -49,7 +49,7 @@ LINEAR = "linear"
 
 
 def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, elementwise=None, ufunc=None,
-            keeps=None):
+            keeps=None, slope=None):
     """Create and register a primitive; ``jvp=LINEAR`` (or a LINEAR entry) reuses the primitive itself.
 
     ``keeps``: which of (ans, arg0, ...) the VJP rules read the values of, where the rules' bytecode
@@ -57,7 +57,8 @@ def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, ele
 
     A primitive whose ``impl`` is a NumPy ufunc is elementwise: the namespace exports it under ``name``
     and NumPy's ufunc dispatches to it on traced values (``ufunc=`` names the ufunc when ``impl`` is
-    a wrapper; ``elementwise=False`` opts out)."""
+    a wrapper; ``elementwise=False`` opts out). ``slope``: see :class:`Primitive` (the VJP must be
+    ``g * slope(ans, x)``)."""
     vjps = vjp if vjp is None else tuple(vjp)
     if ufunc is None and isinstance(impl, np.ufunc):
         ufunc = impl
@@ -65,7 +66,7 @@ def defprim(name, impl, vjp=(), jvp=(), *, jvp_joint=None, broadcasts=False, ele
     if elementwise is None:
         elementwise = ufunc is not None
     prim = Primitive(name, impl, vjps, (), jvp_joint=jvp_joint, broadcasts=broadcasts, elementwise=elementwise,
-                     ufunc=ufunc, keeps=keeps)
+                     ufunc=ufunc, keeps=keeps, slope=slope)
     if vjps is not None:
         n = len(vjps)
         jvps = (LINEAR,) * n if jvp == LINEAR else tuple(jvp)
@@ -108,7 +109,8 @@ def _unary(name, impl, dfdx, **flags):
     """An elementwise primitive with derivative ``dfdx(ans, x)`` (holomorphic for complex input)."""
     return defprim(name, impl,
                    vjp=(lambda g, ans, x: g * dfdx(ans, x),),
-                   jvp=(lambda t, ans, x: t * dfdx(ans, x),), elementwise=True, keeps=reads(dfdx), **flags)
+                   jvp=(lambda t, ans, x: t * dfdx(ans, x),), elementwise=True, keeps=reads(dfdx), slope=dfdx,
+                   **flags)
 
 
 negative = defprim("negative", np.negative, vjp=(lambda g, ans, x: -g,), jvp=LINEAR)

@@ -320,12 +320,23 @@ def record(f, primals, has_aux, kept=False):
     trace = ReverseTrace()
     n = len(primals)
     trace.tape.extend([None] * n)  # the inputs' entries
-    outs, aux = _run_traced(trace, f, [RTracer(trace, primals[i], i) for i in range(n)], has_aux)
+    token = _depth.set(trace.level)  # (_run_traced written out: a frame less on every call)
+    try:
+        result = f(*[RTracer(trace, primals[i], i) for i in range(n)])
+    finally:
+        _depth.reset(token)
+        trace.active = False
+    outs, aux = result if has_aux else (result, ())
     out_values, out_indices = [], []
     for o in outs:
-        if isinstance(o, RTracer) and o.trace is trace:
-            v = _strip(o, trace, kept)
-            out_values.append(v if kept else _owned(v, primals, out_values))  # kept: already a fresh copy
+        if type(o) is RTracer and o.trace is trace:
+            v = o.value
+            if type(v) is np.ndarray:  # (_strip's common case)
+                v = v.copy() if kept else _owned(v, primals, out_values)  # kept: a fresh copy
+            else:
+                v = _strip(o, trace, kept)
+                v = v if kept else _owned(v, primals, out_values)
+            out_values.append(v)
             out_indices.append(o.index)
         else:
             out_values.append(_owned(_strip(o, trace), primals, out_values))

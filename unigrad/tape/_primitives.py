@@ -403,6 +403,8 @@ def _expand_reduced(g, ans, x, axis, keepdims):
     nb = len(gs) - len(ans.shape)
     if not keepdims and (nb or len(axis) != len(xs)):  # a full reduction's scalar broadcasts as it is
         g = reshape(g, gs[:nb] + _keep_shape(xs, axis))
+    if type(g) is np.ndarray:  # what the primitive runs on an untraced value, without its dispatch
+        return _broadcast_impl(g, gs[:nb] + xs)
     return broadcast_to(g, gs[:nb] + xs)
 
 
@@ -412,7 +414,7 @@ def _sum_impl(x, axis, keepdims):
 
 
 reduce_sum = defprim("sum", _sum_impl,
-                     vjp=(lambda g, ans, x, axis, keepdims: _expand_reduced(g, ans, x, axis, keepdims),),
+                     vjp=(_expand_reduced,),
                      jvp=LINEAR, keeps=(False, False))  # _expand_reduced reads shapes only
 
 

@@ -72,21 +72,21 @@ class ReverseTrace(Trace):
         # the hottest loop of the tape: plain statements, no helper calls
         vals, parents = list(args), []
         nested = False  # does a lower-level tracer remain after unwrapping this level?
-        level = self.level
         i = 0
         for a in args:
             if isinstance(a, Tracer):
                 tr = a.trace
-                if tr.level == level:
-                    if tr is not self:
-                        tr._leaked(prim)
+                if tr is self:
                     a_value = vals[i] = a.value
                     parents.append((i, a.index))
                     if isinstance(a_value, Tracer):
                         nested = True
+                elif tr.level == self.level:  # another trace of this level: a value that escaped its transform
+                    tr._leaked(prim)
                 else:
                     nested = True
             i += 1
+        i_end = i  # (len(vals))
         if nested:
             ans = prim(*vals, **params)
         else:
@@ -104,14 +104,15 @@ class ReverseTrace(Trace):
             tape.append((prim, parents, vals, ans, params))
         else:  # keep only what the rules read: a Shell of a large unread value, so it is freed with its tracer
             drop_ans, drop_args = drops
-            n_vals = len(vals)
             for i in drop_args:  # (a rule's named keyword parameters count too: skipped here)
-                if i < n_vals:
+                if i < i_end:
                     v = vals[i]
                     if type(v) is np.ndarray and v.size >= _SHELL_MIN:
                         vals[i] = Shell(v)
-            tape.append((prim, parents, vals, Shell(ans) if drop_ans and type(ans) is np.ndarray
-                         and ans.size >= _SHELL_MIN else ans, params))
+            if drop_ans and type(ans) is np.ndarray and ans.size >= _SHELL_MIN:
+                tape.append((prim, parents, vals, Shell(ans), params))
+            else:
+                tape.append((prim, parents, vals, ans, params))
         return RTracer(self, ans, len(tape) - 1)
 
 

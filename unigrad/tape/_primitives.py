@@ -229,7 +229,7 @@ def _pow_vjp_x(g, ans, x, y):
         if y == 0:
             return g * 0
         if y == 2:
-            return g * (2 * x)
+            return g * (x + x)  # (2 * x exactly, without a Python int's promotion: half the time on small arrays)
         return g * (y * x ** (y - 1))
     return g * where(y == 0, 0, y * x ** where(y == 0, 1, y - 1))
 
@@ -252,7 +252,13 @@ def _pow_jvp(vjp):
     return jvp
 
 
-power = defprim("pow", np.power,
+def _pow_impl(x, y):
+    if type(y) is int and y == 2 and type(x) is np.ndarray and x.dtype.kind in "fc":
+        return np.square(x)  # NumPy's own x ** 2: the same for reals, the exact square for complex, and faster
+    return np.power(x, y)
+
+
+power = defprim("pow", _pow_impl, ufunc=np.power,
                 vjp=(_pow_vjp_x, _pow_vjp_y),
                 jvp=(_pow_jvp(_pow_vjp_x), _pow_jvp(_pow_vjp_y)),
                 broadcasts=True)

@@ -303,7 +303,8 @@ def _in_dtype(out, dtype):
 def sum(x, /, *, axis=None, dtype=None, keepdims=False):  # noqa: A001
     """Sum; small integers accumulate in (u)int64 unless ``dtype`` says otherwise."""
     if dtype is None and axis is None and isinstance(x, Tracer):  # the common call: no cast, every axis
-        return P.reduce_sum(x, axis=_ALL_AXES[x.ndim], keepdims=keepdims)
+        # (Primitive.__call__ written out: x's trace is the only one, so it processes the call)
+        return x.trace.process(P.reduce_sum, (x,), {"axis": _ALL_AXES[x.ndim], "keepdims": keepdims})
     x = _arr(x)
     if dtype is None:
         return P.reduce_sum(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims)

@@ -330,7 +330,7 @@ def record(f, primals, has_aux, kept=False):
     outs, aux = result if has_aux else (result, ())
     out_values, out_indices = [], []
     for o in outs:
-        if type(o) is RTracer and o.trace is trace:
+        if isinstance(o, RTracer) and o.trace is trace:
             v = o.value
             if type(v) is np.ndarray:  # (_strip's common case)
                 v = v.copy() if kept else _owned(v, primals, out_values)  # kept: a fresh copy

@@ -272,3 +272,20 @@ def test_eigvals_vjp_against_jax():
     order = [int(np.argmin(np.abs(np.asarray(w) - o))) for o in out]  # LAPACK may order them differently
     want = pullback(jax.numpy.asarray(ct[np.argsort(order)]))[0]
     np.testing.assert_allclose(vjp_fn(ct)[0], np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128"])
+def test_square_is_numpys_own_x_squared(dtype):
+    """``x ** 2`` traced is NumPy's ``x ** 2`` to the bit (its square, not ``np.power``, which for complex
+    input goes through exp/log and differs in the last bits), and its derivative is 2 x."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(2000) * np.exp(rng.uniform(-8, 8, 2000))
+    if dtype.startswith("complex"):
+        x = x + 1j * rng.standard_normal(2000)
+    x = x.astype(dtype)
+    out, vjp_fn = unigrad.vjp(lambda x: x ** 2, x)
+    np.testing.assert_array_equal(out, x ** 2)
+    assert out.dtype == x.dtype
+    ct = np.ones_like(out)
+    np.testing.assert_array_equal(vjp_fn(ct)[0], ct * (x + x))
+    np.testing.assert_array_equal(traced(lambda x: x ** 2, x), x ** 2)

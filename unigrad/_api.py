@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import optree
 
 from . import _checks, _registry
@@ -104,18 +105,21 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
     call = _PRIMAL_FLAT.prepare(f, primals, None, has_aux, backend, "vjp")
     b = call.plan.backend
     if b.mutable_arrays:  # vjp_fn outlives the call: it must read nothing the caller can write into
-        copy = b.copy
-        outputs, vjp_flat, aux = b.vjp(call.flat_f, tuple([copy(x) for x in call.diff]), has_aux=has_aux)
-        outputs = tuple([copy(o) for o in outputs])
+        copy = b.copy  # (a NumPy array's own copy inline: a call less per array)
+        outputs, vjp_flat, aux = b.vjp(call.flat_f, tuple([x.copy() if type(x) is np.ndarray else copy(x)
+                                                           for x in call.diff]), has_aux=has_aux)
+        outputs = tuple([o.copy() if type(o) is np.ndarray else copy(o) for o in outputs])
         if aux:
             aux = tuple([b.copy(a) if b.is_array(a) else a for a in aux])
     else:
         outputs, vjp_flat, aux = b.vjp(call.flat_f, call.diff, has_aux=has_aux)
     out_tree = call.seen.out_tree
+    flat = call.treedef is None  # (and argnums None: the result is the tuple of the leaves' cotangents)
 
     def vjp_fn(cotangent):
         if out_tree is _LEAF and b.matches(cotangent, outputs[0]):  # one output, a cotangent needing no checks
-            return call.inputs_like(vjp_flat((cotangent,)))
+            cts = vjp_flat((cotangent,))
+            return cts if flat and type(cts) is tuple else call.inputs_like(cts)
         try:
             cts = (cotangent,) if out_tree is _LEAF else out_tree.flatten_up_to(cotangent)
         except (ValueError, TypeError) as exc:

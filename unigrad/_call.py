@@ -462,7 +462,8 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
                 return run(*diff_leaves)
             except Exception as exc:  # whatever went wrong, the list argument is the likely cause: say so
                 raise TypeError(f"{fname}: {plan.list_hint} ({type(exc).__name__}: {exc})") from exc
-    flat_f.closure_arrays = tuple(dynamic)
+    if dynamic:  # (read with getattr(f, "closure_arrays", ()): none set, no attribute dict made)
+        flat_f.closure_arrays = tuple(dynamic)
     return flat_f
 
 
@@ -639,7 +640,7 @@ class FlatPlans:
         call.treedef, call.template, call.has_aux, call.fname = None, args, has_aux, fname
         call.seen, call._flat_f, call.program = Seen(), None, None
         call.diff = args if plan.argnums is None else tuple([args[p] for p in plan.diff_positions])
-        call.dynamic = tuple([args[p] for p in plan.dynamic_positions])
+        call.dynamic = tuple([args[p] for p in plan.dynamic_positions]) if plan.dynamic_positions else ()
         return call
 
 

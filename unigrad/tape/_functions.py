@@ -62,6 +62,17 @@ def _holds_traced(obj):
     return False
 
 
+class _AllAxes(dict):
+    """ndim -> every axis as negative ints (``_axes(None, ndim)``), made once per ndim."""
+
+    def __missing__(self, ndim):
+        self[ndim] = axes = tuple(range(-ndim, 0))
+        return axes
+
+
+_ALL_AXES = _AllAxes()
+
+
 def _axes(axis, ndim):
     """Normalise ``axis`` (None, int or tuple) to a tuple of negative ints."""
     if axis is None:
@@ -291,9 +302,13 @@ def _in_dtype(out, dtype):
 
 def sum(x, /, *, axis=None, dtype=None, keepdims=False):  # noqa: A001
     """Sum; small integers accumulate in (u)int64 unless ``dtype`` says otherwise."""
+    if dtype is None and axis is None and isinstance(x, Tracer):  # the common call: no cast, every axis
+        # (Primitive.__call__ written out: x's trace is the only one, so it processes the call)
+        return x.trace.process(P.reduce_sum, (x,), {"axis": _ALL_AXES[x.ndim], "keepdims": keepdims})
     x = _arr(x)
-    if dtype is not None:
-        x = astype(x, dtype)
+    if dtype is None:
+        return P.reduce_sum(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims)
+    x = astype(x, dtype)
     return _in_dtype(P.reduce_sum(x, axis=_axes(axis, _ndim(x)), keepdims=keepdims), dtype)
 
 

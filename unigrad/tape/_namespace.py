@@ -22,7 +22,7 @@ from . import _fft as fft  # noqa: F401 -- the namespace's fft extension
 from . import _linalg as linalg  # noqa: F401 -- the namespace's linalg extension
 from . import _numpy_dispatch
 from ._composites import *  # noqa: F401,F403
-from ._tracer import Tracer, concrete  # noqa: F401
+from ._tracer import Primitive, Tracer, concrete  # noqa: F401
 from ._functions import *  # noqa: F401,F403
 from ._functions import ELEMENTWISE, __array_api_version__, __array_namespace_info__  # noqa: F401
 from ._tracer import _ndim, _shape  # noqa: F401 -- used by tests and tools
@@ -34,7 +34,32 @@ from ._functions import (clip, getitem, matmul, matrix_transpose, max, min, perm
 
 
 def _reflected(fn):
+    if isinstance(fn, Primitive):
+        return _binary(fn, reflected=True)
     return lambda self, other: fn(other, self)
+
+
+def _binary(prim, reflected=False):
+    """The operator method of a binary primitive: ``Primitive.__call__`` written out for two operands (the
+    highest-level trace processes the call; the left operand's on a tie), one frame less per operator."""
+    if reflected:
+        def operator(self, other):
+            top = self.trace
+            if isinstance(other, Tracer):
+                tr = other.trace
+                if tr.level >= top.level:  # other is the left operand: it wins a tie
+                    top = tr
+            return top.process(prim, (other, self), {})
+    else:
+        def operator(self, other):
+            top = self.trace
+            if isinstance(other, Tracer):
+                tr = other.trace
+                if tr.level > top.level:
+                    top = tr
+            return top.process(prim, (self, other), {})
+    operator.__name__ = operator.__qualname__ = prim.name
+    return operator
 
 
 def _method(fn):
@@ -70,7 +95,7 @@ def _install_operators():
                      "__mod__": E["remainder"], "__floordiv__": E["floor_divide"], "__lt__": E["less"],
                      "__le__": E["less_equal"], "__gt__": E["greater"], "__ge__": E["greater_equal"],
                      "__eq__": E["equal"], "__ne__": E["not_equal"]}.items():
-        setattr(Tracer, name, _method(fn))
+        setattr(Tracer, name, _binary(fn) if isinstance(fn, Primitive) else _method(fn))
     for name, fn in [("__radd__", E["add"]), ("__rsub__", E["subtract"]), ("__rmul__", E["multiply"]),
                      ("__rtruediv__", E["divide"]), ("__rpow__", E["pow"]), ("__rmatmul__", matmul),
                      ("__rmod__", E["remainder"]), ("__rfloordiv__", E["floor_divide"])]:

@@ -70,12 +70,13 @@ class _Parts:
 
 
 class _Rule:
-    """A primitive-like entry for the sweep: ``vjps[i]`` and ``broadcasts`` are all it reads."""
+    """A primitive-like entry for the sweep: ``vjps[i]``, ``broadcasts`` and ``slope`` (None: the rules
+    are called) are all it reads."""
 
-    __slots__ = ("name", "vjps", "broadcasts")
+    __slots__ = ("name", "vjps", "broadcasts", "slope")
 
     def __init__(self, name, vjps):
-        self.name, self.vjps, self.broadcasts = name, vjps, False
+        self.name, self.vjps, self.broadcasts, self.slope = name, vjps, False, None
 
     def __repr__(self):
         return f"<primitive {self.name}>"

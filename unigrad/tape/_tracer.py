@@ -34,26 +34,32 @@ class Primitive:
     rules where one formula is simpler (tangents hold None for constants).
     ``elementwise``: the namespace exports the primitive itself under ``name``;
     ``ufunc``: the NumPy ufunc it computes, which NumPy dispatches to it on traced values.
+    ``slope``: for a unary elementwise primitive whose VJP is ``g * slope(ans, x)``, that ``slope``:
+    the sweep multiplies by it itself (in the cotangent's memory when nothing else holds it). None
+    while ``vjps`` is not the rule it was made with (a test's monkeypatch).
     """
 
     __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "partial", "elementwise", "ufunc",
-                 "keeps", "drops", "_given", "__weakref__")
+                 "keeps", "drops", "slope", "_given", "__weakref__")
 
     def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False, elementwise=False,
-                 ufunc=None, keeps=None):
+                 ufunc=None, keeps=None, slope=None):
         self.name, self.impl = name, impl
+        self.slope = None
         self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
         self.partial = vjps is not None and None in vjps  # some arguments have a zero derivative
         self.elementwise, self.ufunc = elementwise, ufunc
         # which of (ans, arg0, arg1, ...) the VJP rules read the values of (None: all); the reverse tape
         # keeps only those and a Shell (shape and dtype) of the others, so unneeded intermediates are freed
-        self._given = (vjps, keeps)  # the rules and what they were said to read
+        self._given = (vjps, keeps, slope)  # the rules, what they were said to read, their slope
         self.keeps = vjp_reads(vjps) if keeps is None else tuple(keeps)
+        self.slope = slope
 
     def __setattr__(self, name, value):
         if name == "vjps" and hasattr(self, "keeps"):  # new rules (a test's monkeypatch): read them again
-            rules, given = self._given
+            rules, given, slope = self._given
             self.keeps = tuple(given) if value is rules and given is not None else vjp_reads(value)
+            object.__setattr__(self, "slope", slope if value is rules else None)
         object.__setattr__(self, name, value)
         if name == "keeps":  # the engine's form: None, or (drop ans?, indices of the args not read)
             object.__setattr__(self, "drops", None if value is None or all(value) else

@@ -831,19 +831,10 @@ class Repeats:
         miss = self.run(args, False)
         return miss.runner, miss.key
 
-    def run(self, args, go=True):
-        """The transform's result for ``args`` where it repeats a signature whose whole call
-        :meth:`remember` kept (a runner); else a :class:`Miss` holding the repeat key (None: the full
-        path) and the runner (None: none kept; only when ``go`` is false, which never runs it).
-
-        A runner is ``(fn, index, failed)``: the result is ``fn(*args)[index]`` (``index`` None:
-        ``fn(*args)``, a :class:`Program` made ``bare``), and ``failed(exc, args)`` raises the error to
-        raise instead of ``exc`` (or returns: ``exc`` itself); ``index`` and ``failed`` None: the result
-        is ``fn(args)`` (a function that handles its errors). The key and the run are in this one function: a compiled repeat's
-        whole Python work is this, so it reads no more than it must (each step is a visible share of
-        a small compiled call) and calls nothing it need not."""
-        if _ACTIVE.get() is not None:  # nested: the full path checks what may nest
-            return _NO_KEY
+    def selection(self, args):
+        """The repeat key's first two parts, as a list: the device chosen now and the backend (its
+        instance, or what the selection rules read). Read inline, without calling the rules: a compiled
+        repeat's whole Python work is a few microseconds, and each step is a visible share of it."""
         device = self.device
         if device is None:  # _registry.current_device(), inline: use_device, else UNIGRAD_DEVICE as set now
             device = _DEVICE.get()
@@ -865,7 +856,22 @@ class Repeats:
             b = (_CONTEXT_BACKEND.get(), _DEFAULT_BACKEND.get(), env, _registry._generation)
         else:
             b = self.fixed if self.fixed is not None else _registry.resolve(backend, args)
-        key = [device, b]
+        return [device, b]
+
+    def run(self, args, go=True):
+        """The transform's result for ``args`` where it repeats a signature whose whole call
+        :meth:`remember` kept (a runner); else a :class:`Miss` holding the repeat key (None: the full
+        path) and the runner (None: none kept; only when ``go`` is false, which never runs it).
+
+        A runner is ``(fn, index, failed)``: the result is ``fn(*args)[index]`` (``index`` None:
+        ``fn(*args)``, a :class:`Program` made ``bare``), and ``failed(exc, args)`` raises the error to
+        raise instead of ``exc`` (or returns: ``exc`` itself); ``index`` and ``failed`` None: the result
+        is ``fn(args)`` (a function that handles its errors). The key and the run are in this one function: a compiled repeat's
+        whole Python work is this, so it reads no more than it must (each step is a visible share of
+        a small compiled call) and calls nothing it need not."""
+        if _ACTIVE.get() is not None:  # nested: the full path checks what may nest
+            return _NO_KEY
+        key = self.selection(args)
         if self.static:
             key = self._static_key(args, key)
             if key is None:

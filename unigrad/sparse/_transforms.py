@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _registry
 from .._batched import traced_once
-from .._call import _LEAF_ARRAYS, BoundedCache, Repeats, _static_token, execute, prepare
+from .._call import _SUMMARIES, BoundedCache, Repeats, _static_token, _summary, execute, prepare
 from .._checks import check_chunk, promote, scalar_check
 from .._transform import _wraps, values_key
 from . import _coloring, _compress, _decompress, _pattern
@@ -134,38 +134,34 @@ class _Repeats(Repeats):
     result is one matrix whatever the arguments' structure, so a call with static scalars (whose plan
     was made on the pytree path) is remembered too."""
 
-    __slots__ = ("argnums",)
+    __slots__ = ("diff",)
 
     def __init__(self, backend, device, argnums):
         super().__init__(None, backend, device)
-        self.argnums = argnums  # None: a given pattern (no array's values matter); else the transform's argnums
+        # None: a given pattern (no array's values matter); else the differentiated positions (argnums)
+        self.diff = None if argnums is None else frozenset(
+            (argnums,) if isinstance(argnums, int) else (a for a in argnums if isinstance(a, int)))
 
     def key(self, args):
         if _registry.active_backend.get() is not None:
             return None
-        sig = [_registry.current_device() if self.device is None else self.device, len(args)]
-        diff = None
-        if self.argnums is not None:
-            diff = {a % len(args) for a in ((self.argnums,) if isinstance(self.argnums, int) else self.argnums)
-                    if isinstance(a, int) and -len(args) <= a < len(args)}
+        sig = self.selection(args)  # the device and backend, read as the dense repeats read them
+        sig.append(len(args))
+        diff = self.diff
+        if diff is not None and min(diff, default=0) < 0:  # negative argnums: positions of this call
+            diff = {a % len(args) for a in diff if -len(args) <= a < len(args)}
         for p, a in enumerate(args):
             t = type(a)
-            if diff is not None and p not in diff and not isinstance(a, (bool, int, float, complex, str)):
-                return None  # an array f is given (indices): the pattern depends on its values (values_key)
-            if t in _LEAF_ARRAYS:
-                sig.append(t)
-                sig.append(a.shape)
-                sig.append(a.dtype)
-            elif t in _SCALARS:
+            if t in _SCALARS:
                 sig.append(_static_token(a))
-            elif len(_LEAF_ARRAYS) < 64 and not isinstance(a, (tuple, list, dict)) and _registry._array_owner(a):
-                _LEAF_ARRAYS.add(t)  # an array type met for the first time (as Repeats.key and signature() do)
-                sig.append(t)
-                sig.append(a.shape)
-                sig.append(a.dtype)
-            else:
+                continue
+            if diff is not None and p not in diff:
+                return None  # an array f is given (indices): the pattern depends on its values (values_key)
+            summary = _SUMMARIES.get(t) or _summary(a)
+            if summary is None:  # a container, None, an object: the full path
                 return None
-        sig.append(_registry.resolve(self.backend, args))
+            sig.append(t)
+            sig.append(summary(a))
         return tuple(sig)
 
     def remember(self, key, call):

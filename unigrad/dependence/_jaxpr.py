@@ -119,46 +119,46 @@ class _Builder:
                 self._eqn(eqn, env)
 
     def _eqn(self, eqn, env):
-        if True:
-            name = eqn.primitive.name
-            atoms = [self.atom(a, env) for a in eqn.invars]
-            if all(k is None for k, _ in atoms):  # constants only: fold
-                try:
-                    vals = eqn.primitive.bind(*[v for _, v in atoms], **eqn.params)
-                    vals = vals if eqn.primitive.multiple_results else [vals]
-                    for v, val in zip(eqn.outvars, vals):
-                        self.known[self.key(v, env)] = val
-                    return
-                except Exception:
-                    pass
-            if name == "custom_jvp_call":
-                self._custom_jvp(eqn, atoms, env)
+        """One equation into nodes (or folded, inlined, expanded)."""
+        name = eqn.primitive.name
+        atoms = [self.atom(a, env) for a in eqn.invars]
+        if all(k is None for k, _ in atoms):  # constants only: fold
+            try:
+                vals = eqn.primitive.bind(*[v for _, v in atoms], **eqn.params)
+                vals = vals if eqn.primitive.multiple_results else [vals]
+                for v, val in zip(eqn.outvars, vals):
+                    self.known[self.key(v, env)] = val
                 return
-            if name in _OPAQUE:
-                self._opaque(eqn, atoms, env, f"{name} (a jax.custom_vjp function): its derivative is its "
-                             f"Python bwd rule, which the analysis cannot read")
-                return
-            inner = _inner(eqn) if name in _CALLS else None
-            if inner is not None:
-                self._inline(inner, atoms, eqn, env)
-                return
-            if name == "cond":
-                self._cond(eqn, atoms, env)
-                return
-            if name == "scan":
-                self._scan(eqn, atoms, env)
-                return
-            if name == "while":
-                self._while(eqn, atoms, env)
-                return
-            n = len(atoms)
-            data = frozenset(_DATA.get(name, range(1, n) if name == "select_n" else range(n)))
-            traced = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i in data}
-            index = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i not in data}
-            outs = [self.key(v, env) for v in eqn.outvars]
-            self.nodes.append(Node("lax." + name, _binder(eqn.primitive), [v for _, v in atoms], traced,
-                                   dict(eqn.params), outs, [tuple(v.aval.shape) for v in eqn.outvars],
-                                   site=_site(eqn), prim=eqn.primitive, data=data, index=index))
+            except Exception:
+                pass
+        if name == "custom_jvp_call":
+            self._custom_jvp(eqn, atoms, env)
+            return
+        if name in _OPAQUE:
+            self._opaque(eqn, atoms, env, f"{name} (a jax.custom_vjp function): its derivative is its "
+                         f"Python bwd rule, which the analysis cannot read")
+            return
+        inner = _inner(eqn) if name in _CALLS else None
+        if inner is not None:
+            self._inline(inner, atoms, eqn, env)
+            return
+        if name == "cond":
+            self._cond(eqn, atoms, env)
+            return
+        if name == "scan":
+            self._scan(eqn, atoms, env)
+            return
+        if name == "while":
+            self._while(eqn, atoms, env)
+            return
+        n = len(atoms)
+        data = frozenset(_DATA.get(name, range(1, n) if name == "select_n" else range(n)))
+        traced = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i in data}
+        index = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i not in data}
+        outs = [self.key(v, env) for v in eqn.outvars]
+        self.nodes.append(Node("lax." + name, _binder(eqn.primitive), [v for _, v in atoms], traced,
+                               dict(eqn.params), outs, [tuple(v.aval.shape) for v in eqn.outvars],
+                               site=_site(eqn), prim=eqn.primitive, data=data, index=index))
 
     def _inline(self, inner, atoms, eqn, env):
         sub, consts = inner

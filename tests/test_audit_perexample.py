@@ -265,9 +265,6 @@ def _jax_native_smear():
     return jax, smear
 
 
-@pytest.mark.xfail(strict=True, reason="unigrad/dependence/_jaxpr.py inlines custom_jvp_call's primal program "
-                   "(call_jaxpr) and ignores its rule (jvp_jaxpr_fun): a native jax.custom_jvp rule that combines "
-                   "elements gets the primal's pattern, so sparse_jacobian drops non-zeros (owner: jaxpr rules)")
 def test_sparse_jacobian_of_a_native_jax_custom_jvp_rule():
     jax, smear = _jax_native_smear()
 
@@ -282,9 +279,6 @@ def test_sparse_jacobian_of_a_native_jax_custom_jvp_rule():
     np.testing.assert_allclose(sparse, dense, atol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="the jaxpr row proof inlines custom_jvp_call / custom_vjp_call primal programs: "
-                   "a native JAX rule that combines rows is proved 'row' and batched_jacobian accepts an f whose "
-                   "rows are not independent (owner: unigrad/dependence/_jaxpr.py)")
 def test_batched_jacobian_of_a_native_jax_custom_rule_that_mixes_rows_raises():
     jax, smear = _jax_native_smear()
     x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((4, 2)))

@@ -102,11 +102,12 @@ SPARSITY = {
     "scatter_out_of_bounds_dropped": (lambda x: x.at[jnp.array([1, 9])].add(x[:2] ** 2), V, True),
     "dynamic_update_static": (lambda x: lax.dynamic_update_slice(x, x[:2] * 2.0, (3,)), V, True),
     "checkpoint": (lambda x: jax.checkpoint(lambda u: jnp.sin(u) * u[0])(x), V, True),
-    "custom_jvp_vjp": (lambda x: _softplus(_cube(x)) * jnp.roll(x, 1), V, True),
+    "custom_jvp": (lambda x: _softplus(x ** 3) * jnp.roll(x, 1), V, True),  # read through its rule
     # too long to unroll, a known trip count: the body applied 700 times to the sets (a fixed point
     # would join u and its flip: an even number of flips is the identity)
     "fori_long_exact_passes": (lambda x: lax.fori_loop(0, 700, lambda k, u: jnp.flip(u) * 1.0001, x), V, True),
     # supersets that must cover
+    "custom_vjp": (lambda x: _softplus(_cube(x)) * jnp.roll(x, 1), V, False),  # a Python bwd: dense
     "scan_over_cap": (lambda x: lax.scan(lambda c, xi: (c + xi, c), 0.0, jnp.tile(x, 700))[1][:5], V, False),
     # too long to unroll: the body iterated to its fixed point, exact here (i meets n-1-i, nothing else)
     "fori_long_fixed_point": (lambda x: lax.fori_loop(0, 3000, lambda k, u: u + 1e-3 * jnp.sin(u[::-1]), x), V,
@@ -237,7 +238,7 @@ ROWS = {
     # indices from the loop counter (computed in the program, the same for every row), batch axis whole
     "fori_set_column_k": lambda x: lax.fori_loop(0, 2, lambda k, u: u.at[:, k + 1].set(u[:, k] * 2.0), x),
     "fori_gather_columns_k": lambda x: lax.fori_loop(0, 2, lambda k, u: u[:, jnp.arange(3) * 0 + k] * u, x),
-    "custom_jvp_and_vjp": lambda x: _softplus(_cube(x)) @ W,
+    "custom_jvp": lambda x: _softplus(x ** 3) @ W,
 }
 MIXED = {
     "scan_over_batch_with_carry": (lambda x: lax.scan(lambda c, r: (c + r, c + r), jnp.zeros(3), x)[1],
@@ -255,6 +256,7 @@ UNKNOWN = {  # rows independent in derivative, coupled in value: the proof gives
                             "several rows"),
     "scatter_traced_index": (lambda x: x.at[:, jnp.argmax(x[:, 0]) % 3].set(0.0), "several rows"),
     "stop_gradient_of_batch_mean": (lambda x: x * lax.stop_gradient(jnp.mean(x ** 2, axis=0)), "no derivative flows"),
+    "custom_vjp": (lambda x: _softplus(_cube(x)) @ W, "bwd rule"),  # probed (tests/test_dependence_custom.py)
     "fori_set_row_k": (lambda x: lax.fori_loop(0, 2, lambda k, u: u.at[k + 1].set(u[k] * 2.0), x),
                        "cuts across the batch axis"),
     "fori_gather_rows_k": (lambda x: lax.fori_loop(0, 2, lambda k, u: u[jnp.arange(B) * 0 + k] * u, x),

@@ -437,13 +437,49 @@ def _probe(call: Call, leaves, batch, has_aux, seed):
         v = np.zeros(shape, dtype=np.complex128 if b.dtype(x) in COMPLEX else np.float64)
         v[k] = rng.standard_normal(shape[1:])
         tangents.append(b.asarray(v, dtype=b.dtype(x), device=b.device(x)))
-    outputs, tangents_out, _ = b.jvp(call.flat_f, tuple(leaves), tuple(tangents), has_aux=has_aux)
+    try:
+        outputs, tangents_out, _ = b.jvp(call.flat_f, tuple(leaves), tuple(tangents), has_aux=has_aux)
+    except Exception as exc:  # f has no forward mode (a jax.custom_vjp function): the same probe, reversed
+        try:
+            return _probe_reverse(call, leaves, batch, has_aux, rng, k)
+        except ValueError as rev:
+            if getattr(rev, "dependent_rows", False):
+                raise
+            raise exc from None
+        except Exception:
+            raise exc from None
     try:
         probed = [np.abs(b.to_numpy(to)).astype(np.float64) for to in tangents_out]
     except Exception:  # abstract values inside another framework transform (jit, grad): nothing to read
         return "abstract"
+    return _verdict(b, outputs, probed, batch, k, "perturbing example {k} changes output {i} of example {j}")
+
+
+def _probe_reverse(call: Call, leaves, batch, has_aux, rng, k):
+    """The probe as one VJP: a random cotangent on example ``k`` of every batched output; any other
+    example's input cotangent above rounding is a coupling (row k of the outputs reads row j)."""
+    b = call.backend
+    outputs, vjp_fn, _ = b.vjp(call.flat_f, tuple(leaves), has_aux=has_aux)
+    cotangents = []
+    for o in outputs:
+        shape = b.shape(o)
+        v = np.zeros(shape, dtype=np.complex128 if b.dtype(o) in COMPLEX else np.float64)
+        if len(shape) and shape[0] == batch:
+            v[k] = rng.standard_normal(shape[1:])
+        cotangents.append(b.asarray(v, dtype=b.dtype(o), device=b.device(o)))
+    grads = vjp_fn(tuple(cotangents))
+    try:
+        probed = [np.abs(b.to_numpy(g)).astype(np.float64) for g in grads]
+    except Exception:  # abstract values inside another framework transform (jit, grad): nothing to read
+        return "abstract"
+    return _verdict(b, leaves, probed, batch, k, "example {k} of the outputs depends on example {j} of input {i}")
+
+
+def _verdict(b, values, probed, batch, k, says):
+    """``"independent"`` or ``"inconclusive"`` from the probed derivatives (``probed[i]`` the size of
+    ``values[i]``; only row ``k`` moved), or a ValueError for dependent rows."""
     verdict = "independent"
-    for i, (o, d) in enumerate(zip(outputs, probed)):
+    for i, (o, d) in enumerate(zip(values, probed)):
         if d.ndim == 0 or d.shape[0] != batch:
             continue
         d = d.reshape(batch, -1)
@@ -457,8 +493,8 @@ def _probe(call: Call, leaves, batch, has_aux, seed):
         # rounding relative to the moved example's own change is a coupling.
         if d[j] > 100 * eps * own or (own == 0 and d[j] > 0):
             error = ValueError(
-                f"batched_jacobian: the rows of f are not independent: perturbing example {k} changes output "
-                f"{i} of example {j} (|d out/d in| up to {d[j]:.3g}); per-example Jacobians would be wrong. "
+                f"batched_jacobian: the rows of f are not independent: {says.format(k=k, i=i, j=j)} "
+                f"(|d out/d in| up to {d[j]:.3g}); per-example Jacobians would be wrong. "
                 f"Use jacobian() for the full Jacobian (does f normalise over the batch, e.g. batch norm or "
                 f"x - x.mean(0)?), or pass check_independence='never' if this is intended")
             error.dependent_rows = True  # told apart from a domain error of f at the probe's nearby point

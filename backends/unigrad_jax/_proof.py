@@ -53,7 +53,22 @@ def _symbolic(shape):
     return any(not isinstance(d, int) for d in shape)
 
 
-def _clean(jaxpr):
+def _clean_rule(eqn):
+    """Is the JVP program of a ``custom_jvp_call`` (the user's rule) clean too? False if it cannot be
+    traced at the symbolic shapes."""
+    from unigrad.dependence._jaxpr import Aval, custom_jvp_jaxpr
+    atoms = [(None, v.val) if type(v).__name__ == "Literal" else (0, Aval(v.aval.shape, v.aval.dtype))
+             for v in eqn.invars]
+    try:
+        closed, _, _ = custom_jvp_jaxpr(eqn, atoms)
+    except Exception:
+        return False
+    return _clean(closed.jaxpr, rules=False)
+
+
+def _clean(jaxpr, rules=True):
+    """``rules``: check the JVP programs of ``custom_jvp`` calls too (False inside such a program: a
+    first derivative evaluates the custom calls it holds, their primal programs, checked here anyway)."""
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "dim_as_value":
@@ -64,16 +79,18 @@ def _clean(jaxpr):
             return False
         if name == "scan" and not isinstance(eqn.params.get("length"), int) and eqn.params.get("num_carry"):
             return False  # a scan over the batch with a carry: iteration t may know it is row t (a counter)
+        if name == "custom_jvp_call" and rules and not _clean_rule(eqn):
+            return False  # the rule (what a per-row jacrev runs) reads the batch size or positions
         for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
             inner = eqn.params.get(key)
             inner = getattr(inner, "jaxpr", inner)
-            if inner is not None and hasattr(inner, "eqns") and not _clean(inner):
+            if inner is not None and hasattr(inner, "eqns") and not _clean(inner, rules):
                 return False
         for branch in eqn.params.get("branches", ()):
-            if not _clean(branch.jaxpr):
+            if not _clean(branch.jaxpr, rules):
                 return False
         for key in ("body_jaxpr", "cond_jaxpr"):
             inner = eqn.params.get(key)
-            if inner is not None and not _clean(getattr(inner, "jaxpr", inner)):
+            if inner is not None and not _clean(getattr(inner, "jaxpr", inner), rules):
                 return False
     return True

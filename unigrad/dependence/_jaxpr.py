@@ -1,7 +1,6 @@
 """A jaxpr (``jax.make_jaxpr``) as a :class:`~._program.Program`: JAX-native code for the same rules.
 
-Call primitives (``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are
-inlined; ``cond`` keeps its branches as sub-programs (every branch counts); values computed from
+Call primitives (``pjit``, ``remat``, ``closed_call``) are inlined; ``cond`` keeps its branches as sub-programs (every branch counts); values computed from
 constants alone are folded (so a gather's indices built from constants are known to the rules). JAX
 primitive names appear as ``lax.<name>`` in the rule table. Imported only when JAX is in use.
 
@@ -11,6 +10,12 @@ point (:mod:`._sets`, :mod:`._rows`). For index sets (``unroll=True``, :func:`ja
 whose trip count is known is unrolled instead when small enough (the body once per iteration, the
 counter and every value computed from constants folded, so ``x.at[k].set(..)`` in a ``fori_loop`` is
 exact); a ``cond`` whose index is known inlines the branch taken.
+
+Custom derivative rules (``jax.custom_jvp``, ``jax.custom_vjp``): derivatives come from the *rule*, not
+from the primal program (``call_jaxpr``), so the primal is never analysed alone. A ``custom_jvp_call``
+is replaced by its JVP program (:func:`custom_jvp_jaxpr`), each tangent input given the primal's value
+id; a ``custom_vjp_call`` (its ``bwd`` is Python that no jaxpr shows) is one node without a rule
+(patterns widen with a reason, the row proof answers "unknown" so the probe decides).
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ _DATA = {
     "scatter-mul": (0, 2), "scatter_mul": (0, 2), "scatter-min": (0, 2), "scatter_min": (0, 2),
     "scatter-max": (0, 2), "scatter_max": (0, 2),
 }
-_CALLS = ("pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "remat",
-          "remat2", "checkpoint", "custom_lin", "jit")
+_CALLS = ("pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "jit")
+# custom derivative rules whose derivative no jaxpr shows (a Python bwd, a linearized rule): no rule
+_OPAQUE = ("custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
+_CUSTOM_DEPTH = 4  # custom_jvp rules expanded inside custom_jvp rules (a rule calling its own function)
 _UNROLL = 4000  # equations an unrolled loop may add to an index-set program (beyond: one loop node)
 
 
@@ -40,20 +47,23 @@ class Aval:
         self.shape, self.dtype = tuple(shape), dtype
 
 
-def jaxpr_program(f, args, unroll=True):
+def jaxpr_program(f, args, unroll=True, order=2):
     """The program of ``f`` at the shapes and dtypes of ``args`` (NumPy arrays); loops with a known trip
-    count unrolled where small (what index sets want)."""
+    count unrolled where small (what index sets want). ``order``: the derivatives the program must be
+    sound for (1: Jacobian patterns and rows; 2: Hessian patterns too)."""
     import jax
     closed = jax.make_jaxpr(f)(*args)
-    return from_closed_jaxpr(closed, unroll=unroll)
+    return from_closed_jaxpr(closed, unroll=unroll, order=order)
 
 
-def from_closed_jaxpr(closed, env=None, unroll=False, unknown=()):
+def from_closed_jaxpr(closed, env=None, unroll=False, unknown=(), order=2):
     """The program of a closed jaxpr; ``env``, a dict when given, receives its variables' value ids.
     ``unroll``: unroll loops whose trip count is known, when small (else every loop is one node).
     ``unknown``: ids of constants whose values the program must not use (arrays a transform's ``f`` is
-    given, which change from call to call with the same shapes: an index array), as for tracers."""
-    builder = _Builder(unroll)
+    given, which change from call to call with the same shapes: an index array), as for tracers.
+    ``order``: 1 when only first derivatives and values are read from the program (patterns of
+    Jacobians, rows), 2 when second derivatives are too (Hessian patterns); see :meth:`_custom_jvp`."""
+    builder = _Builder(unroll, order)
     jaxpr = closed.jaxpr
     env = {} if env is None else env
     for v, c in zip(jaxpr.constvars, closed.consts):
@@ -68,9 +78,12 @@ def from_closed_jaxpr(closed, env=None, unroll=False, unknown=()):
 
 
 class _Builder:
-    def __init__(self, unroll=False):
+    def __init__(self, unroll=False, order=2, depth=0):
         self.nodes, self.known, self.count = [], {}, 0
         self.unroll = unroll
+        self.order = order  # derivatives of the current equation that must be sound (0: its value only)
+        self.depth = depth  # custom_jvp rules being expanded around the current equation
+        self.primal_only = {}  # id -> equation of a JVP program that no tangent reaches (needs order - 1)
 
     def key(self, var, env):
         k = env.get(var)
@@ -98,38 +111,56 @@ class _Builder:
 
     def walk(self, jaxpr, env):
         for eqn in jaxpr.eqns:
-            name = eqn.primitive.name
-            atoms = [self.atom(a, env) for a in eqn.invars]
-            if all(k is None for k, _ in atoms):  # constants only: fold
+            if id(eqn) in self.primal_only and self.primal_only[id(eqn)] is eqn:
+                saved, self.order = self.order, self.order - 1
                 try:
-                    vals = eqn.primitive.bind(*[v for _, v in atoms], **eqn.params)
-                    vals = vals if eqn.primitive.multiple_results else [vals]
-                    for v, val in zip(eqn.outvars, vals):
-                        self.known[self.key(v, env)] = val
-                    continue
-                except Exception:
-                    pass
-            inner = _inner(eqn) if name in _CALLS else None
-            if inner is not None:
-                self._inline(inner, atoms, eqn, env)
-                continue
-            if name == "cond":
-                self._cond(eqn, atoms, env)
-                continue
-            if name == "scan":
-                self._scan(eqn, atoms, env)
-                continue
-            if name == "while":
-                self._while(eqn, atoms, env)
-                continue
-            n = len(atoms)
-            data = frozenset(_DATA.get(name, range(1, n) if name == "select_n" else range(n)))
-            traced = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i in data}
-            index = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i not in data}
-            outs = [self.key(v, env) for v in eqn.outvars]
-            self.nodes.append(Node("lax." + name, _binder(eqn.primitive), [v for _, v in atoms], traced,
-                                   dict(eqn.params), outs, [tuple(v.aval.shape) for v in eqn.outvars],
-                                   site=_site(eqn), prim=eqn.primitive, data=data, index=index))
+                    self._eqn(eqn, env)
+                finally:
+                    self.order = saved
+            else:
+                self._eqn(eqn, env)
+
+    def _eqn(self, eqn, env):
+        """One equation into nodes (or folded, inlined, expanded)."""
+        name = eqn.primitive.name
+        atoms = [self.atom(a, env) for a in eqn.invars]
+        if all(k is None for k, _ in atoms):  # constants only: fold
+            try:
+                vals = eqn.primitive.bind(*[v for _, v in atoms], **eqn.params)
+                vals = vals if eqn.primitive.multiple_results else [vals]
+                for v, val in zip(eqn.outvars, vals):
+                    self.known[self.key(v, env)] = val
+                return
+            except Exception:
+                pass
+        if name == "custom_jvp_call":
+            self._custom_jvp(eqn, atoms, env)
+            return
+        if name in _OPAQUE:
+            self._opaque(eqn, atoms, env, f"{name} (a jax.custom_vjp function): its derivative is its "
+                         f"Python bwd rule, which the analysis cannot read")
+            return
+        inner = _inner(eqn) if name in _CALLS else None
+        if inner is not None:
+            self._inline(inner, atoms, eqn, env)
+            return
+        if name == "cond":
+            self._cond(eqn, atoms, env)
+            return
+        if name == "scan":
+            self._scan(eqn, atoms, env)
+            return
+        if name == "while":
+            self._while(eqn, atoms, env)
+            return
+        n = len(atoms)
+        data = frozenset(_DATA.get(name, range(1, n) if name == "select_n" else range(n)))
+        traced = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i in data}
+        index = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i not in data}
+        outs = [self.key(v, env) for v in eqn.outvars]
+        self.nodes.append(Node("lax." + name, _binder(eqn.primitive), [v for _, v in atoms], traced,
+                               dict(eqn.params), outs, [tuple(v.aval.shape) for v in eqn.outvars],
+                               site=_site(eqn), prim=eqn.primitive, data=data, index=index))
 
     def _inline(self, inner, atoms, eqn, env):
         sub, consts = inner
@@ -151,6 +182,52 @@ class _Builder:
                     self.known[self.key(v, env)] = self.known[k]
                 else:
                     env[v] = k
+
+    # ---------------------------------------------------------------------- custom derivatives
+    def _custom_jvp(self, eqn, atoms, env):
+        """A ``jax.custom_jvp`` call: its JVP program (the user's rule, as JAX applies it) inlined, each
+        tangent input the primal's own value id, each output the join of the values that may stand for
+        it (see :func:`custom_jvp_jaxpr` for why this is sound for patterns, rows and Hessians).
+
+        Where only the call's value is needed (``self.order`` 0) the primal program is inlined: it is
+        what JAX evaluates. That is the case inside a JVP program for an equation no tangent reaches
+        (a rule calling its own function for ``ans``, as ``defjvps`` does: ``jax.nn.relu``): the
+        rule's first derivative is linear in the tangents, so such a value enters the call's
+        derivative as a coefficient -- its value (and its rows, for the row proof) matter, its own
+        derivative only for the next order. A Hessian pattern (order 2) thus expands the rule of a rule
+        once more (an ``ans`` multiplying the tangent pairs its derivative with the tangent's set)."""
+        if self.order <= 0:
+            return self._inline(_inner(eqn), atoms, eqn, env)
+        if self.depth >= _CUSTOM_DEPTH:
+            return self._opaque(eqn, atoms, env, f"custom_jvp rules nested more than {_CUSTOM_DEPTH} deep (a rule "
+                                f"calling its own function)")
+        try:
+            closed, order, nd = custom_jvp_jaxpr(eqn, atoms)
+        except Exception as exc:  # the rule could not be traced at these shapes: no rule, never the primal
+            return self._opaque(eqn, atoms, env, f"the custom_jvp rule could not be traced ({type(exc).__name__}: "
+                                f"{exc})")
+        marked = _primal_only(closed.jaxpr, closed.jaxpr.invars[nd:2 * nd])
+        before = {k: self.primal_only[k] for k in marked if k in self.primal_only}  # (the same program, nested)
+        self.depth += 1
+        self.primal_only.update(marked)
+        try:
+            got = self._apply(closed, [atoms[i] for i in order])
+        finally:
+            self.depth -= 1
+            for k in marked:
+                self.primal_only.pop(k, None)
+            self.primal_only.update(before)
+        self._bind_outs(eqn.outvars, got, env)
+
+    def _opaque(self, eqn, atoms, env, reason):
+        """One node without a rule: every output depends on every input (sets, with ``reason``); the
+        row proof answers unknown."""
+        n = len(atoms)
+        traced = {i: k for i, (k, _) in enumerate(atoms) if k is not None}
+        outs = [self.key(v, env) for v in eqn.outvars]
+        self.nodes.append(Node("lax.custom_call_without_rule", None, [v for _, v in atoms], traced,
+                               {"reason": reason}, outs, [tuple(v.aval.shape) for v in eqn.outvars],
+                               site=_site(eqn), prim=eqn.primitive, data=frozenset(range(n))))
 
     def _cond(self, eqn, atoms, env):
         branches = eqn.params["branches"]
@@ -221,7 +298,7 @@ class _Builder:
     def _sub(self, closed, known, offset=1):
         """A self-contained program of a closed jaxpr: its inputs are its invars, those with a value in
         ``known`` (not None) folded as constants."""
-        b = _Builder(self.unroll)
+        b = _Builder(self.unroll, self.order, self.depth)
         b.count = self.count + 10_000_000 * offset  # ids apart from the outer program's
         benv = {}
         for v, c in zip(closed.jaxpr.constvars, closed.consts):
@@ -298,6 +375,108 @@ def _size(jaxpr):
         for branch in eqn.params.get("branches", ()):
             total += _size(branch.jaxpr)
     return total
+
+
+def custom_jvp_jaxpr(eqn, atoms):
+    """The JVP program of a ``custom_jvp_call`` equation: ``(closed, order, nd)``, ``closed`` a closed
+    jaxpr whose inputs are ``[atoms[i] for i in order]`` (the ``nd`` traced inexact primals, then their
+    tangents, then the traced non-float operands; known operands are its constants) and whose outputs
+    stand for the call's outputs. It is traced by re-binding the primitive inside ``jax.jvp`` under
+    ``jax.make_jaxpr``: JAX applies the user's rule, as it does when it differentiates ``f``.
+
+    Each float output is ``c + p + t``: ``c`` the primal program's value (what ``f`` computes when not
+    differentiated), ``p`` the rule's primal output, ``t`` its tangent output; an addition is a linear,
+    elementwise join in every domain, so each output depends on whatever any of the three depends on.
+    The tangent inputs get the value ids of their primals (a tangent's element j moves with input j):
+
+    (a) Jacobian pattern: ``t = J(x) dx`` and the JVP program's dependence of ``t`` on ``dx`` covers
+        the support of ``J`` (the interpreter is sound on that program); labelling ``dx_j`` as ``x_j``
+        only adds the dependence on ``x`` (a superset).
+    (b) Row proof: row i of ``t`` depends on rows i of ``x`` and ``dx`` only => ``J`` is block
+        diagonal; ``c`` and ``p`` carry the value's rows (what a row evaluated alone must reproduce),
+        index and predicate operands of the rule are tracked as in any jaxpr.
+    (c) Hessian pattern: second derivatives through the call are ``d/dx (J(x) dx)``, the interactions
+        of ``x`` and ``dx`` in the JVP program; the pairs interpreter is sound on that program with
+        ``x`` and ``dx`` apart, and giving ``dx_j`` the label of ``x_j`` maps each recorded pair to the
+        pair of labels (rules are unions of their operands' sets, so the merged run is the image of the
+        separate one). Downstream pairs use the output's set, which covers ``J``'s support by (a).
+    Any exception (a rule that cannot be traced abstractly) is the caller's to turn into "no rule"."""
+    key = None
+    if all(k is not None for k, _ in atoms):  # (known operands are constants of the program: not cached)
+        key = (id(eqn.params["call_jaxpr"]), id(eqn.params.get("jvp_jaxpr_fun")),
+               tuple((tuple(val.shape), str(val.dtype)) for _, val in atoms))
+        try:
+            hit = _JVP_CACHE.get(key)
+        except TypeError:  # an unhashable (symbolic) dimension
+            key, hit = None, None
+        if hit is not None and hit[0] is eqn.params["call_jaxpr"] and hit[1] is eqn.params.get("jvp_jaxpr_fun"):
+            return hit[2]
+    got = _custom_jvp_jaxpr(eqn, atoms)
+    if key is not None:
+        if len(_JVP_CACHE) >= 256:
+            try:
+                _JVP_CACHE.pop(next(iter(_JVP_CACHE)))
+            except (KeyError, RuntimeError, StopIteration):  # (another thread evicted it)
+                pass
+        _JVP_CACHE[key] = (eqn.params["call_jaxpr"], eqn.params.get("jvp_jaxpr_fun"), got)
+    return got
+
+
+# JVP programs of custom_jvp calls, by the identity of the call's programs (held, so ids stay theirs)
+# and the operands' shapes: a jitted library function (jax.nn.relu) is the same equation in every trace
+_JVP_CACHE: dict = {}
+
+
+def _custom_jvp_jaxpr(eqn, atoms):
+    import jax
+    import jax.numpy as jnp
+
+    prim = eqn.primitive
+    params = prim.get_bind_params(eqn.params)
+    call = eqn.params["call_jaxpr"]
+    traced = [i for i, (k, _) in enumerate(atoms) if k is not None]
+    diff = [i for i in traced if jnp.issubdtype(atoms[i][1].dtype, jnp.inexact)]
+    rest = [i for i in traced if i not in diff]
+    known = [None if k is not None else val for k, val in atoms]
+
+    def jvp_program(dp, dt, rp):
+        args = list(known)
+        for i, a in zip(rest, rp):
+            args[i] = a
+
+        def call_with(*d):
+            a2 = list(args)
+            for i, a in zip(diff, d):
+                a2[i] = a
+            return prim.bind(*a2, **params)
+
+        po, to = jax.jvp(call_with, tuple(dp), tuple(dt))
+        full = list(args)
+        for i, a in zip(diff, dp):
+            full[i] = a
+        pc = jax.core.eval_jaxpr(call.jaxpr, call.consts, *full)
+        outs = []
+        for c, p, t in zip(pc, po, to):
+            inexact = jnp.issubdtype(c.dtype, jnp.inexact)
+            outs.append(c + p + t.astype(c.dtype) if inexact and t.dtype != jax.dtypes.float0 else c)
+        return outs
+
+    spec = [jax.ShapeDtypeStruct(atoms[i][1].shape, atoms[i][1].dtype) for i in diff]
+    rspec = [jax.ShapeDtypeStruct(atoms[i][1].shape, atoms[i][1].dtype) for i in rest]
+    closed = jax.make_jaxpr(jvp_program)(spec, spec, rspec)
+    return closed, diff + diff + rest, len(diff)
+
+
+def _primal_only(jaxpr, tangents):
+    """``{id(eqn): eqn}`` for the equations of ``jaxpr`` that no value computed from ``tangents`` reaches."""
+    tainted = set(tangents)
+    marked = {}
+    for eqn in jaxpr.eqns:
+        if any(type(v).__name__ != "Literal" and v in tainted for v in eqn.invars):
+            tainted.update(eqn.outvars)
+        else:
+            marked[id(eqn)] = eqn
+    return marked
 
 
 def _is_tracer(c):

@@ -462,7 +462,8 @@ def _apply_rows(node, ins, batch):
                             else Mixed(node, f"{_name(node)} branches put the batch on different axes")))
                            for a, b in zip(results, got)]
         return results
-    return [Unknown(f"no row rule for the primitive {_name(node)!r}")] * n_out
+    why = node.params.get("reason") if kind == "unknown" and isinstance(node.params.get("reason"), str) else None
+    return [Unknown(f"{why}{_where(node)}" if why else f"no row rule for the primitive {_name(node)!r}")] * n_out
 
 
 def _structural(node, ins, batch, idx=None):

@@ -128,7 +128,8 @@ class SetInterpreter:
         if kind == "call":
             return self._call(node, ins, rule)
         if kind == "unknown":
-            return self._unknown(node, ins, f"no rule for the primitive {node.name!r}")
+            why = node.params.get("reason") if isinstance(node.params.get("reason"), str) else None
+            return self._unknown(node, ins, why or f"no rule for the primitive {node.name!r}")
         method = getattr(self, "_" + kind, None)
         if method is None:
             return self._unknown(node, ins, f"no rule for the primitive {node.name!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 
 from . import _checks, _memory
+from ._dtypes import COMPLEX
 from ._call import BoundedCache, Call
 
 
@@ -42,10 +43,14 @@ def output_shapes(shapes: BoundedCache, call: Call):
 def choose_mode(shapes: BoundedCache, call: Call, per_example: bool) -> str:
     """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``
     (a choice of speed only: both give the same Jacobian). A backend without true forward mode
-    (``capabilities.forward_mode`` False: its JVP is two VJPs) always gets ``"rev"``."""
+    (``capabilities.forward_mode`` False: its JVP is two VJPs) always gets ``"rev"``. A complex input:
+    ``"fwd"`` (for a function that is not holomorphic the two modes give different matrices, and the
+    mode must not depend on the shapes; see :func:`real_to_complex`)."""
     b = call.backend
     if not b.capabilities.forward_mode:
         return "rev"
+    if any(b.dtype(x) in COMPLEX for x in call.diff):  # one convention whatever the shapes (see conventions)
+        return "fwd"
     skip = 1 if per_example else 0
     n_out = sum(_size(s[skip:]) for s in output_shapes(shapes, call))
     n_in = sum(_size(b.shape(x)[skip:]) for x in call.diff)
@@ -193,3 +198,11 @@ def _int_tuple(value, name, fname):
         if not isinstance(v, int) or isinstance(v, bool):
             raise TypeError(f"{fname}: {name} must be an int or a tuple of ints; got {value!r}")
     return values
+
+
+def real_to_complex(b, outputs, leaves) -> bool:
+    """Does some complex output depend on some real input? Reverse mode cannot give such a block: a VJP
+    with respect to a real input is real (the real part of ``c^T J``), so rows pulled back from unit
+    cotangents hold ``Re J`` and lose ``Im J`` -- silently, where forward mode pushes real tangents
+    and gets the complex columns. (JAX's ``jacrev`` refuses complex outputs for the same reason.)"""
+    return any(b.dtype(o) in COMPLEX for o in outputs) and any(b.dtype(x) not in COMPLEX for x in leaves)

@@ -51,3 +51,20 @@ def test_auto_mode_of_a_complex_input_is_the_forward_one_whatever_the_shapes(bac
         # holomorphic f: both modes agree, so jacrev stays available there
         np.testing.assert_allclose(_np(unigrad.jacrev(lambda z: z ** 2, backend=backend)(z)),
                                    _np(unigrad.jacfwd(lambda z: z ** 2, backend=backend)(z)), atol=1e-12)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_batched_and_sparse_jacobians_of_a_complex_output_of_a_real_input(backend, compile):
+    x = unigrad.asarray(np.arange(6.0).reshape(2, 3), backend=backend)
+    y = unigrad.asarray(np.arange(4.0), backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        blocks = unigrad.batched_jacobian(lambda x: x * (1 + 2j), backend=backend, compile=compile)(x)
+        np.testing.assert_allclose(_np(blocks), np.stack([np.eye(3) * (1 + 2j)] * 2))
+        wide = unigrad.sparse_jacobian(lambda y: unigrad.namespace(y).sum(y * (1 + 2j))[None], backend=backend,
+                                       compile=compile, format="dense")(y)  # one row: reverse had fewer colours
+        np.testing.assert_allclose(_np(wide), np.full((1, 4), 1 + 2j))
+    with pytest.raises(ValueError, match="complex output with respect to a real input"):
+        unigrad.batched_jacobian(lambda x: x * (1 + 2j), backend=backend, mode="rev")(x)
+    with pytest.raises(ValueError, match="complex output with respect to a real input"):
+        unigrad.sparse_jacobian(lambda y: y * (1 + 2j), backend=backend, mode="rev")(y)

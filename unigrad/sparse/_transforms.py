@@ -14,7 +14,8 @@ from .. import _registry
 from .._batched import traced_once
 from .._call import _SUMMARIES, BoundedCache, Repeats, _static_token, _summary, execute, prepare
 from .._checks import check_chunk, promote, scalar_check
-from .._transform import _wraps, values_key
+from .._dtypes import COMPLEX
+from .._transform import _wraps, real_to_complex, values_key
 from . import _coloring, _compress, _decompress, _pattern
 
 __all__ = ["SparsePlan", "sparse_jacobian", "sparse_hessian"]
@@ -109,10 +110,18 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> 
     if kind == "hessian":
         coloring, chosen = _coloring.star_coloring(pattern), "star"
     else:
+        # Reverse mode loses Im J where a complex output depends on a real input (a real input's VJP is real),
+        # and for a complex input it gives other matrices than forward where f is not holomorphic: "auto"
+        # then takes forward whatever the colour counts, as jacobian does (docs/conventions.md)
+        complex_values = dtype in COMPLEX
+        if mode == "rev" and real_to_complex(b, outputs, call.diff):
+            raise ValueError(f"{fname}: reverse mode (mode='rev') cannot differentiate a complex output with respect "
+                             f"to a real input (a real input's VJP is real: the imaginary part would be lost); "
+                             f"use mode='fwd' or 'auto', or make the input complex")
         candidates = []
         if mode in ("auto", "fwd") and (mode == "fwd" or b.capabilities.forward_mode):
             candidates.append((_coloring.column_coloring(pattern), "fwd"))
-        if mode in ("auto", "rev"):
+        if mode == "rev" or (mode == "auto" and not (complex_values and candidates)):
             candidates.append((_coloring.row_coloring(pattern), "rev"))
         coloring, chosen = min(candidates, key=lambda c: c[0].n_colors)  # a tie keeps forward (listed first)
     index = _decompress.recovery(pattern, coloring)

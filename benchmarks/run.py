@@ -171,9 +171,10 @@ def plot(results, directory) -> list[pathlib.Path]:
 
     per_example = results.get("per_example", {}).get("ratio_vs_torch_func", {})
     if per_example:
-        fig, ax = plt.subplots(figsize=(8, 3.8))
+        fig, ax = plt.subplots(figsize=(10, 3.8))
         bars(ax, [(name.replace(" ", "\n", 1), ("per_example", "ratio_vs_torch_func", name)) for name in per_example],
              0.2, "time / torch.func vmap(grad)", log=True)
+        ax.tick_params(axis="x", labelsize=8)
         ax.set_title("per-example gradient norms (MLP 784-256-10, batch 128, float32)", fontsize=10)
         fig.tight_layout()
         written.append(directory / "bench_per_example.png")

@@ -23,7 +23,7 @@ from ._call import (_LEAF, BoundedCache, Call, FlatPlans, Miss, Repeats, block_r
                     reject_lazy, unflatten)
 from . import _memory
 from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
-                         promoted_blocks, real_to_complex, static_arguments)
+                         promoted_blocks, real_to_complex, reverse_complex_error, static_arguments)
 from ._checks import check_chunk, check_mode, scalar_check
 
 __all__ = [
@@ -344,10 +344,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
             outs, jac, aux = method(flat_f, leaves, chunk_size=chunk, has_aux=has_aux)
             if chosen == "rev" and real_to_complex(b, outs, leaves):  # rows would hold Re J alone
                 if mode == "rev":
-                    raise ValueError("jacobian: reverse mode (mode='rev', jacrev) cannot differentiate a complex "
-                                     "output with respect to a real input (a real input's VJP is real: the "
-                                     "imaginary part of the derivative would be lost); use mode='fwd' or "
-                                     "'auto', or make the input complex")
+                    raise reverse_complex_error("jacobian")
                 outs, jac, aux = b.jacfwd(flat_f, leaves, chunk_size=chunk, has_aux=has_aux)
             return outs, _flatten_blocks(promoted_blocks(b, outs, leaves, jac)), aux
         return kernel

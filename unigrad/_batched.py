@@ -21,7 +21,7 @@ from . import _checks, _memory
 from ._call import BoundedCache, Call, Miss, Repeats, block_runner, execute, prepare
 from ._custom import custom_rules_seen
 from ._transform import (_wraps, budget_chunk, choose_mode, fingerprint, promoted_blocks, real_to_complex,
-                         static_arguments, values_key)
+                         reverse_complex_error, static_arguments, values_key)
 from ._dtypes import COMPLEX
 from ._pystate import python_state
 
@@ -111,10 +111,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                 outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
             if chosen == "rev" and real_to_complex(b, outs, leaves):  # rows would hold Re J alone
                 if mode == "rev":
-                    raise ValueError("batched_jacobian: reverse mode (mode='rev') cannot differentiate a complex "
-                                     "output with respect to a real input (a real input's VJP is real: the "
-                                     "imaginary part would be lost); use mode='fwd' or 'auto', or make the "
-                                     "input complex")
+                    raise reverse_complex_error("batched_jacobian")
                 method = b.per_example_jacobian if per_example else b.batched_jacobian
                 outs, jac, aux = method(flat_f, leaves, mode="fwd", chunk_size=chunk, has_aux=has_aux)
             return outs, tuple(block for row in promoted_blocks(b, outs, leaves, jac) for block in row), aux

@@ -174,12 +174,7 @@ class _PerExample:
         elif call.diff and _jaxpr.is_jax_backend(b):
             norms, found = self.norms, {}
 
-            def kernel(b, flat_f, leaves):
-                rows = _unless_custom_rules(lambda: _jaxpr.jax_rows(b, flat_f, leaves, batch, norms, fname))
-                if rows is None:
-                    rows = _materialised(b, flat_f, leaves, batch, norms, fname)
-                outs, blocks, found["paths"] = rows
-                return outs, blocks, ()
+            kernel = _program_kernel(_jaxpr.jax_rows, batch, norms, fname, found)
 
             _, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
             # (a compiled program traced its kernel once, for its signature: its paths are the signature's)
@@ -218,12 +213,7 @@ class _PerExample:
             return None
         norms, fname, found = self.norms, self.fname, {}
 
-        def kernel(b, flat_f, leaves):
-            rows = _unless_custom_rules(lambda: _tf.tf_rows(b, flat_f, leaves, batch, norms, fname))
-            if rows is None:
-                rows = _materialised(b, flat_f, leaves, batch, norms, fname)
-            outs, blocks, found["paths"] = rows
-            return outs, blocks, ()
+        kernel = _program_kernel(_tf.tf_rows, batch, norms, fname, found)
 
         if self.programs is not None:
             programs, decision = self.programs, "graph"
@@ -251,6 +241,20 @@ def _materialised(b, flat_f, leaves, batch, norms, fname):
         return outs, tuple(rows), paths
     # (through evaluate: the backend's scope for its arrays, such as JAX's 64-bit mode)
     return outs, (b.evaluate(lambda *r: _norm_of_rows(b, r, batch), rows),), paths
+
+
+def _program_kernel(fast_rows, batch, norms, fname, found):
+    """The kernel of a backend whose per-example rows are read from its program (``fast_rows``: JAX's
+    jaxpr, TensorFlow's graph), traced once per signature: the fast path, or every parameter
+    materialised where ``f`` called a custom rule; the paths taken go to ``found["paths"]``."""
+    def kernel(b, flat_f, leaves):
+        rows = _unless_custom_rules(lambda: fast_rows(b, flat_f, leaves, batch, norms, fname))
+        if rows is None:
+            rows = _materialised(b, flat_f, leaves, batch, norms, fname)
+        outs, blocks, found["paths"] = rows
+        return outs, blocks, ()
+
+    return kernel
 
 
 def _unless_custom_rules(rows):

@@ -206,3 +206,10 @@ def real_to_complex(b, outputs, leaves) -> bool:
     cotangents hold ``Re J`` and lose ``Im J`` -- silently, where forward mode pushes real tangents
     and gets the complex columns. (JAX's ``jacrev`` refuses complex outputs for the same reason.)"""
     return any(b.dtype(o) in COMPLEX for o in outputs) and any(b.dtype(x) not in COMPLEX for x in leaves)
+
+
+def reverse_complex_error(fname) -> ValueError:
+    """The error of ``mode="rev"`` where :func:`real_to_complex` holds."""
+    return ValueError(f"{fname}: reverse mode (mode='rev') cannot differentiate a complex output with respect to a "
+                      f"real input (a real input's VJP is real: the imaginary part would be lost); use mode='fwd' "
+                      f"or 'auto', or make the input complex")

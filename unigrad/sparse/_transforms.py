@@ -15,7 +15,7 @@ from .._batched import traced_once
 from .._call import _SUMMARIES, BoundedCache, Repeats, _static_token, _summary, execute, prepare
 from .._checks import check_chunk, promote, scalar_check
 from .._dtypes import COMPLEX
-from .._transform import _wraps, real_to_complex, values_key
+from .._transform import _wraps, real_to_complex, reverse_complex_error, values_key
 from . import _coloring, _compress, _decompress, _pattern
 
 __all__ = ["SparsePlan", "sparse_jacobian", "sparse_hessian"]
@@ -115,9 +115,7 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> 
         # then takes forward whatever the colour counts, as jacobian does (docs/conventions.md)
         complex_values = dtype in COMPLEX
         if mode == "rev" and real_to_complex(b, outputs, call.diff):
-            raise ValueError(f"{fname}: reverse mode (mode='rev') cannot differentiate a complex output with respect "
-                             f"to a real input (a real input's VJP is real: the imaginary part would be lost); "
-                             f"use mode='fwd' or 'auto', or make the input complex")
+            raise reverse_complex_error(fname)
         candidates = []
         if mode in ("auto", "fwd") and (mode == "fwd" or b.capabilities.forward_mode):
             candidates.append((_coloring.column_coloring(pattern), "fwd"))

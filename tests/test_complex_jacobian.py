@@ -3,8 +3,8 @@
 Found by the audit: ``jacobian(lambda x: x * (1 + 2j))`` of a real ``x`` returned 1 instead of 1 + 2j
 in reverse mode (a real input's VJP is real: rows pulled back from unit cotangents keep ``Re J``), and
 ``mode="auto"``, which picks the mode by shape, did so for square and wide functions. For a complex
-input the two modes give different matrices where ``f`` is not holomorphic, so ``auto`` takes the forward
-one whatever the shapes."""
+input the two modes give different matrices where ``f`` is not holomorphic, so ``auto`` takes the reverse
+one (the convention ``grad`` and ``vjp`` follow) whatever the shapes."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_complex_output_of_a_real_input(backend, compile):
         unigrad.jacrev(lambda x: x * (1 + 2j), backend=backend)(x)
 
 
-def test_auto_mode_of_a_complex_input_is_the_forward_one_whatever_the_shapes(backend):
+def test_auto_mode_of_a_complex_input_is_the_reverse_one_whatever_the_shapes(backend):
     z = unigrad.asarray(np.array([1 + 1j, 2 - 1j, 0.5j]), backend=backend)
 
     def g(z):  # not holomorphic: the modes differ, auto must not depend on the shapes
@@ -47,7 +47,14 @@ def test_auto_mode_of_a_complex_input_is_the_forward_one_whatever_the_shapes(bac
         warnings.simplefilter("ignore")
         for h in (g, wide):
             np.testing.assert_allclose(_np(unigrad.jacobian(h, backend=backend)(z)),
-                                       _np(unigrad.jacfwd(h, backend=backend)(z)), atol=1e-12)
+                                       _np(unigrad.jacrev(h, backend=backend)(z)), atol=1e-12)
+
+        def energy(z):  # a real output: the Jacobian's one row is the gradient, 2 conj(z)
+            xp = unigrad.namespace(z)
+            return xp.sum(xp.real(z * xp.conj(z)))[None]
+
+        np.testing.assert_allclose(_np(unigrad.jacobian(energy, backend=backend)(z))[0], 2 * np.conj(_np(z)),
+                                   atol=1e-12)
         # holomorphic f: both modes agree, so jacrev stays available there
         np.testing.assert_allclose(_np(unigrad.jacrev(lambda z: z ** 2, backend=backend)(z)),
                                    _np(unigrad.jacfwd(lambda z: z ** 2, backend=backend)(z)), atol=1e-12)

@@ -44,13 +44,14 @@ def choose_mode(shapes: BoundedCache, call: Call, per_example: bool) -> str:
     """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``
     (a choice of speed only: both give the same Jacobian). A backend without true forward mode
     (``capabilities.forward_mode`` False: its JVP is two VJPs) always gets ``"rev"``. A complex input:
-    ``"fwd"`` (for a function that is not holomorphic the two modes give different matrices, and the
-    mode must not depend on the shapes; see :func:`real_to_complex`)."""
+    ``"rev"`` whatever the shapes (for a function that is not holomorphic the two modes give different
+    matrices; the reverse one is the house convention, the one ``grad`` and ``vjp`` follow), unless a
+    complex output depends on a real input (then the kernel goes forward: :func:`real_to_complex`)."""
     b = call.backend
     if not b.capabilities.forward_mode:
         return "rev"
     if any(b.dtype(x) in COMPLEX for x in call.diff):  # one convention whatever the shapes (see conventions)
-        return "fwd"
+        return "rev"
     skip = 1 if per_example else 0
     n_out = sum(_size(s[skip:]) for s in output_shapes(shapes, call))
     n_in = sum(_size(b.shape(x)[skip:]) for x in call.diff)

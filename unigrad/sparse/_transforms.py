@@ -110,17 +110,21 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> 
     if kind == "hessian":
         coloring, chosen = _coloring.star_coloring(pattern), "star"
     else:
-        # Reverse mode loses Im J where a complex output depends on a real input (a real input's VJP is real),
-        # and for a complex input it gives other matrices than forward where f is not holomorphic: "auto"
-        # then takes forward whatever the colour counts, as jacobian does (docs/conventions.md)
-        complex_values = dtype in COMPLEX
-        if mode == "rev" and real_to_complex(b, outputs, call.diff):
+        # Reverse mode loses Im J where a complex output depends on a real input (a real input's VJP is real):
+        # "auto" then takes forward. For a complex input, forward gives other matrices than reverse where f
+        # is not holomorphic: "auto" takes reverse, the convention grad and vjp follow, whatever the colour
+        # counts, as jacobian does (docs/conventions.md)
+        lossy = real_to_complex(b, outputs, call.diff)
+        if mode == "rev" and lossy:
             raise reverse_complex_error(fname)
+        complex_in = any(b.dtype(x) in COMPLEX for x in call.diff)
         candidates = []
-        if mode in ("auto", "fwd") and (mode == "fwd" or b.capabilities.forward_mode):
+        if mode == "fwd" or (mode == "auto" and b.capabilities.forward_mode and (lossy or not complex_in)):
             candidates.append((_coloring.column_coloring(pattern), "fwd"))
-        if mode == "rev" or (mode == "auto" and not (complex_values and candidates)):
+        if mode == "rev" or (mode == "auto" and not lossy):
             candidates.append((_coloring.row_coloring(pattern), "rev"))
+        if not candidates:  # auto, lossy, on a backend without forward mode: its JVP is two VJPs
+            candidates.append((_coloring.column_coloring(pattern), "fwd"))
         coloring, chosen = min(candidates, key=lambda c: c[0].n_colors)  # a tie keeps forward (listed first)
     index = _decompress.recovery(pattern, coloring)
     seeds = _compress.seeds_of(coloring.colors, shapes) if chosen != "rev" else ()

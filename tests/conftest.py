@@ -367,3 +367,20 @@ class Counted:
     @property
     def calls(self):
         return type(self)._calls[id(self)]
+
+
+def row_verdict(program, ndim, batch):
+    """"free", "row", "mixed: <why>" or "unknown: <why>" for a traced program whose first input has the
+    batch (``batch`` rows) on axis 0 of its ``ndim`` axes: the dependence tests' one reading of a proof,
+    whichever front-end (fx, TensorFlow graph) made the program."""
+    from unigrad.dependence import prove_rows
+    from unigrad.dependence._rows import _walk
+
+    env = {program.inputs[0]: -ndim}
+    _walk(program, env, batch)
+    if all(v is None or v not in env for v in program.outputs):
+        return "free"
+    kind, detail = prove_rows(program, batch)
+    if kind == "mixed":
+        return "mixed: " + detail.describe()
+    return kind if kind == "row" else f"unknown: {detail}"

@@ -14,7 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 from unigrad.dependence import prove_rows  # noqa: E402
 from unigrad.dependence._fx import fx_program  # noqa: E402
-from unigrad.dependence._rows import _walk  # noqa: E402
+from conftest import row_verdict  # noqa: E402
 
 B = 5
 W = torch.randn(4, 3)
@@ -23,15 +23,7 @@ LIN = torch.nn.Linear(3, 2)
 
 def verdict(f, x):
     """"free", "row", "mixed: <why>" or "unknown: <why>" for f(x) with x's rows the batch."""
-    program = fx_program(make_fx(f)(x))
-    env = {program.inputs[0]: -x.dim()}
-    _walk(program, env, B)
-    if all(v is None or v not in env for v in program.outputs):
-        return "free"
-    kind, detail = prove_rows(program, B)
-    if kind == "mixed":
-        return "mixed: " + detail.describe()
-    return kind if kind == "row" else f"unknown: {detail}"
+    return row_verdict(fx_program(make_fx(f)(x)), x.dim(), B)
 
 
 X2 = torch.randn(B, 4)

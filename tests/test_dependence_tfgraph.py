@@ -11,9 +11,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import unigrad  # noqa: E402
-from unigrad.dependence import prove_rows  # noqa: E402
-from unigrad.dependence._rows import _walk  # noqa: E402
 from unigrad.dependence._tfgraph import graph_program  # noqa: E402
+from conftest import row_verdict  # noqa: E402
 
 B = 5
 RNG = np.random.default_rng(0)
@@ -31,15 +30,7 @@ def program_of(f, x):
 
 def verdict(f, x):
     """"free", "row", "mixed: <why>" or "unknown: <why>" for f(x) with x's rows the batch."""
-    program = program_of(f, x)
-    env = {program.inputs[0]: -x.ndim}
-    _walk(program, env, B)
-    if all(v is None or v not in env for v in program.outputs):
-        return "free"
-    kind, detail = prove_rows(program, B)
-    if kind == "mixed":
-        return "mixed: " + detail.describe()
-    return kind if kind == "row" else f"unknown: {detail}"
+    return row_verdict(program_of(f, x), x.ndim, B)
 
 
 CASES = [

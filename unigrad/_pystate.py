@@ -23,13 +23,19 @@ import types
 
 import numpy as np
 
-__all__ = ["python_state"]
+__all__ = ["digest", "python_state"]
 
 #: How deep containers, objects and called functions are followed, and how many values at most.
 DEPTH, BUDGET = 4, 2048
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 _OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.MethodWrapperType)
+
+
+def digest(a) -> tuple:
+    """An array's value as a hashable tuple: its shape, dtype and 20-byte BLAKE2b digest of its bytes."""
+    a = np.ascontiguousarray(a)
+    return a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=20).digest()
 
 
 def python_state(f) -> tuple:
@@ -61,8 +67,7 @@ class _Walk:
             out.append((t, x.hex() if t is float else x))
             return out
         if isinstance(x, np.ndarray) or isinstance(x, np.generic):
-            a = np.ascontiguousarray(x)
-            out.append((a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=16).digest()))
+            out.append(digest(x))
             return out
         if self.left <= 0 or depth <= 0 or isinstance(x, _OPAQUE) or id(x) in self.seen:
             out.append((t, id(x)))  # the object itself (its contents are out of reach)

@@ -119,10 +119,9 @@ def fingerprint(b, arrays) -> tuple:
     of its bytes; None when one has no value to read (a tracer of an enclosing ``jax.jit``). Arrays that
     cannot change (JAX arrays, TensorFlow eager tensors) are read once: their digest is kept while they
     live, so weights passed again on every call cost a lookup."""
-    import hashlib
     import weakref
 
-    import numpy as np
+    from ._pystate import digest
 
     parts = []
     for x in arrays:
@@ -134,18 +133,17 @@ def fingerprint(b, arrays) -> tuple:
                 parts.append(hit[1])
                 continue
         try:
-            a = np.ascontiguousarray(b.to_numpy(x))
+            value = digest(b.to_numpy(x))
         except Exception:  # an abstract value (inside another framework's transform): nothing to key on
             return None
-        digest = (a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=20).digest())
         if immutable and len(_DIGESTS) < 4096:
             try:
                 ref = weakref.ref(x, lambda _, k=id(x): _DIGESTS.pop(k, None))
             except TypeError:
                 pass
             else:
-                _DIGESTS[id(x)] = (ref, digest)
-        parts.append(digest)
+                _DIGESTS[id(x)] = (ref, value)
+        parts.append(value)
     return tuple(parts)
 
 

@@ -7,8 +7,9 @@ NumPy tape (the default) or on PyTorch, JAX, TensorFlow or a plugin backend.
 ``import unigrad`` imports no framework: backends load when first asked for.
 """
 
-from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate, grad, hessian, hvp, jacfwd,
-                   jacobian, jacrev, jvp, namespace, to_native, to_numpy, value_and_grad, vjp, vmap)
+from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate, grad, hessian,
+                   hessian_vector_product, hvp, jacfwd, jacobian, jacrev, jvp, namespace, to_native, to_numpy,
+                   value_and_grad, vjp, vmap)
 from ._bridge import bridge
 from ._checkpoint import checkpoint
 from ._per_example import per_example_grad, per_example_grad_norms
@@ -32,7 +33,8 @@ def __getattr__(name):
 
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
-    "check_batch_independence", "hessian", "hvp", "vmap", "evaluate", "per_example_grad", "per_example_grad_norms",
+    "check_batch_independence", "hessian", "hvp", "hessian_vector_product", "vmap", "evaluate", "per_example_grad",
+    "per_example_grad_norms",
     "checkpoint", "bridge",
     "namespace", "asarray", "to_numpy", "to_native", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",

@@ -28,7 +28,7 @@ from ._checks import check_chunk, check_mode, scalar_check
 
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
-    "hessian", "hvp", "vmap", "evaluate", "namespace", "asarray", "to_numpy", "to_native",
+    "hessian", "hvp", "hessian_vector_product", "vmap", "evaluate", "namespace", "asarray", "to_numpy", "to_native",
     "check_batch_independence",
 ]
 
@@ -472,10 +472,46 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
     return hessian_f
 
 
-def hvp(f: Callable, primals, tangents, backend=None):
+def _hvp_product(b, flat_f, primals, tangents, fname):
+    """``H @ tangents`` of a flat ``f`` at ``primals`` (one block per primal), ``f`` checked to return a
+    real scalar where it runs, inside the backend's sweep (no separate forward pass)."""
+
+    def scalar_f(*leaves):
+        outputs = flat_f(*leaves)
+        scalar_check(b, outputs, fname)
+        return outputs
+
+    closure = getattr(flat_f, "closure_arrays", None)
+    if closure is not None:
+        scalar_f.closure_arrays = closure
+    return tuple(b.hvp(scalar_f, primals, tangents))
+
+
+def _hvp_kernel(fname):
+    """The kernel of ``hessian_vector_product``: its leaves are the primals' and then the tangents'
+    (``f`` of them all ignores the tangents); the result blocks are ``H @ tangents``."""
+
+    def kernel(b, flat_f, leaves):
+        n = len(leaves) // 2
+        tangents = leaves[n:]
+
+        def f_of_primals(*primals):
+            return flat_f(*primals, *tangents)
+
+        closure = getattr(flat_f, "closure_arrays", None)
+        if closure is not None:
+            f_of_primals.closure_arrays = closure
+        return (), _hvp_product(b, f_of_primals, leaves[:n], tangents, fname), ()
+    return kernel
+
+
+def hvp(f: Callable, primals, tangents, backend=None, *, compile: bool = False):
     """Hessian-vector product of a scalar-valued ``f`` at ``primals`` along ``tangents``.
 
-    Forward over reverse: the cost of a few gradients, never the Hessian.
+    Evaluates once; :func:`hessian_vector_product` is the reusable transform (``compile=``, ``device=``,
+    ``argnums``) for loops that ask for many products. The cost of a few gradients, never the Hessian.
+    Complex inputs: ``jvp`` of ``grad`` in unigrad's convention (docs/conventions.md), which equals the
+    pullback of ``grad`` along ``tangents`` (``v^T H``): for a real ``f`` there is one product.
 
     Args:
       f: function of ``len(primals)`` arguments returning a real scalar.
@@ -490,16 +526,169 @@ def hvp(f: Callable, primals, tangents, backend=None):
       >>> unigrad.hvp(lambda x: (x ** 3).sum(), (np.array([1.0, 2.0]),), (np.ones(2),))
       (array([ 6., 12.]),)
     """
+    if compile:
+        raise TypeError("hvp evaluates once and keeps nothing to compile; for a compiled, reusable form use "
+                        "unigrad.hessian_vector_product(f, argnums=..., compile=True)(*primals, tangents)")
     primals = _primals_tuple(primals, tangents, "hvp")
-    call = prepare(_PRIMAL_PLANS, f, primals, None, False, backend, "hvp")
-    b = call.backend
+    call = _PRIMAL_FLAT.prepare(f, primals, None, False, backend, "hvp")
+    b = call.plan.backend
     if not b.capabilities.higher_order:
         raise _checks.not_nestable(b, "hvp")
     tan_leaves = _tangent_leaves(call, tangents, "hvp")
-    scalar_check(b, b.evaluate(call.flat_f, call.diff), "hvp")
-    if not call.diff:  # nothing to differentiate ({}, (), None): an empty result, as grad gives
+    if not call.diff:  # nothing to differentiate ({}, (), None): f is checked, and the result is empty
+        scalar_check(b, b.evaluate(call.flat_f, ()), "hvp")
         return call.inputs_like(())
-    return call.inputs_like(b.hvp(call.flat_f, call.diff, tan_leaves))
+    return call.inputs_like(_hvp_product(b, call.flat_f, call.diff, tan_leaves, "hvp"))
+
+
+def hessian_vector_product(f: Callable, argnums=0, *, backend=None, compile: bool = False, device=None,
+                           static_argnums=(), static_argnames=()) -> Callable:
+    """The Hessian-vector product of a scalar-valued ``f`` as a reusable function: ``hvp_f(*args,
+    tangents)`` returns ``H @ tangents``, ``H`` the Hessian of ``f`` with respect to ``args[argnums]``.
+
+    What a trust-region or Newton-CG loop calls many times: the plan of each signature is made once,
+    and with ``compile=True`` the whole product is one compiled program per signature (``jax.jit``,
+    ``tf.function``), as for :func:`grad`. Forward over reverse (the cost of a few gradients, never the
+    Hessian). Complex inputs follow ``jvp`` of ``grad`` in unigrad's convention (docs/conventions.md).
+
+    Args:
+      f: returns a real scalar.
+      argnums: int or tuple of ints: the arguments the Hessian is taken with respect to.
+      backend: backend name or object.
+      compile: one compiled program per signature (Python floats are dynamic inputs, see
+        :func:`value_and_grad`).
+      device: place the inputs on this device.
+      static_argnums: with ``compile=True``, positions (in ``f``'s arguments) of arguments whose Python
+        floats are static.
+      static_argnames: the same by parameter name.
+
+    Returns:
+      A function of ``f``'s positional arguments followed by one more, the tangents: shaped like
+      ``args[argnums]`` (a tuple of those when argnums is a tuple), floating dtypes (cast to the
+      argument's dtype), never broadcast. It returns ``H @ tangents`` in the same structure.
+
+    Example:
+      >>> hvp_f = unigrad.hessian_vector_product(lambda x: (x ** 3).sum())
+      >>> hvp_f(np.array([1.0, 2.0]), np.ones(2))
+      array([ 6., 12.])
+    """
+    fname = "hessian_vector_product"
+    static = static_arguments(f, static_argnums, static_argnames, argnums, fname) if compile else None
+    # The transform's arguments are f's and then the tangents: the tangents are differentiated leaves of
+    # the plan (converted and checked for a floating dtype like the primals, inputs of the program), which
+    # f never sees. A static position counted from the end of f's arguments is one further from the end.
+    static_all = None if static is None else frozenset(a - 1 if a < 0 else a for a in static)
+    plans, primal_plans = BoundedCache(), BoundedCache()
+    programs = BoundedCache() if compile else None
+    repeats = Repeats(static_all, backend, device) if compile else None
+    flat = FlatPlans(plans) if not compile and device is None else None
+    kernel = _hvp_kernel(fname)
+    positions: dict = {}  # the number of f's arguments -> (single, argnums and the tangents' position)
+
+    def with_tangents(*args):  # f of the transform's arguments
+        return f(*args[:-1])
+
+    with_tangents.__wrapped__ = f  # (parameter names for messages)
+
+    def where(n_args):
+        found = positions.get(n_args)
+        if found is None:
+            if not n_args:
+                raise TypeError(f"{fname}: the function must be called with f's arguments and then the tangents")
+            single, which, _ = _checks.normalize_argnums(argnums, n_args - 1, fname)
+            found = positions.setdefault(n_args, (single, which + (n_args - 1,)))
+        return found
+
+    def result(call, single, blocks):
+        if call.treedef is None and single:
+            return blocks[0]
+        trees = call.inputs_like(tuple(blocks) + call.diff[len(blocks):])  # (the tangents' own tree last)
+        return trees[0] if single else trees[:-1]
+
+    def hvp_f(*args):
+        if repeats is not None:
+            miss = repeats.run(args)
+            if type(miss) is not Miss:  # a repeat of a compiled signature: arguments to the program to H v
+                return miss
+            key = miss.key
+            call = None if key is None else repeats.call(key, with_tangents, args, False, fname)
+        else:
+            call, key = None, None
+        single, which = where(len(args))
+        if call is not None:
+            _, blocks, _ = call.program(call)
+            return result(call, single, blocks)
+        call = None
+        try:
+            if flat is not None:
+                call = flat.prepare(with_tangents, args, which, False, backend, fname)
+            else:
+                call = prepare(plans, with_tangents, args, which, False, backend, fname, device, static_all)
+        except TypeError:  # a tangent of an integer dtype, or a Python int: checked below, which says which
+            pass
+        if call is None or not _tangents_fit(call, args, single, which):
+            call, key = _checked_tangents_call(args, single, which), None  # not remembered: the tangents changed
+        b = call.plan.backend
+        if not b.capabilities.higher_order:
+            raise _checks.not_nestable(b, fname)
+        if not call.diff:  # nothing to differentiate: f is checked, the result is empty
+            scalar_check(b, b.evaluate(call.flat_f, ()), fname)
+            return result(call, single, ())
+        _, blocks, _ = execute(call, kernel, programs, keep_outputs=False, bare=len(call.diff) == 2)
+        if key is not None:
+            repeats.remember(key, call, _hvp_runner)
+        return result(call, single, blocks)
+
+    def _checked_tangents_call(args, single, which):
+        """The call of ``args`` whose tangents were checked against the primals (structure, shapes and
+        dtypes, one ValueError naming the argument) and cast or placed like them: the slow path."""
+        primal_call = prepare(primal_plans, f, args[:-1], which[:-1] if not single else which[0], False,
+                              backend, fname, device, static)
+        expected = optree.tree_structure(args[which[0]] if single else tuple(args[a] for a in which[:-1]))
+        try:
+            leaves = expected.flatten_up_to(args[-1])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{fname}: the tangents (the last argument) must have the structure of "
+                             f"{'argument ' + str(which[0]) if single else 'the arguments ' + str(which[:-1])}, "
+                             f"{expected}; ({exc})") from None
+        b = primal_call.plan.backend
+        names = primal_call.names
+        checked = [_checks.check_like(b, t, p, lambda k=k: "tangent for " + names()[k], fname)
+                   for k, (t, p) in enumerate(zip(leaves, primal_call.diff))]
+        args = args[:-1] + (optree.tree_unflatten(expected, checked),)
+        return prepare(plans, with_tangents, args, which, False, backend, fname, device, static_all)
+
+    _wraps(hvp_f, f, fname)
+    return hvp_f
+
+
+def _tangents_fit(call, args, single, which) -> bool:
+    """The tangents (the last argument) have the structure of the primals ``args[which[:-1]]`` and each
+    leaf the shape, dtype and device of its primal: the call needs no checks (the common case)."""
+    diff = call.diff
+    n = len(diff) // 2
+    if call.treedef is None:
+        if not single:
+            return False
+    else:
+        children = call.treedef.children()
+        expected = children[which[0]] if single else optree.tree_structure(tuple(args[a] for a in which[:-1]))
+        if children[-1] != expected:
+            return False
+    matches = call.plan.backend.matches
+    for k in range(n):
+        if not matches(diff[n + k], diff[k]):
+            return False
+    return len(diff) == 2 * n
+
+
+def _hvp_runner(call, program):
+    """The ``finish`` of a compiled ``hessian_vector_product`` (see ``Repeats.remember``): where one
+    primal array and its tangent are the call's only differentiated leaves (an int ``argnums``, no
+    pytree), the product is the program's one block."""
+    if len(call.diff) == 2 and call.treedef is None:  # (the tangents fitted: argnums is an int)
+        return program.flat_runner(call, 0)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

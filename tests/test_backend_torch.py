@@ -430,6 +430,7 @@ def _every_transform(f_scalar, f_vector, backend="torch"):
                                                           backend=backend)(x[:, None]),
         "hessian": lambda x: unigrad.hessian(f_scalar, backend=backend)(x),
         "hvp": lambda x: unigrad.hvp(f_scalar, (x,), (np.ones(3),), backend=backend),
+        "hessian_vector_product": lambda x: unigrad.hessian_vector_product(f_scalar, backend=backend)(x, np.ones(3)),
         "vmap": lambda x: unigrad.vmap(unigrad.grad(f_scalar, backend=backend), backend=backend)(x[:, None]),
     }
 
@@ -514,6 +515,118 @@ def test_exception_inside_f_leaves_no_state(mode):
     _, t = unigrad.jvp(lambda x: x ** 2, (x,), (np.ones(3),), backend="torch")
     np.testing.assert_allclose(unigrad.to_numpy(t), 2 * x)
     np.testing.assert_allclose(unigrad.to_numpy(unigrad.grad(lambda x: ns(x).sum(x ** 2), backend="torch")(x)), 2 * x)
+
+
+# ------------------------------------------------------------------ grad and hvp on plain autograd
+def _two_paths(call, *tensors):
+    """``call(*tensors)`` on the plain-autograd path (plain tensors) and on the torch.func path (inputs
+    that require grad with grad mode on: the caller records a graph through the call): both results."""
+    plain = call(*tensors)
+    recorded = call(*[t.clone().requires_grad_() for t in tensors])
+    return plain, optree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, recorded)
+
+
+@pytest.mark.parametrize("kind", ["real", "complex", "unused-input", "aux"])
+def test_plain_autograd_and_torch_func_give_the_same_grad_and_hvp(kind):
+    """grad, value_and_grad and hvp run on plain torch.autograd where nothing needs torch.func
+    (reverse over reverse for hvp), else on torch.func (forward over reverse): the two agree, complex
+    convention and unused inputs (zeros) included."""
+    rng = np.random.default_rng(3)
+    x = torch.from_numpy(rng.standard_normal(4))
+    w = torch.from_numpy(rng.standard_normal(4))
+    v = torch.from_numpy(rng.standard_normal(4))
+    if kind == "complex":
+        x = x + 1j * torch.from_numpy(rng.standard_normal(4))
+        v = v + 1j * torch.from_numpy(rng.standard_normal(4))
+
+    def f(x, w):
+        xp = ns(x)
+        core = xp.sum(xp.abs(x) ** 4 * w ** 2 + xp.real(x * x * w)) if kind == "complex" else xp.sum(xp.sin(x * w) * x)
+        if kind == "unused-input":
+            core = xp.sum(x ** 3)
+        return (core, {"n": 3, "x": x}) if kind == "aux" else core
+
+    has_aux = kind == "aux"
+    grads = _two_paths(unigrad.grad(f, argnums=(0, 1), has_aux=has_aux), x, w)
+    values = _two_paths(unigrad.value_and_grad(f, argnums=(0, 1), has_aux=has_aux), x, w)
+    ref = unigrad.grad(f, argnums=(0, 1), has_aux=has_aux, backend="numpy")(x.numpy(), w.numpy())
+    for got in grads:
+        assert_tree_close(got, unigrad.to_numpy(ref), rtol=1e-12)
+    assert_tree_close(values[0], unigrad.to_numpy(values[1]), rtol=1e-12)
+    if kind == "aux":
+        return
+    products = _two_paths(lambda x, w: unigrad.hvp(f, (x, w), (v, w)), x, w)
+    ref = unigrad.hvp(f, (x.numpy(), w.numpy()), (v.numpy(), w.numpy()), backend="numpy")
+    for got in products:
+        assert_tree_close(got, unigrad.to_numpy(ref), rtol=1e-12)
+    if kind == "unused-input":
+        assert torch.equal(products[0][1], torch.zeros(4, dtype=torch.float64))
+
+
+def test_a_custom_rule_whose_output_is_also_a_residual_keeps_its_derivative():
+    """JAX's idiom ``fwd = lambda t: (y, (y, t))``: the output returned again as a residual. Marking the
+    residual non-differentiable must not mark the output: plain autograd would give zeros."""
+    @unigrad.custom_vjp
+    def cube(t):
+        return t ** 3
+
+    def fwd(t):
+        y = t ** 3
+        return y, (y, t)
+
+    cube.defvjp(fwd, lambda res, g: (3 * res[1] ** 2 * g,))
+    t = np.array([0.5, -1.0, 2.0])
+    for call in (lambda t: unigrad.grad(lambda t: ns(t).sum(cube(t)), backend="torch")(t),  # plain autograd
+                 lambda t: unigrad.jacrev(lambda t: ns(t).sum(cube(t)), backend="torch")(t)):  # torch.func
+        np.testing.assert_allclose(unigrad.to_numpy(call(t)), 3 * t ** 2)
+    (h,) = unigrad.hvp(lambda t: ns(t).sum(cube(t)), (t,), (np.ones(3),), backend="torch")
+    np.testing.assert_allclose(unigrad.to_numpy(h), 6 * t)
+
+
+def test_a_first_grad_and_hvp_import_no_torch_dynamo():
+    """torch.func's backward imports torch._dynamo on first use (about a second); grad and hvp on plain
+    autograd do not: a fresh process's first calls stay cheap."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, numpy as np, unigrad\n"
+            "before = 'torch._dynamo' in sys.modules\n"
+            "x = torch.linspace(-1, 1, 5, dtype=torch.float64)\n"
+            "f = lambda x: torch.sum(torch.sin(x) * x)\n"
+            "g = unigrad.grad(f)(x)\n"
+            "h = unigrad.hessian_vector_product(f)(x, torch.ones(5, dtype=torch.float64))\n"
+            "assert torch.allclose(h, -torch.sin(x) * x + 2 * torch.cos(x))\n"
+            "print(before, 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.split()
+    assert before == "True" or after == "False", "the first grad and hvp calls imported torch._dynamo"
+
+
+def test_a_torch_function_mode_sees_the_backward_calls():
+    """The engine shortcut (torch.autograd.grad's own engine call, without its Python wrapper) applies only
+    where the wrapper would do nothing: under a torch function mode the mode sees torch.autograd.grad."""
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.linspace(-1, 1, 5, dtype=torch.float64)
+    f = lambda x: ns(x).sum(ns(x).sin(x) * x)  # noqa: E731
+    with Seen() as mode:
+        g = unigrad.grad(f)(x)
+        (h,) = unigrad.hvp(f, (x,), (torch.ones(5, dtype=torch.float64),))
+    assert mode.names.count("grad") >= 3  # one sweep for grad, two for hvp
+    assert torch.allclose(g, torch.sin(x) + x * torch.cos(x))
+    assert torch.allclose(h, -torch.sin(x) * x + 2 * torch.cos(x))
+    if unigrad_torch._ENGINE is not None:  # checked once at import: it gives torch.autograd.grad's results
+        assert unigrad_torch._engine_agrees(unigrad_torch._ENGINE)
 
 
 def test_forward_mode_is_thread_safe():

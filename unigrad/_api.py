@@ -548,8 +548,10 @@ def hessian_vector_product(f: Callable, argnums=0, *, backend=None, compile: boo
 
     What a trust-region or Newton-CG loop calls many times: the plan of each signature is made once,
     and with ``compile=True`` the whole product is one compiled program per signature (``jax.jit``,
-    ``tf.function``), as for :func:`grad`. Forward over reverse (the cost of a few gradients, never the
-    Hessian). Complex inputs follow ``jvp`` of ``grad`` in unigrad's convention (docs/conventions.md).
+    ``tf.function``), as for :func:`grad`. Forward over reverse (``jvp`` of the gradient: the cost of a
+    few gradients, never the Hessian); on torch outside ``torch.func`` reverse over reverse, which torch
+    runs faster; the two give the same product, the Hessian of a real ``f`` being symmetric. Complex
+    inputs follow ``jvp`` of ``grad`` in unigrad's convention (docs/conventions.md).
 
     Args:
       f: returns a real scalar.

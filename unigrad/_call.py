@@ -404,7 +404,8 @@ def flat_function(f, plan: Plan, template, treedef, dynamic, has_aux, fname, see
     b = plan.backend
     diff_positions, dynamic_positions = plan.diff_positions, plan.dynamic_positions
     bound = b.arguments(dynamic) if dynamic else ()  # what f receives for them (the backend may wrap them)
-    direct = treedef is None and plan.argnums is None  # vjp/jvp of arrays: f takes the leaves as they are
+    # every argument an array that is differentiated, in order (vjp, jvp; grad of f(x)): f takes the leaves as they are
+    direct = treedef is None and (plan.argnums is None or len(template) == 1 == len(diff_positions))
 
     def run(*diff_leaves):
         if direct:

@@ -1,7 +1,11 @@
 """unigrad's PyTorch backend: the unigrad contract on ``torch.func``.
 
 Every transform is a ``torch.func`` transform (``vjp``, ``jvp``, ``vmap``), so
-they nest to any order and compose with the caller's own ``torch.func`` code.
+they nest to any order and compose with the caller's own ``torch.func`` code --
+except the calls an optimiser makes thousands of times: ``grad``/``value_and_grad``
+and the Hessian-vector product run on plain ``torch.autograd`` where nothing needs
+``torch.func`` (``_plain``: no transform around the call, no input in a graph the
+caller records), at the cost of the native call (benchmarks/bench_calls.py).
 What this adapter adds to ``torch.func`` is the part of the contract torch does
 not give by itself:
 
@@ -211,6 +215,56 @@ class TorchBackend(Backend):
         outputs = _fresh(tuple(outputs), primals + tangents)
         return outputs, _fresh(_tangents_as_outputs(tangents_out, outputs), primals + tangents + outputs), aux
 
+    # ------------------------------------------------------------------ gradients on plain autograd
+    def value_and_grad(self, f, primals, *, has_aux=False, check=None):
+        """One reverse sweep. Where plain ``torch.autograd`` serves the call (:func:`_plain`: no
+        ``torch.func`` transform or dual level around it, no input in a graph the caller records), it
+        runs on ``torch.autograd.grad``: the same numbers as ``torch.func.vjp`` (the same backward
+        formulas), at a third of its cost on small problems, without the ``torch._dynamo`` import
+        (about 1 s) that ``torch.func``'s backward does on first use (torch 2.13; benchmarks/bench_calls.py).
+        Elsewhere ``torch.func.vjp`` (the base class's), which nests in any transform.
+        """
+        if not _plain(primals):
+            return super().value_and_grad(f, primals, has_aux=has_aux, check=check)
+        leaves = tuple([p.detach().requires_grad_() for p in primals])
+        outputs, aux = _recorded(f, leaves, has_aux)
+        if check is not None:
+            check(outputs)
+        y = outputs[0]
+        if not y.requires_grad:  # y does not depend on the leaves
+            return (y,), tuple([torch.zeros_like(x) for x in leaves]), aux
+        grads = _backward((y,), leaves, (torch.ones_like(y),))
+        for g in grads:
+            if g is None or g.is_complex():  # an unused leaf, or torch's complex convention: convert
+                grads = tuple([torch.zeros_like(x) if g is None else _conj(g) for g, x in zip(grads, leaves)])
+                break
+        # The gradients are the engine's new tensors (what the pullback of the base class returned too:
+        # it only ever handed back its own cotangent, which here autograd makes itself).
+        return (y.detach(),), grads, aux
+
+    def hvp(self, f, primals, tangents):
+        """``H @ tangents`` of a scalar ``f``. Where plain autograd serves the call (:func:`_plain`):
+        reverse over reverse (the gradient recorded with ``create_graph``, then pulled back along
+        the tangents), which torch runs 3-8x faster than ``torch.func.jvp`` of ``torch.func.grad``
+        (benchmarks/bench_calls.py) and which needs no forward-mode lock. For a real ``f`` the
+        Hessian is symmetric (also as a real-bilinear form of complex inputs), so the pullback is
+        the product; complex inputs get unigrad's convention, that of ``jvp`` of ``grad`` (the
+        conjugate of torch's). Elsewhere forward over reverse on ``torch.func`` (the base class's).
+        """
+        if not _plain(primals):
+            return super().hvp(f, primals, tangents)
+        leaves = tuple([p.detach().requires_grad_() for p in primals])
+        tangents = tuple([_on_device_of(t, p) for t, p in zip(tangents, primals)])
+        y = _recorded(f, leaves, False)[0][0]
+        # (create_graph records the backward sweep whatever the grad mode: the engine sets it)
+        grads = _backward((y,), leaves, (torch.ones_like(y),), create_graph=True) if y.requires_grad else ()
+        pairs = [(g, t) for g, t in zip(grads, tangents) if g is not None and g.requires_grad]
+        if not pairs:  # f is at most linear in its inputs
+            return tuple([torch.zeros_like(p) for p in primals])
+        hv = _backward(tuple([g for g, _ in pairs]), leaves, tuple([t for _, t in pairs]))
+        return _fresh(tuple([torch.zeros_like(p) if h is None else _conj(h) for h, p in zip(hv, primals)]),
+                      primals + tangents)
+
     # ------------------------------------------------------------------ maps and Jacobians
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
         in_dims = tuple(in_axes)
@@ -348,6 +402,90 @@ def _numpy_calls_rejected():
                     "Use the array namespace instead: xp = unigrad.namespace(x); xp.median(x)") from exc
             tb = tb.tb_next
         raise
+
+
+_current_level = torch._C._functorch.maybe_current_level
+_forward_ad = torch.autograd.forward_ad
+_unpack_dual = torch._VF._unpack_dual
+
+
+def _plain(primals) -> bool:
+    """Plain ``torch.autograd`` serves a reverse sweep at ``primals``: no ``torch.func`` transform is
+    running (its wrapped tensors need ``torch.func``'s own transforms to nest), no input is a dual
+    tensor of forward mode (``detach`` would drop its tangent), inference mode is off and no input is an
+    inference tensor, and no input requires grad while grad mode is on (the caller is recording a graph
+    through the call: ``torch.func``'s results stay connected to it, which a detached sweep's would not).
+    Decided from this thread's state and the inputs alone: forward-mode work in other threads (the dual
+    level is process-global) must not change which way a call goes, nor its last bit."""
+    if _current_level() is not None or torch.is_inference_mode_enabled():
+        return False
+    recording = torch.is_grad_enabled()
+    duals = _forward_ad._current_level >= 0  # (torch has one dual level, 0; without it nothing is dual)
+    for p in primals:
+        if p.is_inference() or (recording and p.requires_grad) or (duals and _unpack_dual(p, 0)[1] is not None):
+            return False
+    return True
+
+
+def _autograd_grad(outputs, inputs, grad_outputs, create_graph=False):
+    return torch.autograd.grad(outputs, inputs, grad_outputs, create_graph=create_graph, allow_unused=True)
+
+
+def _engine_agrees(engine) -> bool:
+    """``engine`` (torch's private ``_engine_run_backward``, called as ``torch.autograd.grad`` calls it)
+    gives ``torch.autograd.grad``'s first and second derivatives of a small function, and accumulates
+    nothing into ``.grad``."""
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+            y = (x ** 3).sum()
+            (g,) = engine((y,), (torch.ones_like(y),), True, True, (x,), True, accumulate_grad=False)
+            v = torch.tensor([1.0, -1.0], dtype=torch.float64)
+            (h,) = engine((g,), (v,), False, False, (x,), True, accumulate_grad=False)
+        return g.tolist() == [3.0, 12.0] and h.tolist() == [6.0, -12.0] and x.grad is None
+    except Exception:  # noqa: BLE001 -- any failure: the public function serves every call
+        return False
+
+
+# torch.autograd.grad is a Python wrapper around the engine call ``torch.autograd.graph._engine_run_backward``:
+# argument normalisation, ``_make_grads`` (the unit cotangent of a scalar, shape and dtype checks) and the
+# __torch_function__ check cost about 13 us a call, a quarter of a 45 us gradient of a 64-element function
+# and most of unigrad's overhead over ``torch.autograd.grad`` there (benchmarks/bench_calls.py, torch 2.13).
+# Where none of that work applies -- plain tensors and no torch function mode (``_has_torch_function``), and
+# cotangents made here with their output's shape and dtype -- ``_backward`` calls the engine function with
+# the arguments torch.autograd.grad itself passes it. The function is private: it is used only where it
+# exists and, checked once at import, gives torch.autograd.grad's results; else torch.autograd.grad serves.
+_ENGINE = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
+if _ENGINE is not None and not _engine_agrees(_ENGINE):
+    _ENGINE = None
+_has_torch_function = torch._C._has_torch_function
+
+
+def _backward(outputs, inputs, grad_outputs, create_graph=False):
+    """``torch.autograd.grad(outputs, inputs, grad_outputs, create_graph=..., allow_unused=True)``
+    (tuples of tensors; ``grad_outputs`` with the outputs' shapes and dtypes: else the public function,
+    which says what is wrong)."""
+    if _ENGINE is None or _has_torch_function(outputs + inputs + grad_outputs):
+        return _autograd_grad(outputs, inputs, grad_outputs, create_graph)
+    for o, c in zip(outputs, grad_outputs):
+        if o.shape != c.shape or o.dtype != c.dtype:
+            return _autograd_grad(outputs, inputs, grad_outputs, create_graph)
+    return _ENGINE(outputs, grad_outputs, create_graph, create_graph, inputs, True, accumulate_grad=False)
+
+
+def _recorded(f, leaves, has_aux):
+    """``f(*leaves)`` with grad mode on (the caller's mode back after, also on errors): ``(outputs,
+    aux)`` as :func:`_call` gives them. (A NumPy function called on a tensor gets
+    :func:`_numpy_calls_rejected`'s error, inline: a context manager costs microseconds per call.)"""
+    enabled = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(True)
+    try:
+        return _call(f, leaves, has_aux)
+    except RuntimeError:
+        with _numpy_calls_rejected():
+            raise
+    finally:
+        torch._C._set_grad_enabled(enabled)
 
 
 def _usable(arrays):

@@ -63,8 +63,17 @@ class _RuleFunction(torch.autograd.Function):
         finally:
             _IN_FORWARD.reset(token)
         info.n_out = len(outs)
-        # an input returned as it is (a residual x, an identity) must be a view to be saved
-        return tuple(v.view_as(v) if any(v is a for a in arrays) else v for v in (*outs, *res))
+        # An input returned as it is (a residual x, an identity) must be a view to be saved; and so must a
+        # value returned twice (JAX's ``return x, (x, theta)``: an output that is also a residual), or
+        # marking the residual non-differentiable would mark the output too (plain autograd then gives it
+        # no derivative at all: zeros).
+        seen, results = [], []
+        for v in (*outs, *res):
+            if any(v is a for a in arrays) or any(v is u for u in seen):
+                v = v.view_as(v)
+            seen.append(v)
+            results.append(v)
+        return tuple(results)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -216,9 +216,11 @@ def test_killed_worker_blocks_are_recomputed(client, tmp_path):
     dead = pids_of[doomed][0]
     alive = set(client.run(os.getpid).values())
     assert dead not in alive and len(pids_of[doomed]) >= 2
-    # every block that had been read on the dead worker was read again elsewhere: its results died with it
-    lost = [i for i, pids in pids_of.items() if dead in pids]
-    assert all(any(p != dead for p in pids_of[i]) for i in lost), pids_of
+    # The block whose read killed the worker was read again on a live one. Other blocks read on the dead
+    # worker are recomputed only where their results were still needed and held there alone: a result
+    # already handed to the next task on another worker is not (the scheduler's rule), so which of them
+    # run twice depends on timing, and the right result above is what this test can require of them.
+    assert any(p != dead for p in pids_of[doomed]), pids_of
 
 
 # ---------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def _share_plans():
 
     def prepare(plans, f, args, argnums, has_aux, backend, fname, device=None):
         _STATE["applied"] += 1
-        plans = shared.setdefault(fname, _call.BoundedCache(64))
+        plans = shared.setdefault(fname, _call.BoundedCache(plans.kind, 64))
         return real(plans, f, args, argnums, has_aux, backend, fname, device)
 
     _replace_everywhere(real, prepare)

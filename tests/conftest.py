@@ -180,6 +180,45 @@ def uncached():
             os.environ["UNIGRAD_NO_CACHE"] = saved_env
 
 
+def outcome(thunk):
+    """``("ok", result)`` or ``("raised", exception type)``."""
+    try:
+        return "ok", thunk()
+    except Exception as exc:  # noqa: BLE001 -- compared with what the reference raises
+        return "raised", type(exc)
+
+
+def _key_orders(tree):
+    if isinstance(tree, dict):
+        return [list(tree)] + [o for v in tree.values() for o in _key_orders(v)]
+    if isinstance(tree, (tuple, list)):
+        return [o for v in tree for o in _key_orders(v)]
+    return []
+
+
+def assert_same(got, want):
+    """The same structure (key order included), and leaves of the same type, dtype, shape and values."""
+    import optree
+
+    import unigrad
+
+    (kind_got, got), (kind_want, want) = got, want
+    assert kind_got == kind_want, f"the call {'raised ' + got.__name__ if kind_got == 'raised' else 'returned'}; " \
+                                  f"a fresh transform {'raised ' + want.__name__ if kind_want == 'raised' else 'returned'}"
+    if kind_got == "raised":
+        assert got is want, (got, want)
+        return
+    leaves_got, tree_got = optree.tree_flatten(got)
+    leaves_want, tree_want = optree.tree_flatten(want)
+    assert tree_got == tree_want and str(tree_got) == str(tree_want), (tree_got, tree_want)
+    assert _key_orders(got) == _key_orders(want)
+    for a, b in zip(leaves_got, leaves_want):
+        assert type(a) is type(b), (type(a), type(b))
+        a, b = unigrad.to_numpy(a), unigrad.to_numpy(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.fixture
 def repeat_hits(monkeypatch):
     """The outcomes of the repeat lookups (``unigrad._call.Repeats``, the fast path of a compiled call that

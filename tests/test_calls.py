@@ -345,17 +345,17 @@ def test_random_call_orders_match_a_fresh_transform(seed, bk):
 # ------------------------------------------------------------------------------ caches off
 
 def test_caches_off_switch_stores_nothing(monkeypatch):
-    from unigrad._call import BoundedCache
+    from unigrad._call import REPEATS, BoundedCache
 
     monkeypatch.setenv("UNIGRAD_NO_CACHE", "1")
-    cache = BoundedCache()
+    cache = BoundedCache(REPEATS)
     cache.put("k", 1)
     assert cache.get("k") is None
     g = unigrad.grad(lambda x: unigrad.namespace(x).sum(x ** 3))
     np.testing.assert_allclose(g(np.arange(3.0)), [0.0, 3.0, 12.0])
     np.testing.assert_allclose(g(np.arange(3.0)), [0.0, 3.0, 12.0])
     monkeypatch.delenv("UNIGRAD_NO_CACHE")
-    cache = BoundedCache()
+    cache = BoundedCache(REPEATS)
     cache.put("k", 1)
     assert cache.get("k") == 1
 

@@ -15,8 +15,10 @@ A transform call goes top-down through four steps:
 4. The transform runs its kernel, eagerly or as a compiled :class:`Program` (one per signature and
    decision, for backends that compile).
 
-Caching is a separate layer: :class:`BoundedCache` maps a signature to a plan, a decision (the
-Jacobian mode) or a program. Each exists because the per-call Python work is a visible share of
+Caching is a separate layer (:mod:`unigrad._caches`): a :class:`BoundedCache` of one declared kind
+maps a call's key -- its signature, and where the kind says so the Python state ``f`` reads and the
+values of the arrays ``f`` is given (:attr:`Call.state`, :attr:`Call.values`) -- to a plan, a decision
+(the Jacobian mode) or a program. Each exists because the per-call Python work is a visible share of
 small calls (docs/benchmarks.md: the tiny tape ``vjp`` and the compiled JAX per-example Jacobian).
 Setting ``UNIGRAD_NO_CACHE=1`` turns every cache off: each call then derives everything anew, which
 must give the same results (the test suite runs both ways).
@@ -34,52 +36,28 @@ import numpy as np
 import optree
 
 from . import _checks, _registry
+from ._caches import BoundedCache, CacheKind, caches_enabled  # noqa: F401 (caches_enabled: re-exported)
 from ._dtypes import INEXACT
-from .backend import Backend
+from ._pystate import fingerprint, python_state
+from .backend import Backend, uses_traced_value
 
 _NONE = type(None)
 _ACTIVE, _DEVICE = _registry.active_backend, _registry._context_device
+
+#: Why each transform's plans and compiled programs are kept per signature alone (see unigrad._caches).
+PLANS_WHY = ("the backend, the differentiated leaves and their dtypes, what to convert: from the signature alone "
+             "(f is not run)")
+PROGRAMS_WHY = ("compile=True: one program per signature, which reads f's Python state when it is traced, as "
+                "jax.jit does (pass what changes as an argument; docs/conventions.md)")
+REPEATS = CacheKind("compiled calls", "repeats", why="a compiled call's arguments straight to its plan and program "
+                    "(Repeats): what decided them, read from the arguments and the selection state")
+FLAT = CacheKind("eager calls", "flat plans", why="an eager call's arrays straight to its plan (FlatPlans): "
+                 "the plan's own key, read without pytree machinery")
 
 
 # ---------------------------------------------------------------------------------------------
 # The cache layer
 # ---------------------------------------------------------------------------------------------
-
-def caches_enabled() -> bool:
-    """False when the environment variable ``UNIGRAD_NO_CACHE`` is set to a true value."""
-    return (_registry._getenv("UNIGRAD_NO_CACHE") or "0").lower() not in ("1", "true", "yes", "on")
-
-
-class BoundedCache:
-    """A small map from signatures to what was derived for them; the oldest entry goes first when full.
-
-    Safe when threads share it (a lost insertion only costs a recomputation). With caches off
-    (``UNIGRAD_NO_CACHE``, read when the cache is made) it stores nothing.
-    """
-
-    __slots__ = ("entries", "maxsize", "values_seen", "warned")
-
-    def __init__(self, maxsize: int = 32):
-        self.entries: dict = {}
-        self.maxsize = maxsize if caches_enabled() else 0
-        self.values_seen: dict = {}  # a cache of programs: argument position -> the static values that built one
-        self.warned = False
-
-    def get(self, key):
-        return None if key is None else self.entries.get(key)
-
-    def put(self, key, value):
-        if key is None or not self.maxsize:
-            return value
-        entries = self.entries
-        while len(entries) >= self.maxsize:
-            try:
-                entries.pop(next(iter(entries)), None)
-            except (StopIteration, RuntimeError):  # emptied or changed by another thread meanwhile
-                break
-        entries[key] = value
-        return value
-
 
 class Key:
     """A signature used as a cache key: a tuple whose hash is computed once (it is looked up in
@@ -490,7 +468,7 @@ class Call:
     """One call of a transform: its plan, its leaves (converted and placed) and its structures."""
 
     __slots__ = ("plan", "program_key", "_key", "_weak", "args", "treedef", "template", "diff", "dynamic", "f", "has_aux",
-                 "fname", "seen", "_flat_f", "program")
+                 "fname", "seen", "_flat_f", "program", "_state", "_values")
 
     def __init__(self, plan: Plan, program_key, f, args, leaves, treedef, has_aux, fname, weak=()):
         # program_key: the signature, dynamic scalars (``weak``) keyed by type (plans, programs, output
@@ -524,6 +502,26 @@ class Call:
         if self._weak is not None:
             self._key, self._weak = exact_key(self.program_key, *self._weak), None
         return self._key
+
+    @property
+    def state(self) -> tuple:
+        """The Python state ``f`` reads now (:func:`unigrad._pystate.python_state`), read once per call:
+        the part of a cache key that an eager call's entries derived from running ``f`` depend on."""
+        try:
+            return self._state
+        except AttributeError:  # (not read yet; calls made without __init__ have no slot value either)
+            self._state = python_state(self.f)
+            return self._state
+
+    @property
+    def values(self):
+        """The values of the arrays ``f`` is given but not differentiated (:func:`unigrad._pystate.fingerprint`
+        of ``dynamic``; None where one has no value to read), read once per call."""
+        try:
+            return self._values
+        except AttributeError:
+            self._values = fingerprint(self.plan.backend, self.dynamic)
+            return self._values
 
     @property
     def flat_f(self):
@@ -615,7 +613,7 @@ class FlatPlans:
     __slots__ = ("plans", "flat")
 
     def __init__(self, plans: BoundedCache):
-        self.plans, self.flat = plans, BoundedCache(plans.maxsize)
+        self.plans, self.flat = plans, BoundedCache(FLAT, plans.maxsize)
 
     def prepare(self, f, args, argnums, has_aux, backend, fname) -> Call:
         """:func:`prepare` (eager, no ``device=``), through the flat lookup where the arguments allow."""
@@ -715,9 +713,10 @@ class Program:
 
     def explain(self, exc, call: Call):
         """Raise the error that says what to do when ``exc`` (raised by the compiled program for
-        ``call``) comes from using a dynamic Python float as a Python value; else return."""
-        if self.weak and _uses_value(exc):
-            raise TypeError(_weak_hint(call, exc)) from exc
+        ``call``) comes from using a traced value as a Python value (a dynamic Python float, or an
+        array: ``if x.max() > 0``); else return."""
+        if _uses_value(exc):
+            raise TypeError(_weak_hint(call, exc) if self.weak else _value_hint(call, exc)) from exc
 
     def flat_runner(self, call: Call, index=None):
         """A function of the arguments of calls that repeat ``call``'s signature (a flat signature:
@@ -814,9 +813,9 @@ class Repeats:
 
     __slots__ = ("entries", "runners", "static", "backend", "device", "fixed")
 
-    def __init__(self, static_args, backend, device, maxsize: int = 32):
-        self.entries = BoundedCache(maxsize)
-        self.runners = BoundedCache(maxsize)  # key -> the transform's whole call, arguments to result (see remember)
+    def __init__(self, static_args, backend, device, maxsize: int = 32, kind: CacheKind = REPEATS):
+        self.entries = BoundedCache(kind, maxsize)
+        self.runners = BoundedCache(kind, maxsize)  # key -> the transform's whole call, arguments to result (see remember)
         self.static, self.backend, self.device = static_args or frozenset(), backend, device
         self.fixed = backend if isinstance(backend, Backend) else None  # backend= an instance: itself
 
@@ -980,7 +979,7 @@ def execute(call: Call, kernel, programs: BoundedCache | None = None, decision=N
     if programs is None or not b.capabilities.compile:
         outs, blocks, aux = kernel(b, call.flat_f, call.diff)
         return outs, blocks, (aux or ())
-    key = None if call.program_key is None else (call.program_key, decision)
+    key = programs.kind.key(call, decision)
     program = programs.get(key)
     if program is None:
         program = programs.put(key, Program(call.f, call, kernel, keep_outputs, bare))
@@ -1047,10 +1046,21 @@ def _many_programs_message(call: Call, k: int, n: int) -> str:
 
 def _uses_value(exc) -> bool:
     """An error of a compiled program's trace from using a traced scalar as a Python value."""
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
-                         "OperatorNotAllowedInGraphError"}) or (
-        isinstance(exc, TypeError) and "symbolic" in str(exc) and "no value yet" in str(exc))  # TensorFlow's Array
+    return uses_traced_value(exc) or (
+        isinstance(exc, TypeError) and "symbolic" in str(exc) and "no value yet" in str(exc))  # a plugin's Array
+
+
+def _value_hint(call: Call, exc) -> str:
+    return (f"{call.fname}(compile=True): f used the value of an array as a Python value (an if or while on it, "
+            f"bool(), float(), int(), a NumPy conversion); with compile=True f is traced once per signature into "
+            f"one program (as jax.jit and tf.function do), where arrays have no values yet. Compute with the "
+            f"namespace's functions (xp.where for a branch), pass what decides the branch as a Python value "
+            f"(static), or use compile=False ({type(exc).__name__}: {_first_line(exc)})")
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _weak_hint(call: Call, exc) -> str:

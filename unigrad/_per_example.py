@@ -38,12 +38,37 @@ from . import _per_example_torch as _torch
 from ._per_example_common import (BIAS, CONV, CONV_GHOST, DENSE, DENSE_GHOST, DENSE_OUTER,  # noqa: F401
                                   EMBEDDING, EMBEDDING_GHOST, MATERIALISED, NORM, SCALE, SHARED, SHARED_SUMMED)
 from ._per_example_common import check_losses as _check_losses
-from ._call import BoundedCache, execute, prepare
+from ._caches import BoundedCache, CacheKind
+from ._call import PLANS_WHY, PROGRAMS_WHY, execute, prepare
 from ._custom import custom_rules_seen
-from ._pystate import python_state
 from ._transform import _wraps, promoted_blocks
+from .backend import uses_traced_value
 
 __all__ = ["per_example_grad", "per_example_grad_norms"]
+
+
+def _kinds(fname):
+    """What a per-example transform keeps, and what each entry depends on (unigrad._caches)."""
+    return {
+        "plans": CacheKind(fname, "plans", why=PLANS_WHY),
+        "programs": CacheKind(fname, "compiled programs", why=PROGRAMS_WHY, program=True),
+        "graphs": CacheKind(fname, "eager TensorFlow programs", ("state",),
+                            "an eager call on TensorFlow runs one graph traced per signature (its pfor would trace "
+                            "one on every call): a trace freezes f's Python state, which an eager call must see as "
+                            "it is now", program=True),
+        "untraceable": CacheKind(fname, "eager TensorFlow f that cannot be traced", ("state",),
+                                 "whether f could be traced into a graph, as it reads its Python state now", program=True),
+        "paths": CacheKind(fname, "paths of a traced program",
+                           why="which way each parameter took (.paths), read when a program was traced: kept under the "
+                               "key of that program (built by its own kind: compiled programs, eager TensorFlow "
+                               "programs)", program=True),
+        "analyses": CacheKind(fname, "torch analyses of a recorded program",
+                              why="keyed by the recorded program itself (its operations, data flow, shapes, dtypes "
+                                  "and literal arguments; f runs and is recorded on every call)"),
+    }
+
+
+_KINDS = {fname: _kinds(fname) for fname in ("per_example_grad", "per_example_grad_norms")}
 
 
 
@@ -134,10 +159,12 @@ class _PerExample:
             raise ValueError(f"{self.fname}: argument {both[0]} is both a parameter (argnums={argnums!r}) and "
                              f"the batch (batch_argnum={batch_argnum!r}); the parameters are shared by all examples")
         self.f, self.backend, self.device, self.norms = f, backend, device, norms
-        self.plans, self.paths = BoundedCache(), BoundedCache(64)
-        self.programs = BoundedCache() if compile else None
-        self.analyses = BoundedCache(64)  # torch: the analysis of each program recorded
-        self.graphs, self.untraceable = BoundedCache(), BoundedCache(64)  # TensorFlow: eager calls' programs
+        kinds = _KINDS[self.fname]
+        self.plans, self.paths = BoundedCache(kinds["plans"]), BoundedCache(kinds["paths"], 64)
+        self.programs = BoundedCache(kinds["programs"]) if compile else None
+        self.analyses = BoundedCache(kinds["analyses"], 64)  # torch: the analysis of each program recorded
+        self.graphs = BoundedCache(kinds["graphs"])  # TensorFlow: eager calls' programs
+        self.untraceable = BoundedCache(kinds["untraceable"], 64)
 
     def function(self):
         def per_example_f(*args):
@@ -171,14 +198,8 @@ class _PerExample:
             outs, blocks, paths = found
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))
-        elif call.diff and _jaxpr.is_jax_backend(b):
-            norms, found = self.norms, {}
-
-            kernel = _program_kernel(_jaxpr.jax_rows, batch, norms, fname, found)
-
-            _, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
-            # (a compiled program traced its kernel once, for its signature: its paths are the signature's)
-            paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
+        elif call.diff and _jaxpr.is_jax_backend(b) and (found := self._jax(call, batch)) is not None:
+            blocks, paths = found
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, (call.diff[0],), call.diff, self.norms)))
         elif call.diff and _tf.is_tf_backend(b) and (found := self._tf(call, batch)) is not None:
@@ -204,31 +225,49 @@ class _PerExample:
         return call.inputs_like(list(blocks))
 
 
+    def _jax(self, call, batch):
+        """JAX: ``(blocks, paths)`` read from the jaxpr of ``f`` (traced on every eager call, once per signature
+        compiled), or None where an eager ``f`` cannot be traced (it uses an array's value in Python, ``if
+        x.max() > 1``): then every parameter is materialised, eagerly (JAX's VJP runs such an f)."""
+        found = {}
+        kernel = _program_kernel(_jaxpr.jax_rows, batch, self.norms, self.fname, found)
+        try:
+            _, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
+        except Exception as exc:
+            if self.programs is not None or "paths" in found or not uses_traced_value(exc):
+                raise  # (compiled: Program.explain said what to do)
+            return None
+        return blocks, self._paths(call, found, self.programs)
+
     def _tf(self, call, batch):
         """TensorFlow: ``(blocks, paths)`` from the graph ``f`` builds in a ``tf.function`` (one per signature,
         eager calls too: TensorFlow's pfor would trace anew on every eager call), or None for an ``f``
         that cannot be traced into a graph (it reads values): then the materialised path runs eagerly."""
-        key = None if call.program_key is None else (call.program_key, "graph")
-        if key is None or self.untraceable.get(key) is not None:
+        if call.program_key is None or self.untraceable.lookup(call) is not None:
             return None
         norms, fname, found = self.norms, self.fname, {}
 
         kernel = _program_kernel(_tf.tf_rows, batch, norms, fname, found)
-
-        if self.programs is not None:
-            programs, decision = self.programs, "graph"
-        else:  # eager: the graph is also kept per value of the Python state f reads (see unigrad._pystate)
-            programs, decision = self.graphs, ("graph", python_state(call.f))
+        # compiled: a program per signature; eager: per value of the Python state f reads too (self.graphs)
+        programs = self.programs if self.programs is not None else self.graphs
         try:
-            _, blocks, _ = execute(call, kernel, programs, decision, keep_outputs=False)
+            _, blocks, _ = execute(call, kernel, programs, "graph", keep_outputs=False)
         except Exception:
             if "paths" in found:  # traced, then failed running: not a tracing problem
                 raise
-            self.untraceable.put(key, True)
+            self.untraceable.store(call, True)
             return None
-        # (a program traced its kernel once, for its signature: its paths are the signature's)
-        paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
-        return blocks, paths
+        return blocks, self._paths(call, found, programs, "graph")
+
+    def _paths(self, call, found, programs, decision=None):
+        """The paths the program that ran took: read when it was traced (``found``), else those kept for it
+        (a program traced its kernel once: its paths are its key's)."""
+        if programs is None:  # eager: traced on this call
+            return found.get("paths")
+        key = programs.kind.key(call, decision)
+        if "paths" in found:
+            return self.paths.put(key, found["paths"])
+        return self.paths.get(key)
 
 
 def _materialised(b, flat_f, leaves, batch, norms, fname):

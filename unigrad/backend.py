@@ -73,7 +73,7 @@ from typing import Callable, Sequence
 
 from ._dtypes import dtype_name
 
-__all__ = ["Backend", "Capabilities", "chunks", "fft_norm"]
+__all__ = ["Backend", "Capabilities", "TracedValueError", "chunks", "fft_norm", "uses_traced_value"]
 
 
 @dataclass(frozen=True)
@@ -522,6 +522,31 @@ def unsupported_rules(b, name):
         f"{name}: the {b.name!r} backend does not support custom derivative rules "
         f"(capabilities.custom_rules is False), so it cannot differentiate a custom_vjp/custom_jvp function "
         f"or stop_gradient; choose another backend (numpy, torch, jax, tensorflow)")
+
+
+class TracedValueError(TypeError):
+    """``f`` asked for the value of an array that has none yet (``bool``, ``float``, ``int`` or NumPy
+    conversion of an array traced into a program, an ``if`` on it). A backend raises it from its own
+    array type; :func:`uses_traced_value` also knows the frameworks' own errors of that kind."""
+
+
+#: The frameworks' errors for the value of a traced array, by class name (no framework is imported):
+#: JAX's tracer conversions, TensorFlow's graph-mode bool.
+_TRACED_VALUE_ERRORS = frozenset({"ConcretizationTypeError", "TracerBoolConversionError",
+                                  "TracerIntegerConversionError", "TracerArrayConversionError",
+                                  "OperatorNotAllowedInGraphError"})
+
+
+def uses_traced_value(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from ``f`` using the value of a traced array as a Python value (an ``if``
+    on it, ``float(x)``): :class:`TracedValueError`, or the frameworks' own errors of that kind, also
+    where one was raised from (the ``__cause__`` / ``__context__`` chain)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, TracedValueError) or {c.__name__ for c in type(exc).__mro__} & _TRACED_VALUE_ERRORS:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def chunks(n: int, chunk_size: int | None) -> list[tuple[int, int]]:

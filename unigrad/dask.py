@@ -37,6 +37,9 @@ from typing import Callable
 import numpy as np
 import optree
 
+from ._caches import CacheKind
+from ._pystate import python_state
+
 __all__ = ["batched_jacobian", "vmap", "per_example_grad", "from_memmap"]
 
 _TRANSFORMS = ("batched_jacobian", "vmap", "per_example_grad")
@@ -194,6 +197,14 @@ def _import_dask():
     return da, HighLevelGraph
 
 
+PROBES = CacheKind("unigrad.dask", "output specs", ("state",),
+                   "f run on stand-in values on the client (the output graph's shapes and dtypes), as it reads its "
+                   "Python state now")
+WORKERS = CacheKind("unigrad.dask", "in-memory transforms on the workers", ("state",),
+                    "a worker builds one in-memory transform per token from the f it received; an f pickled for a "
+                    "call carries the values it read then, so the token holds a hash of f's Python state")
+
+
 class _Transform:
     """A ``unigrad.dask`` transform: a function of Dask arrays returning Dask arrays (see the module doc)."""
 
@@ -201,8 +212,8 @@ class _Transform:
         self.kind, self.f, self.options = kind, f, options
         # batched_of(args, treedef, leaves) -> the flat indices (none_is_leaf=True) of the batched leaves
         self._batched_of = batched_of
-        self.token = f"{kind}-{uuid.uuid4().hex}"  # the workers' cache key for this transform
-        self._probes = {}  # signature -> (output treedef, [(shape after the batch axis, dtype)])
+        self.token = f"{kind}-{uuid.uuid4().hex}"  # the workers' cache key for this transform (see _call)
+        self._probes = {}  # PROBES key -> (output treedef, [(shape after the batch axis, dtype)])
         name = getattr(f, "__name__", type(f).__name__)
         self.__name__ = self.__qualname__ = f"unigrad.dask.{kind}({name})"
         self.__doc__ = getattr(f, "__doc__", None)
@@ -213,6 +224,10 @@ class _Transform:
 
     def _call(self, args, options, token):
         da, HighLevelGraph = _import_dask()
+        # A worker keeps the in-memory transform it built from the first f it received for a token; an f
+        # pickled now carries the values it reads now: a new Python state is a new token (WORKERS)
+        state = python_state(self.f)
+        token = f"{token}-{hash(WORKERS.key_of(token, self.f, state=state)) & 0xFFFFFFFFFFFFFFFF:016x}"
         leaves, treedef = optree.tree_flatten(args, none_is_leaf=True)
         paths = optree.tree_paths(args, none_is_leaf=True)
         names = [f"argument {p[0]}" + "".join(f"[{q!r}]" for q in p[1:]) for p in paths]
@@ -250,7 +265,7 @@ class _Transform:
                 raise TypeError(f"{fname}: {names[k]} is a Dask collection but is not mapped; compute it first "
                                 f"(shared arguments such as parameters are sent to each worker once)")
         chunks0 = reference[2]
-        out_tree, out_specs = self._probe(args, treedef, leaves, batched, options)
+        out_tree, out_specs = self._probe(args, treedef, leaves, batched, options, state)
 
         spec = _Spec(token, self.kind, self.f, options, treedef,
                      tuple(None if k in batched else x for k, x in enumerate(leaves)), tuple(batched))
@@ -274,7 +289,7 @@ class _Transform:
                                     meta=np.empty((0,) * (len(shape) + 1), dtype=dtype)))
         return optree.tree_unflatten(out_tree, outputs)
 
-    def _probe(self, args, treedef, leaves, batched, options):
+    def _probe(self, args, treedef, leaves, batched, options, state):
         """The output's structure, and each output leaf's shape past the batch axis and dtype.
 
         ``batched_jacobian`` runs the in-memory transform on a batch of no examples (no values are read);
@@ -284,8 +299,8 @@ class _Transform:
         sig = tuple((k, tuple(leaves[k].shape[1:]), str(leaves[k].dtype)) for k in batched)
         shared_sig = tuple((type(x).__name__, getattr(x, "shape", None), str(getattr(x, "dtype", "")))
                            for k, x in enumerate(leaves) if k not in batched)
-        key = (treedef, sig, shared_sig, repr(options.get("in_axes")))
         try:
+            key = PROBES.key_of((treedef, sig, shared_sig, repr(options.get("in_axes"))), self.f, state=state)
             known = self._probes.get(key)
         except TypeError:
             known, key = None, None

@@ -23,12 +23,14 @@ Reverse mode is ``tf.GradientTape`` (Jacobians with ``tape.jacobian`` /
 from __future__ import annotations
 
 import contextvars
+import warnings
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import unigrad  # noqa: E402
 from unigrad import Backend, Capabilities  # noqa: E402
+from unigrad.backend import uses_traced_value  # noqa: E402
 
 from . import _array, _namespace, _rules  # noqa: E402
 from ._array import Array  # noqa: E402
@@ -38,6 +40,17 @@ __all__ = ["TensorflowBackend"]
 
 _ZERO = tf.UnconnectedGradients.ZERO
 _SCALARS = (bool, int, float, complex)
+
+
+class SlowMapWarning(UserWarning):
+    """An eager vmap whose function TensorFlow cannot vectorise (it uses an array's value in Python) ran
+    one element at a time."""
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if "Error" in line or "()" in line] or text.splitlines() or [""]
+    return lines[-1].strip()
 
 
 class TensorflowBackend(Backend):
@@ -315,8 +328,20 @@ class TensorflowBackend(Backend):
                     call[k] = s
                 return tuple(_plain(o) for o in _call(f, call))
 
-            pieces = [tf.vectorized_map(body, tuple(e[start:stop] for e in elems))
-                      for start, stop in (_chunks(size, chunk_size) or [(0, 0)])]
+            try:
+                pieces = [tf.vectorized_map(body, tuple(e[start:stop] for e in elems))
+                          for start, stop in (_chunks(size, chunk_size) or [(0, 0)])]
+            except Exception as exc:
+                # f uses an array's value in Python (an if on it): pfor traces f into a graph, where arrays
+                # have no values. Eagerly the elements can still be mapped one by one, f seeing values
+                if not (tf.executing_eagerly() and uses_traced_value(exc) and size):
+                    raise
+                warnings.warn(f"vmap: f uses the value of an array as a Python value ({_first_line(exc)}); "
+                              f"TensorFlow cannot vectorise such a function, so its {size} elements are mapped one "
+                              f"at a time. Keep it vectorised with the namespace's functions (xp.where for a "
+                              f"branch)", SlowMapWarning, stacklevel=2)
+                rows = [body(tuple(e[i] for e in elems)) for i in range(size)]
+                pieces = [[tf.stack(list(column), 0) for column in zip(*rows)]]
             outs = pieces[0] if len(pieces) == 1 else [tf.concat(list(p), 0) for p in zip(*pieces)]
             return tuple(_namespace.moveaxis(o, 0, out_axes) for o in outs)
 

@@ -310,6 +310,8 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: P
         try:
             with custom_rules_seen() as seen:
                 got = b.batch_rows(call.flat_f, call.diff, has_aux=has_aux)
+                if got is None:  # the backend's program in the neutral form, read here
+                    got = _program_rows(b, call, batch, has_aux)
             if got is not None and seen:  # the derivative is the rule's, which the program does not show
                 got = ("unknown", f"f calls {seen[0]}, whose derivative is a custom rule", False)
         except Exception as exc:  # the backend could not trace f: portable code may still be read on the tape
@@ -339,6 +341,17 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: P
 
 
 _BY_VALUE = "by value"  # a signature whose proof is read on the tape, per value of the arrays f is given
+
+
+def _program_rows(b, call: Call, batch: int, has_aux: bool):
+    """``batch_rows``' answer from ``b.dependence_program`` (None where the backend has none)."""
+    program = b.dependence_program(call.flat_f, call.diff, has_aux=has_aux, unknown=call.dynamic)
+    if program is None:
+        return None
+    from .dependence import prove_rows
+
+    verdict, detail = prove_rows(program, batch)
+    return verdict, detail, False
 
 
 def _tape_proof(call: Call, batch, has_aux, argnums):

@@ -48,7 +48,9 @@ method                     status    default / note
 ``jacrev`` / ``jacfwd``    optional  ``vjp`` / ``jvp`` over a unit basis, via ``map_chunks``
 ``batched_jacobian``       optional  the sum trick over the per-example basis
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
-``batch_rows``             optional  None (rows proved on the NumPy tape for portable ``f``)
+``dependence_program``     optional  None: ``f`` in ``unigrad.dependence``'s neutral form (row proofs, sparsity)
+``batch_rows``             optional  None: the core reads ``dependence_program`` (else portable ``f`` on the tape)
+``per_example_rows``       optional  None: per-example gradients from ``f``'s program (else materialised)
 ``hessian`` / ``hvp``      optional  forward over reverse
 ``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
 ``apply_rule(rule, arrays)``  optional  a custom derivative (``unigrad._custom.Rule``); declare
@@ -338,12 +340,46 @@ class Backend(abc.ABC):
                 jac[i][j] = xp.reshape(g, (self.shape(out)[0], *out_tail, *in_tail))
         return outputs, tuple(tuple(r) for r in jac), aux
 
+    # ------------------------------------------------------------------ hooks: reading f's own program
+    def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
+        """``f`` traced by the backend into :class:`unigrad.dependence.Program`, the neutral form the one
+        analysis of traced programs reads (its nodes named ``"<prefix>.<op>"``, their rules registered
+        with :func:`unigrad.dependence.register_rules`), or None: no program of its own (the default;
+        the core then reads portable ``f`` on the NumPy tape).
+
+        What it gives: proofs of independent rows for ``batched_jacobian`` (:meth:`batch_rows`' default)
+        and sparsity patterns for ``jacobian_sparsity`` / ``sparse_jacobian`` of ``f`` written with the
+        framework's own operations. ``unknown``: arrays ``f`` closes over whose values change from call
+        to call (the non-differentiated array arguments): the program must treat them as unknown
+        values, so a proof made once holds for any of them. The outputs are ``f``'s outputs (its aux
+        left out where ``has_aux``)."""
+        return None
+
     def batch_rows(self, f, primals, *, has_aux=False):
-        """A proof about ``f``'s rows read from the backend's own traced program, once per signature:
-        ``(verdict, detail, separable)`` with verdict ``"row"`` (independent), ``"mixed"`` (detail: a
-        ``unigrad.dependence.Mixed`` naming the operation) or ``"unknown"``, and ``separable`` whether
-        each row may be computed alone (``per_example_jacobian``). None: no program to read (the core
-        then reads portable ``f`` on the NumPy tape, or probes)."""
+        """A proof about ``f``'s rows read from the backend's own traced program, once per signature and
+        Python state: ``(verdict, detail, separable)`` with verdict ``"row"`` (independent), ``"mixed"``
+        (detail: a ``unigrad.dependence.Mixed`` naming the operation) or ``"unknown"``, and ``separable``
+        whether each row may be computed alone (``per_example_jacobian``).
+
+        Default None: the core reads :meth:`dependence_program` with ``unigrad.dependence.prove_rows``
+        (``separable`` False), and where there is none, portable ``f`` on the NumPy tape, or probes.
+        Override to tell separable programs apart (JAX: a trace at a symbolic batch size)."""
+        return None
+
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+        """Per-example gradients read from ``f``'s program: ``f(*primals)`` returns one loss per example
+        (shape ``(batch,)``), ``primals`` are the parameters. Returns ``(outputs, blocks, paths)``: the
+        outputs of ``f``, one block of rows ``(batch, *p.shape)`` per parameter (with ``norms``: one block,
+        the ``(batch,)`` norms over all parameters), and per parameter the path it took (the names in
+        :mod:`unigrad.per_example.layers`); None: this path does not apply (the default), and the core
+        materialises every parameter's rows as Jacobian rows.
+
+        The layers a backend finds (a matrix product, a bias, a convolution...) get their rows from one
+        ordinary backward pass with the formulas of :mod:`unigrad.per_example.layers`, where its program
+        proves that the losses' rows stay apart after the layer (``unigrad.dependence.prove_rows``).
+        ``memo``: a bounded cache the backend may keep per-program analyses in, keyed by the program it
+        recorded. The core runs this inside the transform's compiled program where there is one, or
+        the backend's traced one for eager calls (``traces_batched_jacobian``)."""
         return None
 
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):

@@ -468,6 +468,11 @@ class JaxBackend(Backend):
             outputs, jac = jax.vmap(jacobian_one)(*primals)
         return tuple(outputs), tuple(tuple(row) for row in jac), None
 
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+        """Per-example gradients read from ``f``'s jaxpr: dense layers by their rules (``_per_example``)."""
+        from ._per_example import jax_rows
+        return jax_rows(self, f, tuple(primals), batch, norms, fname)
+
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its jaxpr: ``(verdict, detail, separable)`` (see ``_proof``)."""
         from ._proof import batch_rows

@@ -210,6 +210,12 @@ class TensorflowBackend(Backend):
                                    n_in, chunk_size, self._specs(outputs))
         return outputs, _columns_to_blocks(columns, outputs, primals), aux
 
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+        """Per-example gradients read from ``f``'s graph while a ``tf.function`` traces (the core runs this in
+        one: ``traces_batched_jacobian``): dense layers by their rules (``_per_example``)."""
+        from ._per_example import tf_rows
+        return tf_rows(self, f, tuple(primals), batch, norms, fname)
+
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its ``tf.function`` graph: ``(verdict, detail, False)`` (see ``_proof``)."""
         from ._proof import batch_rows

@@ -248,6 +248,12 @@ class TorchBackend(Backend):
                              for block, p in zip(columns.split(sizes, dim=1), primals)))
         return outputs, tuple(jac), aux
 
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+        """Per-example gradients read from the ATen operations ``f`` ran: layers by their rules (``_per_example``);
+        ``memo`` keeps the analysis of each program recorded."""
+        from ._per_example import torch_rows
+        return torch_rows(self, f, tuple(primals), batch, norms, fname, memo, getattr(f, "closure_arrays", ()))
+
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its ATen graph (``make_fx``): ``(verdict, detail, False)`` (see ``_proof``)."""
         from ._proof import batch_rows

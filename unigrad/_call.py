@@ -145,9 +145,7 @@ def reject_lazy(leaves, args, fname):
     ``unigrad.dask`` (the in-memory transforms would pull it into memory whole)."""
     for a in leaves:
         if type(a).__module__.partition(".")[0] == "dask":
-            from . import dask as lazy  # only when such an array is met: dask is an optional extra
-
-            lazy._reject_lazy(tuple(args), fname)
+            _checks._reject_lazy(tuple(args), fname)
 
 
 def arguments(args, fname="transform"):

@@ -221,13 +221,13 @@ def assert_same(got, want):
 
 @pytest.fixture
 def repeat_hits(monkeypatch):
-    """The outcomes of the repeat lookups (``unigrad._call.Repeats``, the fast path of a compiled call that
+    """The outcomes of the repeat lookups (``unigrad._repeats.Repeats``, the fast path of a compiled call that
     repeats a signature) made while the test runs: True for a hit. Spies on ``Repeats.call`` and on
     ``Repeats.run`` (grad's whole-call runners: a hit skips ``Repeats.call``, a miss goes on to it)."""
-    from unigrad import _call
+    from unigrad import _repeats
 
     seen = []
-    real_call, real_run = _call.Repeats.call, _call.Repeats.run
+    real_call, real_run = _repeats.Repeats.call, _repeats.Repeats.run
 
     def spy_call(self, key, f, args, has_aux, fname):
         call = real_call(self, key, f, args, has_aux, fname)
@@ -236,12 +236,12 @@ def repeat_hits(monkeypatch):
 
     def spy_run(self, args, go=True):
         out = real_run(self, args, go)
-        if go and type(out) is not _call.Miss:
+        if go and type(out) is not _repeats.Miss:
             seen.append(True)
         return out
 
-    monkeypatch.setattr(_call.Repeats, "call", spy_call)
-    monkeypatch.setattr(_call.Repeats, "run", spy_run)
+    monkeypatch.setattr(_repeats.Repeats, "call", spy_call)
+    monkeypatch.setattr(_repeats.Repeats, "run", spy_run)
     return seen
 
 

@@ -30,7 +30,7 @@ import optree
 import pytest
 
 import unigrad
-from unigrad import _call
+from unigrad import _call, _repeats
 from unigrad.tape import NumpyBackend
 
 from conftest import assert_same, outcome as _outcome, uncached
@@ -70,11 +70,11 @@ def second_call_is_fresh(make, first, second, context=contextlib.nullcontext):
 
 
 def test_the_reference_uses_no_cache():
-    cache = _call.BoundedCache(_call.REPEATS)
+    cache = _call.BoundedCache(_repeats.REPEATS)
     cache.put("k", 1)
     with uncached():
         assert cache.get("k") is None
-        assert _call.BoundedCache(_call.REPEATS).put("j", 2) == 2
+        assert _call.BoundedCache(_repeats.REPEATS).put("j", 2) == 2
         assert not _call.caches_enabled()
     assert cache.get("k") == 1
     calls = []

@@ -345,7 +345,8 @@ def test_random_call_orders_match_a_fresh_transform(seed, bk):
 # ------------------------------------------------------------------------------ caches off
 
 def test_caches_off_switch_stores_nothing(monkeypatch):
-    from unigrad._call import REPEATS, BoundedCache
+    from unigrad._caches import BoundedCache
+    from unigrad._repeats import REPEATS
 
     monkeypatch.setenv("UNIGRAD_NO_CACHE", "1")
     cache = BoundedCache(REPEATS)

@@ -20,8 +20,11 @@ from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
 from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
 from ._caches import BoundedCache, CacheKind
-from ._call import (_LEAF, PLANS_WHY, PROGRAMS_WHY, Call, FlatPlans, Miss, Repeats, block_runner, execute, prepare,
-                    reject_lazy, unflatten)
+from ._call import _LEAF, Call, FlatPlans, prepare, unflatten
+from ._plan import PLANS_WHY
+from ._program import PROGRAMS_WHY, block_runner, execute
+from ._repeats import Miss, Repeats
+from ._signature import reject_lazy
 from . import _memory
 from ._transform import (_ITEMSIZE, SHAPES_WHY, _flatten_blocks, _size, _wraps, budget_chunk,  # noqa: F401
                          choose_mode, output_shapes, promoted_blocks, real_to_complex, reverse_complex_error,

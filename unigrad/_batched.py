@@ -19,7 +19,10 @@ import numpy as np
 
 from . import _checks, _memory
 from ._caches import BoundedCache, CacheKind
-from ._call import PLANS_WHY, PROGRAMS_WHY, Call, Miss, Repeats, block_runner, execute, prepare
+from ._call import Call, prepare
+from ._plan import PLANS_WHY
+from ._program import PROGRAMS_WHY, block_runner, execute
+from ._repeats import Miss, Repeats
 from ._custom import custom_rules_seen
 from ._transform import (SHAPES_WHY, _wraps, budget_chunk, choose_mode, promoted_blocks, real_to_complex,
                          reverse_complex_error, static_arguments)

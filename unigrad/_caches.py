@@ -114,7 +114,7 @@ class BoundedCache:
 
     ``kind`` (a :class:`CacheKind`) says what its keys hold: :meth:`lookup` and :meth:`store` key a
     call's entry by it. :meth:`get` and :meth:`put` take a key made elsewhere (the repeat keys of
-    :class:`unigrad._call.Repeats`, made from the arguments of a compiled call). Safe when threads
+    :class:`unigrad._repeats.Repeats`, made from the arguments of a compiled call). Safe when threads
     share it (a lost insertion only costs a recomputation). With caches off (``UNIGRAD_NO_CACHE``,
     read when the cache is made) it stores nothing.
     """

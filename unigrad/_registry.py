@@ -44,7 +44,7 @@ _instances: dict[str, Backend] = {}
 _errors: dict[str, BaseException] = {}
 # Counts the changes of runtime registrations (register_backend, unregister_backend): the backend the
 # selection rules pick for given contexts, variables and array types changes only with it (read by
-# the compiled repeat keys, unigrad._call.Repeats, instead of running resolve() on every call).
+# the compiled repeat keys, unigrad._repeats.Repeats, instead of running resolve() on every call).
 _generation = 0
 
 

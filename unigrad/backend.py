@@ -129,7 +129,7 @@ class Backend(abc.ABC):
     #: holds is memory that ``vjp_fn`` reads (see :meth:`copy`).
     mutable_arrays: bool = True
     #: The name of an attribute of the backend's arrays that stands for their shape and dtype in the keys
-    #: of compiled repeats (``unigrad._call.Repeats``), read instead of ``shape`` and ``dtype``: hashable,
+    #: of compiled repeats (``unigrad._repeats.Repeats``), read instead of ``shape`` and ``dtype``: hashable,
     #: and equal for two arrays only where their shapes and dtypes are equal (it may tell more apart).
     #: JAX: ``aval`` (one attribute, where ``shape`` and ``dtype`` are two Python properties over it).
     #: None: the pair ``(shape, dtype)``.

@@ -33,7 +33,9 @@ import numpy as np
 
 from .. import _checks
 from .._caches import BoundedCache, CacheKind
-from .._call import PLANS_WHY, PROGRAMS_WHY, execute, prepare
+from .._call import prepare
+from .._plan import PLANS_WHY
+from .._program import PROGRAMS_WHY, execute
 from .._custom import custom_rules_seen
 from .._transform import _wraps, promoted_blocks
 from ..backend import Backend, uses_traced_value

@@ -13,8 +13,11 @@ import numpy as np
 from .. import _registry
 from .._batched import traced_once
 from .._caches import BoundedCache, CacheKind
-from .._call import (_SUMMARIES, PLANS_WHY, PROGRAMS_WHY, Repeats, _static_token, _summary, execute,
-                     prepare)
+from .._call import prepare
+from .._plan import PLANS_WHY
+from .._program import PROGRAMS_WHY, execute
+from .._repeats import Repeats
+from .._signature import _SUMMARIES, _static_token, _summary
 from .._checks import check_chunk, promote, scalar_check
 from .._dtypes import COMPLEX
 from .._transform import _wraps, real_to_complex, reverse_complex_error
@@ -161,7 +164,7 @@ _KINDS = {fname: _kinds(fname) for fname in ("sparse_jacobian", "sparse_hessian"
 
 
 class _Repeats(Repeats):
-    """The repeat cache of compiled sparse calls (:class:`unigrad._call.Repeats`), keyed as a sparse call's
+    """The repeat cache of compiled sparse calls (:class:`unigrad._repeats.Repeats`), keyed as a sparse call's
     plan is: a sparse transform keeps every Python scalar static, as an eager call does (the pattern
     detected for one value of ``N`` or ``c`` says nothing of another), so a scalar is in the key by its
     type and exact value (``_static_token``: ``1``, ``True``, ``1.0`` differ, so do ``0.0`` and ``-0.0``),

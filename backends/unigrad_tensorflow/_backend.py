@@ -23,6 +23,7 @@ Reverse mode is ``tf.GradientTape`` (Jacobians with ``tape.jacobian`` /
 from __future__ import annotations
 
 import contextvars
+import threading
 import warnings
 
 import numpy as np  # noqa: E402
@@ -378,7 +379,7 @@ class TensorflowBackend(Backend):
                 return inner(*arrays)
 
         function = tf.function(fn, autograph=False)
-        concrete = {}
+        concrete, trace_lock = {}, threading.Lock()
 
         def compiled(*arrays):
             if weak:
@@ -396,7 +397,13 @@ class TensorflowBackend(Backend):
             key = tuple((tuple(a.shape), a.dtype) for a in arrays)
             program = concrete.get(key)
             if program is None:
-                program = concrete[key] = function.get_concrete_function(*arrays)
+                # One trace at a time per program: threads sharing a transform meet its first call together,
+                # and a trace of one tf.function is the one TensorFlow state unigrad lets threads share
+                # (docs/conventions.md, threads); after the first call per signature the lock is not taken
+                with trace_lock:
+                    program = concrete.get(key)
+                    if program is None:
+                        program = concrete[key] = function.get_concrete_function(*arrays)
             return program(*arrays)
 
         compiled.function = function

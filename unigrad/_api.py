@@ -136,9 +136,15 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
     out_tree = call.seen.out_tree
     flat = call.treedef is None  # (and argnums None: the result is the tuple of the leaves' cotangents)
 
+    scalar = outputs[0] if out_tree is _LEAF and type(outputs[0]) is np.ndarray and outputs[0].ndim == 0 \
+        and outputs[0].dtype.kind == "f" else None  # a real scalar output: a Python float cotangent is cast at once
+
     def vjp_fn(cotangent):
         if out_tree is _LEAF and b.matches(cotangent, outputs[0]):  # one output, a cotangent needing no checks
             cts = vjp_flat((cotangent,))
+            return cts if flat and type(cts) is tuple else call.inputs_like(cts)
+        if scalar is not None and type(cotangent) is float:  # (check_like's answer for it, without its work)
+            cts = vjp_flat((np.asarray(cotangent, dtype=scalar.dtype),))
             return cts if flat and type(cts) is tuple else call.inputs_like(cts)
         try:
             cts = (cotangent,) if out_tree is _LEAF else out_tree.flatten_up_to(cotangent)

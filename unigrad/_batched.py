@@ -129,18 +129,25 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
 
     def kernel_for(chosen, chunk, per_example, recorded=None):
+        # per_example: False (the sum trick), True (declared separable, or a proof that says so) or the
+        # marker a backend's batch_rows gave for how one example is computed alone (handed back as proof=)
+        def method_of(b):
+            if not per_example:
+                return b.batched_jacobian
+            if per_example is True:
+                return b.per_example_jacobian
+            return lambda *a, **k: b.per_example_jacobian(*a, proof=per_example, **k)
+
         def kernel(b, flat_f, leaves):
             if recorded is not None:  # the tape's recording that the proof read: swept, not recorded again
                 outs, jac, aux = b.batched_jacobian(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux,
                                                     recorded=recorded)
             else:
-                method = b.per_example_jacobian if per_example else b.batched_jacobian
-                outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
+                outs, jac, aux = method_of(b)(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
             if chosen == "rev" and real_to_complex(b, outs, leaves):  # rows would hold Re J alone
                 if mode == "rev":
                     raise reverse_complex_error("batched_jacobian")
-                method = b.per_example_jacobian if per_example else b.batched_jacobian
-                outs, jac, aux = method(flat_f, leaves, mode="fwd", chunk_size=chunk, has_aux=has_aux)
+                outs, jac, aux = method_of(b)(flat_f, leaves, mode="fwd", chunk_size=chunk, has_aux=has_aux)
             return outs, tuple(block for row in promoted_blocks(b, outs, leaves, jac) for block in row), aux
         return kernel
 
@@ -171,7 +178,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             verdict, detail, recorded, provable = prove_independence(call, batch, has_aux, argnums, proofs)
             if verdict == "mixed":
                 raise _mixed_error(detail)
-            per_example = separable or (verdict == "row" and provable)
+            per_example = True if separable else (verdict == "row" and provable)  # (provable: True or a marker)
         if verdict != "row" and check_independence != "never":
             if check_independence == "always" or settled.lookup(call) is None:
                 # no proof: the probe. A custom rule met on the way is opaque to every proof and may mix rows
@@ -184,7 +191,9 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         if recorded is not None and chosen == "rev" and budget is None and programs is None:
             kernel, decision = kernel_for(chosen, chunk_size, per_example, recorded), None
         else:
-            kernel, decision = kernels[chosen, per_example], (chosen, per_example)
+            kernel = kernels.get((chosen, per_example)) or kernels.setdefault(
+                (chosen, per_example), kernel_for(chosen, chunk_size, per_example))
+            decision = (chosen, per_example)
         recorded = None  # (the kernel holds it until it has swept it)
         if budget is not None:
             chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")

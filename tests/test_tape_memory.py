@@ -88,6 +88,9 @@ def test_a_unary_function_of_an_input_keeps_the_input_not_its_result():
     want = 1 / np.cosh(x) ** 2 + 2 / np.cosh(2 * x) ** 2
     np.testing.assert_allclose(unigrad.grad(lambda x: f(x)[0])(x), want, rtol=1e-13)
     np.testing.assert_allclose(unigrad.vjp(lambda x: f(x)[0], x)[1](1.0)[0], want, rtol=1e-13)
+    for scalar in (np.float64(0.3), np.array(0.3), np.array([0.3], dtype=np.float32)):  # 0-d and 1-element
+        got = unigrad.vjp(lambda x: unigrad.namespace(x).tanh(x), scalar)[1](np.ones_like(scalar))[0]
+        np.testing.assert_allclose(got, 1 / np.cosh(0.3) ** 2, rtol=1e-6)
     h = unigrad.hessian(lambda x: f(x)[0])(x[:5])  # second order through the twin's traced slope
     t1, t2 = np.tanh(x[:5]), np.tanh(2 * x[:5])
     np.testing.assert_allclose(np.diag(h), -2 * t1 * (1 - t1 ** 2) - 8 * t2 * (1 - t2 ** 2), rtol=1e-11)

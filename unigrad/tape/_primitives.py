@@ -140,8 +140,10 @@ def _sech2(ans, x):
     """tanh's derivative from x: 1 / cosh(x)^2 (0 where cosh overflows), in the memory of one array."""
     if type(x) is np.ndarray:
         c = np.cosh(x)
-        np.multiply(c, c, out=c)
-        return np.reciprocal(c, out=c)
+        if type(c) is np.ndarray:  # (a 0-d input gives a NumPy scalar: no memory to reuse)
+            np.multiply(c, c, out=c)
+            return np.reciprocal(c, out=c)
+        return 1 / (c * c)
     c = cosh(x)
     return 1 / (c * c)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._pytest_plugin import _has_device, _selected_devices
+from ._pytest_common import _has_device, _selected_devices
 
 
 def pytest_generate_tests(metafunc):

@@ -57,6 +57,13 @@ method                     status    default / note
                                      ``capabilities.custom_rules``. Default: a clear error
 ``checkpoint(f, primals)`` optional  ``f(*primals)``; with ``custom_rules`` (not overridden): a rule
                                      keeping only ``primals`` whose ``bwd`` re-runs ``vjp``
+``carries_derivative(x)``  optional  False: ``unigrad.bridge`` hands own arrays over as data
+``host_callback(fn, arrays, out_specs, jvp=)``  optional  None: no bridge out of traced programs (a clear error)
+``primals_from_jvp_rule``  optional  False: ``apply_rule`` takes primal outputs from ``fun``, not from ``jvp``
+``sparse_matrix(values, structure, format, fname)``  optional  ``scipy.sparse`` (CSR for ``"auto"``)
+``sparse_finisher(values, structure, format, fname)``  optional  ``sparse_matrix`` on every call
+``dense_matrix(values, structure)``  optional  a NumPy scatter, then ``asarray``
+``sparse_to_numpy(matrix)``  optional  ``toarray()`` of ``scipy.sparse``, else ``to_numpy``
 =========================  ========  =====================================================
 
 The generic defaults call these namespace functions: ``eye(n, m, k=, dtype=,
@@ -461,6 +468,91 @@ class Backend(abc.ABC):
         (``unigrad._checkpoint.rule_checkpoint``).
         """
         return tuple(f(*primals))
+
+    # ------------------------------------------------------------------ bridge and sparse results
+    # Hooks through which the core reaches what only the framework has, for ``unigrad.bridge`` (a call
+    # out of a traced program, derivatives a value hides) and the sparse transforms (the framework's
+    # sparse types). Each is optional: the default works on any backend (see docs/plugins.md).
+
+    #: ``apply_rule`` takes an operation's primal outputs from what the rule's ``jvp`` returns, also where
+    #: the backend maps that ``jvp`` over a batch of tangents with the primals unbatched (JAX: a
+    #: ``custom_jvp`` under ``jax.vmap``, in ``jacfwd`` and ``hessian``): outputs computed with the tangents
+    #: would then come out batched. ``unigrad.bridge`` computes them by a call of their own where this is
+    #: True. False: the operation's outputs are ``fun``'s, and the bridge takes both the primal and the
+    #: tangent outputs from one call.
+    primals_from_jvp_rule: bool = False
+
+    def carries_derivative(self, x) -> bool:
+        """Whether own array ``x`` is a traced value whose :meth:`to_numpy` would give its value without
+        its derivative (the tape's tracers, ``torch.func``'s wrapped tensors): ``unigrad.bridge`` refuses
+        to hand such a value to another backend as data, where its derivative would silently be lost.
+
+        Default False: own arrays are data, or are tracers with no value at all (JAX, TensorFlow), whose
+        :meth:`to_numpy` raises."""
+        return False
+
+    def host_callback(self, fn, arrays, out_specs, *, jvp=None):
+        """``fn`` called on the host from inside a program this backend traces (compiled code, a
+        vectorising ``vmap``), where ``arrays`` hold no data: JAX's ``jax.pure_callback``, TensorFlow's
+        ``tf.py_function``. ``unigrad.bridge`` calls it for a function of another backend.
+
+        Args:
+          fn: ``fn(*numpy_arrays)`` returns a tuple of NumPy arrays, one per entry of ``out_specs``.
+          arrays: own arrays (traced), ``fn``'s arguments.
+          out_specs: the outputs' ``(shape, dtype name)`` list.
+          jvp: None, or ``jvp(primals, tangents) -> tangents_out`` (tuples of own arrays): the call's
+            forward-mode derivative, for a backend whose forward mode would meet the callback without one
+            (JAX differentiates the primal call inside a rule's ``fwd`` in ``hessian``). Reverse mode needs
+            nothing here: the bridge wraps the call in a rule (:meth:`apply_rule`).
+
+        Returns:
+          A tuple of own arrays (the outputs, with the shapes and dtypes of ``out_specs``), or None: the
+          backend has no host callback (the default), and ``unigrad.bridge`` raises a TypeError saying
+          to call the function outside that transform.
+        """
+        return None
+
+    def sparse_matrix(self, values, structure, format, fname):
+        """``values`` as the backend's own sparse matrix (``sparse_jacobian``, ``sparse_hessian``).
+
+        Args:
+          values: an own 1-d array, one value per non-zero of ``structure`` in CSR order.
+          structure: the plan's :class:`unigrad.sparse.Structure`: the shape and the index arrays of every
+            layout; ``structure.converted(key, make)`` keeps the backend's copy of one, once per plan.
+          format: ``"auto"`` (the backend's usual sparse type), ``"csr"``, ``"csc"`` or ``"coo"``.
+          fname: the transform's name, for errors.
+
+        Returns:
+          The ``structure.shape`` matrix.
+
+        Raises:
+          ValueError: naming ``fname``, for a format the backend has no type for, and the formats it has.
+
+        Default: a ``scipy.sparse`` array in that layout (CSR for ``"auto"``) of a host copy of the values:
+        the NumPy tape's result, and that of every backend without a sparse type of its own.
+        """
+        return structure.to_scipy(self.to_numpy(values), "csr" if format == "auto" else format)
+
+    def sparse_finisher(self, values, structure, format, fname):
+        """``v -> sparse_matrix(v, structure, format, fname)`` for every later call whose ``v`` is like
+        ``values`` (the same type, dtype, shape and device: the outputs of one compiled program); what
+        :meth:`sparse_matrix` checks or converts on each call may be done once here (JAX: a ``BCOO`` from
+        its parts, after one checked construction). Default: :meth:`sparse_matrix` on every call."""
+        return lambda v: self.sparse_matrix(v, structure, format, fname)
+
+    def dense_matrix(self, values, structure):
+        """``values`` (as for :meth:`sparse_matrix`) as the dense ``structure.shape`` own array, zeros off the
+        pattern (``format="dense"``). Default: scattered in NumPy (``structure.to_dense``), then
+        :meth:`asarray` on the values' device; a framework's own scatter keeps it on its device."""
+        return self.asarray(structure.to_dense(self.to_numpy(values)), device=self.device(values))
+
+    def sparse_to_numpy(self, matrix):
+        """A dense NumPy copy of a matrix :meth:`sparse_matrix` or :meth:`dense_matrix` returned (the checks
+        of ``unigrad.testing`` read results through it). Default: ``matrix.toarray()`` for a
+        ``scipy.sparse`` array, else :meth:`to_numpy`."""
+        if hasattr(matrix, "toarray"):
+            return matrix.toarray()
+        return self.to_numpy(matrix)
 
     # ------------------------------------------------------------------ helpers for adapters
     def unit_basis(self, arrays, start, stop):

@@ -46,8 +46,8 @@ import unigrad
 from unigrad import Backend, Capabilities
 from unigrad.backend import chunks
 
+from . import _host, _rules, _sparse
 from . import _namespace as _jax_namespace
-from . import _rules
 
 __all__ = ["JaxBackend"]
 
@@ -558,6 +558,29 @@ class JaxBackend(Backend):
 
         compiled.specialize = specialize
         return compiled
+
+    # ------------------------------------------------------------------ bridge and sparse results
+    # (the contract's hooks for unigrad.bridge and the sparse transforms: _host, _sparse)
+    primals_from_jvp_rule = True  # a custom_jvp's outputs are its rule's primal outputs, unbatched under vmap
+
+    def host_callback(self, fn, arrays, out_specs, *, jvp=None):
+        """``jax.pure_callback`` in a ``jax.custom_jvp`` whose rule is ``jvp`` (see ``_host``)."""
+        return _host.host_callback(fn, arrays, out_specs, jvp)
+
+    def sparse_matrix(self, values, structure, format, fname):
+        """``BCOO`` (``"auto"``, ``"coo"``) or ``BCSR`` (``"csr"``); ``"csc"``: a ValueError (see ``_sparse``)."""
+        return _sparse.sparse_matrix(values, structure, format, fname)
+
+    def sparse_finisher(self, values, structure, format, fname):
+        """A ``BCOO`` from its parts for values like ``values``, after one checked construction."""
+        return _sparse.sparse_finisher(values, structure, format, fname)
+
+    def dense_matrix(self, values, structure):
+        """One ``jax.jit`` scatter per plan."""
+        return _sparse.dense_matrix(values, structure)
+
+    def sparse_to_numpy(self, matrix):
+        return _sparse.sparse_to_numpy(matrix)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import unigrad  # noqa: E402
 from unigrad import Backend, Capabilities  # noqa: E402
 from unigrad.backend import uses_traced_value  # noqa: E402
 
-from . import _array, _namespace, _rules  # noqa: E402
+from . import _array, _host, _namespace, _rules, _sparse  # noqa: E402
 from ._array import Array  # noqa: E402
 from ._namespace import _gpu_count, tf_device_name  # noqa: E402
 
@@ -408,6 +408,23 @@ class TensorflowBackend(Backend):
 
         compiled.function = function
         return compiled
+
+    # ---------------------------------------------------------------- bridge and sparse results
+    # (the contract's hooks for unigrad.bridge and the sparse transforms: _host, _sparse)
+    def host_callback(self, fn, arrays, out_specs, *, jvp=None):
+        """``tf.py_function`` (see ``_host``); ``jvp`` is not needed: TensorFlow differentiates the bridge's
+        rule (``tf.custom_gradient``), never the callback itself."""
+        return _host.host_callback(fn, [_plain(x) for x in arrays], out_specs)
+
+    def sparse_matrix(self, values, structure, format, fname):
+        """A ``tf.sparse.SparseTensor`` (``"auto"``, ``"coo"``); other layouts: a ValueError (see ``_sparse``)."""
+        return _sparse.sparse_matrix(_plain(values), structure, format, fname)
+
+    def dense_matrix(self, values, structure):
+        return _sparse.dense_matrix(_plain(values), structure)
+
+    def sparse_to_numpy(self, matrix):
+        return _sparse.sparse_to_numpy(_plain(matrix))
 
 
 # -------------------------------------------------------------------- helpers

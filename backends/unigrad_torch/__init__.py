@@ -40,7 +40,7 @@ from unigrad import Backend, Capabilities
 from unigrad.backend import chunks
 
 from . import _namespace as _torch_namespace
-from . import _rules
+from . import _rules, _sparse
 
 __all__ = ["TorchBackend"]
 
@@ -65,6 +65,7 @@ for _name in ("uint16", "uint32", "uint64"):  # present in newer torch versions 
         _DTYPE_NAMES[getattr(torch, _name)] = _name
 
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
+_functorch = torch._C._functorch  # the wrapped tensors of torch.func's transforms (carries_derivative)
 
 
 class TorchBackend(Backend):
@@ -316,6 +317,23 @@ class TorchBackend(Backend):
           grad-mode handling, whose thread safety under Dynamo is unproven.
         """
         return fn
+
+    # ------------------------------------------------------------------ bridge and sparse results
+    # (the contract's hooks for unigrad.bridge and the sparse transforms: _sparse)
+    def carries_derivative(self, x):
+        """A ``torch.func`` wrapped tensor (a grad or jvp level), whose ``to_numpy`` would be its value alone; a
+        vmap's batched tensor is not one (it has no data to hand over: the bridge says so)."""
+        return _functorch.is_functorch_wrapped_tensor(x) and not _functorch.is_batchedtensor(x)
+
+    def sparse_matrix(self, values, structure, format, fname):
+        """A sparse CSR (``"auto"``, ``"csr"``), CSC or COO tensor on the values' device (see ``_sparse``)."""
+        return _sparse.sparse_matrix(values, structure, format, fname)
+
+    def dense_matrix(self, values, structure):
+        return _sparse.dense_matrix(values, structure)
+
+    def sparse_to_numpy(self, matrix):
+        return _sparse.sparse_to_numpy(matrix)
 
 
 # ---------------------------------------------------------------------------------------------

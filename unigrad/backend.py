@@ -39,6 +39,7 @@ method                     status    default / note
 ``zeros``, ``zeros_like``, ``ones_like``, ``stop_gradient``, ``copy``  optional  from the namespace
 ``mutable_arrays``         optional  True: ``vjp`` copies what the caller holds (False: JAX, TF)
 ``signature_attribute``    optional  None: arrays stand in repeat keys by ``(shape, dtype)`` (JAX: ``aval``)
+``forward_by_reverse``     optional  False: sparse forward passes as transposed VJPs (torch: True)
 ``evaluate(f, primals)``   optional  ``f(*primals)``; the core's plain forward evaluations
 ``output_shapes(f, primals, has_aux)``  optional  the outputs' shapes from ``evaluate`` (JAX: traced, no work)
 ``special(name)``          optional  None: unigrad.special's formulas (the framework's own functions)
@@ -141,6 +142,9 @@ class Backend(abc.ABC):
     #: JAX: ``aval`` (one attribute, where ``shape`` and ``dtype`` are two Python properties over it).
     #: None: the pair ``(shape, dtype)``.
     signature_attribute: str | None = None
+    #: Its forward mode is much slower than its reverse mode on ordinary code: the sparse transforms run their
+    #: forward passes (one JVP per colour) as transposed VJPs instead (torch; see ``TorchBackend``).
+    forward_by_reverse: bool = False
 
     # ------------------------------------------------------------------ required
     @abc.abstractmethod

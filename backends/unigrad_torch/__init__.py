@@ -78,6 +78,12 @@ class TorchBackend(Backend):
                                 complex=True, float64=True, custom_rules=True)
     # ``asarray`` takes objects with ``__dlpack__`` (JAX arrays...) directly, without a NumPy copy.
     accepts_dlpack = True
+    # torch 2.13's forward AD turns the tangent of every Python number in ``f`` (``2.0 * x``, ``x + 1.0``) into a
+    # ZeroTensor whose arithmetic runs through Python reference ops, about 1-2 ms per operation whatever the
+    # size: measured on the Brusselator, N = 32 (12 colours, float64, 2 CPU cores), vmap of torch.func.jvp
+    # 15-22 ms, the transposed VJP below 2.9 ms, the same numbers (benchmarks/bench_sparse.py). The sparse
+    # transforms run their forward passes as transposed VJPs here.
+    forward_by_reverse = True
 
     def copy(self, x):
         return x.clone()

@@ -188,11 +188,11 @@ def outcome(thunk):
         return "raised", type(exc)
 
 
-def _key_orders(tree):
+def key_orders(tree):
     if isinstance(tree, dict):
-        return [list(tree)] + [o for v in tree.values() for o in _key_orders(v)]
+        return [list(tree)] + [o for v in tree.values() for o in key_orders(v)]
     if isinstance(tree, (tuple, list)):
-        return [o for v in tree for o in _key_orders(v)]
+        return [o for v in tree for o in key_orders(v)]
     return []
 
 
@@ -211,7 +211,7 @@ def assert_same(got, want):
     leaves_got, tree_got = optree.tree_flatten(got)
     leaves_want, tree_want = optree.tree_flatten(want)
     assert tree_got == tree_want and str(tree_got) == str(tree_want), (tree_got, tree_want)
-    assert _key_orders(got) == _key_orders(want)
+    assert key_orders(got) == key_orders(want)
     for a, b in zip(leaves_got, leaves_want):
         assert type(a) is type(b), (type(a), type(b))
         a, b = unigrad.to_numpy(a), unigrad.to_numpy(b)

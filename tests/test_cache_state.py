@@ -151,8 +151,10 @@ def _flat_of_x(core):
 
 
 def _scalar_of_x(core):
+    loss = _scalar(core)
+
     def f(x, w, *rest):
-        return unigrad.namespace(w, x).sum(core(w, x, *rest) ** 2)
+        return loss(w, x, *rest)
     return f
 
 

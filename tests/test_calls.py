@@ -20,7 +20,7 @@ import pytest
 import unigrad
 from unigrad.tape import NumpyBackend
 
-from conftest import uncached
+from conftest import key_orders, uncached
 
 HAVE = {name: importlib.util.find_spec(mod) is not None
         for name, mod in (("torch", "torch"), ("jax", "jax"), ("tensorflow", "tensorflow"))}
@@ -297,19 +297,11 @@ def _same(a, b):
     la, ta = optree.tree_flatten(a)
     lb, tb = optree.tree_flatten(b)
     assert ta == tb and str(ta) == str(tb)
-    assert _key_orders(a) == _key_orders(b)
+    assert key_orders(a) == key_orders(b)
     for x, y in zip(la, lb):
         x, y = _np(x), _np(y)
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_array_equal(x, y)
-
-
-def _key_orders(tree):
-    if isinstance(tree, dict):
-        return [list(tree)] + [o for v in tree.values() for o in _key_orders(v)]
-    if isinstance(tree, (tuple, list)):
-        return [o for v in tree for o in _key_orders(v)]
-    return []
 
 
 # Each seed is 12 calls, eager and compiled, each against an uncached reference: seconds per call on JAX and

@@ -8,6 +8,9 @@ Native forms (hand-written, the floor):
   torch:      torch.func.vmap(torch.func.jacrev(f_one_example))
   tensorflow: tf.function around GradientTape.batch_jacobian
 
+On JAX also the same MLP divided by the batch size, ``f(x) / x.shape[0]`` (a mean-reduced output: rows
+independent, but f on one example is another function), against ``jit(vmap(jacrev(f_one / B)))``.
+
 Reported: unigrad time / native time per backend (target <= 1.1): the median over interleaved
 rounds of the per-round ratio (and the ratio of the best rounds); absolute times are the best round. Run: python benchmarks/bench_batched_jacobian.py [--quick] [--json] [--backends ...]
 """
@@ -43,6 +46,26 @@ def mlp(w1, b1, w2, x):
     return xp.tanh(xp.tanh(x @ w1 + b1) @ w2)
 
 
+
+
+def mlp_mean(w1, b1, w2, x):
+    """The MLP divided by the batch size: reads ``x.shape[0]`` as a number."""
+    return mlp(w1, b1, w2, x) / x.shape[0]
+
+
+def native_mean(w1, b1, w2, x):
+    """JAX's own compiled per-example Jacobian of ``mlp_mean``: one example's output divided by B."""
+    import jax
+    import jax.numpy as jnp
+
+    batch = x.shape[0]
+
+    def one(w1, b1, w2, xi):
+        return jnp.tanh(jnp.tanh(xi @ w1 + b1) @ w2) / batch
+
+    fn = jax.jit(jax.vmap(jax.jacrev(one, argnums=3), in_axes=(None, None, None, 0)))
+    args = [jnp.asarray(a) for a in (w1, b1, w2, x)]
+    return (lambda: fn(*args).block_until_ready()), (lambda: np.asarray(fn(*args)))
 
 
 def native(name, w1, b1, w2, x):
@@ -120,6 +143,14 @@ def run(backends, quick=False):
                          "separable_ratio": ratio(rounds, 2, 0), "compiled": b.capabilities.compile}
         if eager:
             results[name]["eager_ratio"] = ratio(rounds, 3, 0)
+        if name == "jax":  # f / x.shape[0]: one example computed from f's program (unigrad_jax._rowprogram)
+            mean_call, mean_value = native_mean(w1, b1, w2, x)
+            ours_mean = caller(unigrad.batched_jacobian(mlp_mean, argnums=3, backend=name, compile=True))
+            np.testing.assert_allclose(unigrad.to_numpy(ours_mean()), mean_value(), rtol=2e-5, atol=2e-7)
+            for call in (mean_call, ours_mean):
+                call()
+            rounds = timed_rounds([mean_call, ours_mean], number, repeat)
+            results[name]["mean_ratio"] = ratio(rounds, 1, 0)
     return results
 
 
@@ -189,7 +220,8 @@ def report(r):
               f"   ratio {v['ratio']:.2f} (of the best rounds {v['ratio_of_best']:.2f});"
               f" separable=True {v['separable_seconds'] * 1e3:8.3f} ms ratio {v['separable_ratio']:.2f}"
               f"{'' if v['compiled'] else '  (eager: backend compiles nothing)'}"
-              + (f"; eager (compile=False) ratio {v['eager_ratio']:.2f}" if "eager_ratio" in v else ""))
+              + (f"; eager (compile=False) ratio {v['eager_ratio']:.2f}" if "eager_ratio" in v else "")
+              + (f"; f / x.shape[0] ratio {v['mean_ratio']:.2f}" if "mean_ratio" in v else ""))
     if fresh:
         hp = [t["hand_over_proved"] for t in fresh]
         hn = [t["hand_over_never"] for t in fresh]

@@ -6,7 +6,8 @@ absolute times the best round):
     unigrad.grad / hand-written forward+backprop   (target <= 1.10)
     autograd.grad / hand-written forward+backprop  (for reference)
     unigrad.grad / forward alone
-  * a tiny vjp (x of shape (3,), sum(sin(x)**2)): unigrad / autograd   (target <= 0.5), and the same
+  * a tiny vjp (x of shape (3,), sum(sin(x)**2)): unigrad / autograd   (target <= 0.5), with a 0-d
+    array as the cotangent and with a Python float (as autograd's vjp is called), and the same
     function's grad made once and called many times (target <= 0.5)
   * per-example Jacobian d y_b / d x_b of y = tanh(tanh(x @ w1 + b1) @ w2), MLP 32-64-16, B = 256,
     float32: unigrad.batched_jacobian on the tape / a hand-written vectorised NumPy Jacobian
@@ -213,6 +214,7 @@ def run(quick=False):
         "batched_jacobian": batched,
         "batched_jacobian_loaded": loaded,
         "targets": {"mlp_ratio_unigrad_vs_hand": 1.10, "tiny_ratio_unigrad_vs_autograd": 0.5,
+                    "tiny_float_ratio_unigrad_vs_autograd": 0.5,
                     "tiny_grad_ratio_unigrad_vs_autograd": 0.5,
                     "batched_jacobian_ratio": 2.0, "batched_jacobian_loaded_hand_over_tape": 0.3,
                     "batched_jacobian_fresh_hand_over_tape": 0.5},
@@ -232,6 +234,10 @@ def run_tiny(quick=False):
         out, fn = unigrad.vjp(tiny, xs)
         return fn(ones)
 
+    def ug_vjp_float():
+        out, fn = unigrad.vjp(tiny, xs)
+        return fn(1.0)
+
     ag_vjp_maker = autograd.make_vjp(lambda x: anp.sum(anp.sin(x) ** 2))
 
     def ag_vjp():
@@ -239,15 +245,18 @@ def run_tiny(quick=False):
         return fn(1.0)
 
     np.testing.assert_allclose(ug_vjp()[0], ag_vjp(), rtol=1e-12)
+    np.testing.assert_allclose(ug_vjp_float()[0], ag_vjp(), rtol=1e-12)
     ug_grad = unigrad.grad(tiny)  # made once, called many times
     ag_grad = autograd.grad(lambda x: anp.sum(anp.sin(x) ** 2))
     np.testing.assert_allclose(ug_grad(xs), ag_grad(xs), rtol=1e-12)
     tn, tr = (200, 3) if quick else (1000, 30)
-    tiny_rounds = timed_rounds([ug_vjp, ag_vjp, lambda: ug_grad(xs), lambda: ag_grad(xs)], tn, tr)
-    t_tiny_ug, t_tiny_ag, t_grad_ug, t_grad_ag = (min(col) for col in zip(*tiny_rounds))
+    tiny_rounds = timed_rounds([ug_vjp, ag_vjp, lambda: ug_grad(xs), lambda: ag_grad(xs), ug_vjp_float], tn, tr)
+    t_tiny_ug, t_tiny_ag, t_grad_ug, t_grad_ag, t_float_ug = (min(col) for col in zip(*tiny_rounds))
     return {
         "tiny_vjp_seconds": {"unigrad": t_tiny_ug, "autograd": t_tiny_ag},
         "tiny_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 0, 1),
+        "tiny_float_vjp_seconds": {"unigrad": t_float_ug, "autograd": t_tiny_ag},
+        "tiny_float_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 4, 1),
         "tiny_grad_seconds": {"unigrad": t_grad_ug, "autograd": t_grad_ag},
         "tiny_grad_ratio_unigrad_vs_autograd": ratio(tiny_rounds, 2, 3),
     }
@@ -314,6 +323,11 @@ def report_tiny(r):
     print("tiny vjp: x of shape (3,), sum(sin(x)**2)")
     print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
           f"ratio {r['tiny_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
+    if "tiny_float_vjp_seconds" in r:
+        t = r["tiny_float_vjp_seconds"]
+        print("tiny vjp, the cotangent a Python float (vjp_fn(1.0), as autograd's is called)")
+        print(f"  unigrad {t['unigrad'] * 1e6:6.1f} us   autograd {t['autograd'] * 1e6:6.1f} us   "
+              f"ratio {r['tiny_float_ratio_unigrad_vs_autograd']:.2f} (target <= 0.5)")
     if "tiny_grad_seconds" in r:
         t = r["tiny_grad_seconds"]
         print("tiny grad made once, called many times")

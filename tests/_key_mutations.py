@@ -5,7 +5,7 @@ Loaded with ``-p _key_mutations`` (``tests/`` on ``PYTHONPATH``) and ``UNIGRAD_K
 to one signature component; it makes unigrad ignore that component when it keys what it caches:
 
 - ``structure``, ``shapes``, ``dtypes``, ``static``: that part of the signature built by
-  ``unigrad._call.arguments`` is blanked in every ``Key``;
+  ``unigrad._signature.arguments`` is blanked in every ``Key``;
 - ``backend``, ``devices``: left out of the ``Key`` that ``prepare`` builds;
 - ``argnums``: the plans are shared by every transform of one kind (one plan cache per transform
   name instead of one per transform), so a key that does not hold ``argnums`` is looked up;
@@ -28,7 +28,7 @@ _BLANK = "<dropped>"
 
 
 def _signature_parts(sig):
-    """``[(kind, item)]`` for a signature tuple built by ``unigrad._call.arguments``: kinds
+    """``[(kind, item)]`` for a signature tuple built by ``unigrad._signature.arguments``: kinds
     ``structure`` (tree structures, dict key orders), ``type``, ``shapes``, ``dtypes`` and ``static``."""
     import optree
 
@@ -98,7 +98,7 @@ def _share_plans():
 
     def prepare(plans, f, args, argnums, has_aux, backend, fname, device=None):
         _STATE["applied"] += 1
-        plans = shared.setdefault(fname, _call.BoundedCache(64))
+        plans = shared.setdefault(fname, _call.BoundedCache(plans.kind, 64))
         return real(plans, f, args, argnums, has_aux, backend, fname, device)
 
     _replace_everywhere(real, prepare)

@@ -180,15 +180,54 @@ def uncached():
             os.environ["UNIGRAD_NO_CACHE"] = saved_env
 
 
+def outcome(thunk):
+    """``("ok", result)`` or ``("raised", exception type)``."""
+    try:
+        return "ok", thunk()
+    except Exception as exc:  # noqa: BLE001 -- compared with what the reference raises
+        return "raised", type(exc)
+
+
+def key_orders(tree):
+    if isinstance(tree, dict):
+        return [list(tree)] + [o for v in tree.values() for o in key_orders(v)]
+    if isinstance(tree, (tuple, list)):
+        return [o for v in tree for o in key_orders(v)]
+    return []
+
+
+def assert_same(got, want):
+    """The same structure (key order included), and leaves of the same type, dtype, shape and values."""
+    import optree
+
+    import unigrad
+
+    (kind_got, got), (kind_want, want) = got, want
+    assert kind_got == kind_want, f"the call {'raised ' + got.__name__ if kind_got == 'raised' else 'returned'}; " \
+                                  f"a fresh transform {'raised ' + want.__name__ if kind_want == 'raised' else 'returned'}"
+    if kind_got == "raised":
+        assert got is want, (got, want)
+        return
+    leaves_got, tree_got = optree.tree_flatten(got)
+    leaves_want, tree_want = optree.tree_flatten(want)
+    assert tree_got == tree_want and str(tree_got) == str(tree_want), (tree_got, tree_want)
+    assert key_orders(got) == key_orders(want)
+    for a, b in zip(leaves_got, leaves_want):
+        assert type(a) is type(b), (type(a), type(b))
+        a, b = unigrad.to_numpy(a), unigrad.to_numpy(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.fixture
 def repeat_hits(monkeypatch):
-    """The outcomes of the repeat lookups (``unigrad._call.Repeats``, the fast path of a compiled call that
+    """The outcomes of the repeat lookups (``unigrad._repeats.Repeats``, the fast path of a compiled call that
     repeats a signature) made while the test runs: True for a hit. Spies on ``Repeats.call`` and on
     ``Repeats.run`` (grad's whole-call runners: a hit skips ``Repeats.call``, a miss goes on to it)."""
-    from unigrad import _call
+    from unigrad import _repeats
 
     seen = []
-    real_call, real_run = _call.Repeats.call, _call.Repeats.run
+    real_call, real_run = _repeats.Repeats.call, _repeats.Repeats.run
 
     def spy_call(self, key, f, args, has_aux, fname):
         call = real_call(self, key, f, args, has_aux, fname)
@@ -197,12 +236,12 @@ def repeat_hits(monkeypatch):
 
     def spy_run(self, args, go=True):
         out = real_run(self, args, go)
-        if go and type(out) is not _call.Miss:
+        if go and type(out) is not _repeats.Miss:
             seen.append(True)
         return out
 
-    monkeypatch.setattr(_call.Repeats, "call", spy_call)
-    monkeypatch.setattr(_call.Repeats, "run", spy_run)
+    monkeypatch.setattr(_repeats.Repeats, "call", spy_call)
+    monkeypatch.setattr(_repeats.Repeats, "run", spy_run)
     return seen
 
 

@@ -417,3 +417,18 @@ def test_results_are_writable_arrays():
     for a in (g, t):
         assert isinstance(a, np.ndarray) and a.flags.writeable
         a[0] = 7.0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_vjp_fn_of_a_python_float_cotangent_for_a_scalar_output(dtype):
+    """A Python float cotangent of a real scalar output (vjp_fn(1.0), as autograd's is called) takes a
+    shortcut on the tape: the same result, dtype and memory rules as a 0-d array of the output's dtype."""
+    x = np.array([0.1, 0.2, 0.3], dtype=dtype)
+    out, vjp_fn = unigrad.vjp(lambda x: unigrad.namespace(x).sum(unigrad.namespace(x).sin(x) ** 2), x)
+    got, = vjp_fn(2.5)
+    want, = vjp_fn(np.asarray(2.5, dtype=dtype))
+    assert got.dtype == np.dtype(dtype) and got.shape == x.shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, 2.5 * 2 * np.sin(x) * np.cos(x), rtol=1e-6)
+    with pytest.raises(ValueError):  # a float for a vector output still fails the shape check
+        unigrad.vjp(lambda x: x * 2, x)[1](1.0)

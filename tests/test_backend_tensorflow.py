@@ -625,3 +625,41 @@ def test_namespace_promotion_and_dtype_utilities():
         xp.linalg.inv(tf.constant(A))
     _close(xp.linalg.vector_norm(tf.zeros(3, tf.float64)), 0.0)
     _close(unigrad.grad(lambda x: xp.linalg.vector_norm(x))(tf.zeros(3, tf.float64)), np.zeros(3))  # not NaN
+
+
+def test_threads_sharing_a_compiled_program_trace_it_once():
+    """A compiled program's first call for a signature traces under the program's lock: threads that meet
+    it together trace one tf.function once, never concurrently (docs/conventions.md, Threads)."""
+    import threading
+    import time
+
+    b = unigrad.get_backend("tensorflow")
+    compiled = b.compile(lambda x: (x * 2.0,))
+    real, calls, inside, overlap = compiled.function.get_concrete_function, [], [0], []
+
+    def slow_trace(*args):  # a trace that takes long enough for every thread to arrive meanwhile
+        inside[0] += 1
+        overlap.append(inside[0])
+        time.sleep(0.2)
+        calls.append(1)
+        try:
+            return real(*args)
+        finally:
+            inside[0] -= 1
+
+    compiled.function.get_concrete_function = slow_trace
+    x = tf.constant(np.arange(3.0))
+    barrier, results = threading.Barrier(4), []
+
+    def run():
+        barrier.wait()
+        results.append(compiled(x)[0].numpy())
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and max(overlap) == 1
+    for r in results:
+        np.testing.assert_array_equal(r, [0.0, 2.0, 4.0])

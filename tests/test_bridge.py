@@ -158,3 +158,103 @@ def test_same_backend_and_errors(point):
     if HAVE["torch"]:
         with pytest.raises(TypeError, match="text must return arrays"):
             unigrad.grad(lambda x: unigrad.bridge(text, "torch")(x))(x)
+
+
+# ------------------------------------------------------------------ the backend hooks the bridge calls
+
+def _jax_without_host_callback(returns_none):
+    """JAX with no host callback: the base class's (not overridden), or one that returns None."""
+    pytest.importorskip("jax")
+    from unigrad_jax import JaxBackend
+
+    class Base(JaxBackend):
+        array_modules = ()  # the real JAX backend keeps its arrays' ownership
+
+    if returns_none:
+        class NoHost(Base):
+            def host_callback(self, fn, arrays, out_specs, *, jvp=None):
+                return None
+    else:
+        class NoHost(Base):
+            host_callback = unigrad.Backend.host_callback
+
+    return NoHost
+
+
+@pytest.mark.parametrize("returns_none", [False, True], ids=["not-overridden", "returns-None"])
+def test_a_compiled_bridge_without_a_host_callback_says_why(register_backend, point, returns_none):
+    name = register_backend(f"jax_no_host_{returns_none}", _jax_without_host_callback(returns_none))
+    x, w = point
+    bridged = make_loss(unigrad.bridge(portable, backend="numpy"))
+    eager = unigrad.grad(bridged, argnums=1, backend=name)(x, w)  # eager values hold data: no callback needed
+    _close(eager, unigrad.grad(make_loss(portable), argnums=1, backend="jax")(x, w))
+    with pytest.raises(TypeError, match=f"the {name} backend has no host callback to run the numpy function"):
+        unigrad.grad(bridged, argnums=1, backend=name, compile=True)(x, w)
+
+
+def test_jax_primal_outputs_of_a_bridged_jvp_rule_stay_unbatched(point, monkeypatch):
+    """JAX takes a custom_jvp's primal outputs from its rule (primals_from_jvp_rule): jacfwd maps the rule
+    over tangents, and primal outputs taken from the tangents' call would come out batched."""
+    pytest.importorskip("jax")
+    x, w = point
+    f = unigrad.bridge(lambda x, w: portable(x, w)["a"], backend="numpy")
+    want = unigrad.jacfwd(lambda w: portable(x, w)["a"], backend="jax")(w)
+    _close(unigrad.jacfwd(lambda w: f(x, w), backend="jax")(w), want)
+    b = unigrad.get_backend("jax")
+    monkeypatch.setattr(b, "primals_from_jvp_rule", False)
+    with pytest.raises(ValueError, match="batched"):  # the flag is what keeps them unbatched
+        unigrad.jacfwd(lambda w: f(x, w), backend="jax")(w)
+
+
+def test_a_value_carrying_a_derivative_is_not_handed_over(register_backend):
+    """carries_derivative: a backend saying its value carries a derivative stops the bridge from handing it
+    over as data (here the tape's own values, claimed by a subclass)."""
+    from unigrad.tape import NumpyBackend
+
+    class Claims(NumpyBackend):
+        array_modules = ()
+
+        def carries_derivative(self, x):
+            return True
+
+    name = register_backend("claims_derivative", Claims)
+    with pytest.raises(TypeError, match=f"a {name} value being differentiated cannot be handed over as data"):
+        unigrad.evaluate(lambda x: unigrad.bridge(lambda y: y * 2.0, "numpy")(x), np.ones(3), backend=name)
+
+
+_FRAMEWORKS = {"torch", "jax", "jaxlib", "tensorflow"}
+
+
+def _framework_imports(path):
+    """Where ``path`` imports a framework: import statements anywhere (functions included), ``__import__`` /
+    ``importlib.import_module`` of one, and ``sys.modules[...]`` lookups of one."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+                "__import__", "import_module") and node.args and isinstance(node.args[0], ast.Constant):
+            names = [str(node.args[0].value)]
+        elif (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+              and ast.unparse(node.value).endswith("modules")):
+            names = [str(node.slice.value)]
+        found += [f"{path.name}:{node.lineno} {n}" for n in names if n.partition(".")[0] in _FRAMEWORKS]
+    return found
+
+
+def test_the_bridge_and_the_sparse_package_import_no_framework(tmp_path):
+    from pathlib import Path
+
+    root = Path(unigrad.__file__).parent
+    paths = [root / "_bridge.py", *sorted((root / "sparse").glob("*.py"))]
+    assert len(paths) > 5
+    assert [hit for p in paths for hit in _framework_imports(p)] == []
+    sample = tmp_path / "sample.py"  # the scan finds each form the two modules used before
+    sample.write_text("import sys\ndef f():\n    import jax\n    from tensorflow import sparse\n"
+                      "    return sys.modules['torch'], __import__('torch')\n")
+    assert len(_framework_imports(sample)) == 4

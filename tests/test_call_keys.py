@@ -30,10 +30,10 @@ import optree
 import pytest
 
 import unigrad
-from unigrad import _call
+from unigrad import _call, _repeats
 from unigrad.tape import NumpyBackend
 
-from conftest import uncached
+from conftest import assert_same, outcome as _outcome, uncached
 
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("torch", "jax", "tensorflow")}
 COMPILERS = [name for name in ("jax", "tensorflow") if HAVE[name]]
@@ -54,41 +54,6 @@ TAPE_AND_PROGRAMS = ("numpy", "jax-compiled", "tensorflow-compiled")
 
 # ------------------------------------------------------------------------------------ the reference
 
-def _outcome(thunk):
-    """``("ok", result)`` or ``("raised", exception type)``."""
-    try:
-        return "ok", thunk()
-    except Exception as exc:  # noqa: BLE001 -- compared with what the reference raises
-        return "raised", type(exc)
-
-
-def _key_orders(tree):
-    if isinstance(tree, dict):
-        return [list(tree)] + [o for v in tree.values() for o in _key_orders(v)]
-    if isinstance(tree, (tuple, list)):
-        return [o for v in tree for o in _key_orders(v)]
-    return []
-
-
-def assert_same(got, want):
-    """The same structure (key order included), and leaves of the same type, dtype, shape and values."""
-    (kind_got, got), (kind_want, want) = got, want
-    assert kind_got == kind_want, f"the call {'raised ' + got.__name__ if kind_got == 'raised' else 'returned'}; " \
-                                  f"a fresh transform {'raised ' + want.__name__ if kind_want == 'raised' else 'returned'}"
-    if kind_got == "raised":
-        assert got is want, (got, want)
-        return
-    leaves_got, tree_got = optree.tree_flatten(got)
-    leaves_want, tree_want = optree.tree_flatten(want)
-    assert tree_got == tree_want and str(tree_got) == str(tree_want), (tree_got, tree_want)
-    assert _key_orders(got) == _key_orders(want)
-    for a, b in zip(leaves_got, leaves_want):
-        assert type(a) is type(b), (type(a), type(b))
-        a, b = unigrad.to_numpy(a), unigrad.to_numpy(b)
-        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
-        np.testing.assert_array_equal(a, b)
-
-
 def second_call_is_fresh(make, first, second, context=contextlib.nullcontext):
     """``make()`` builds a transform; it is called with ``first`` then ``second`` (argument tuples);
     the second outcome must be what a transform made with every cache off gives for ``second``.
@@ -105,11 +70,11 @@ def second_call_is_fresh(make, first, second, context=contextlib.nullcontext):
 
 
 def test_the_reference_uses_no_cache():
-    cache = _call.BoundedCache()
+    cache = _call.BoundedCache(_repeats.REPEATS)
     cache.put("k", 1)
     with uncached():
         assert cache.get("k") is None
-        assert _call.BoundedCache().put("j", 2) == 2
+        assert _call.BoundedCache(_repeats.REPEATS).put("j", 2) == 2
         assert not _call.caches_enabled()
     assert cache.get("k") == 1
     calls = []

@@ -20,7 +20,7 @@ import pytest
 import unigrad
 from unigrad.tape import NumpyBackend
 
-from conftest import uncached
+from conftest import key_orders, uncached
 
 HAVE = {name: importlib.util.find_spec(mod) is not None
         for name, mod in (("torch", "torch"), ("jax", "jax"), ("tensorflow", "tensorflow"))}
@@ -297,19 +297,11 @@ def _same(a, b):
     la, ta = optree.tree_flatten(a)
     lb, tb = optree.tree_flatten(b)
     assert ta == tb and str(ta) == str(tb)
-    assert _key_orders(a) == _key_orders(b)
+    assert key_orders(a) == key_orders(b)
     for x, y in zip(la, lb):
         x, y = _np(x), _np(y)
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_array_equal(x, y)
-
-
-def _key_orders(tree):
-    if isinstance(tree, dict):
-        return [list(tree)] + [o for v in tree.values() for o in _key_orders(v)]
-    if isinstance(tree, (tuple, list)):
-        return [o for v in tree for o in _key_orders(v)]
-    return []
 
 
 # Each seed is 12 calls, eager and compiled, each against an uncached reference: seconds per call on JAX and
@@ -345,17 +337,18 @@ def test_random_call_orders_match_a_fresh_transform(seed, bk):
 # ------------------------------------------------------------------------------ caches off
 
 def test_caches_off_switch_stores_nothing(monkeypatch):
-    from unigrad._call import BoundedCache
+    from unigrad._caches import BoundedCache
+    from unigrad._repeats import REPEATS
 
     monkeypatch.setenv("UNIGRAD_NO_CACHE", "1")
-    cache = BoundedCache()
+    cache = BoundedCache(REPEATS)
     cache.put("k", 1)
     assert cache.get("k") is None
     g = unigrad.grad(lambda x: unigrad.namespace(x).sum(x ** 3))
     np.testing.assert_allclose(g(np.arange(3.0)), [0.0, 3.0, 12.0])
     np.testing.assert_allclose(g(np.arange(3.0)), [0.0, 3.0, 12.0])
     monkeypatch.delenv("UNIGRAD_NO_CACHE")
-    cache = BoundedCache()
+    cache = BoundedCache(REPEATS)
     cache.put("k", 1)
     assert cache.get("k") == 1
 

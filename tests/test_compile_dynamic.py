@@ -157,7 +157,7 @@ def test_static_argument_errors():
 
 @pytest.mark.parametrize("bk", COMPILERS)
 def test_one_warning_names_an_argument_that_forces_many_programs(bk, monkeypatch):
-    monkeypatch.setattr(unigrad._call, "MANY_PROGRAMS", 3)  # 8 by default: fewer compilations here
+    monkeypatch.setattr(unigrad._program, "MANY_PROGRAMS", 3)  # 8 by default: fewer compilations here
 
     def f(x, n):
         return unigrad.namespace(x).sum(x * n)

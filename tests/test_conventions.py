@@ -99,3 +99,16 @@ def test_measure_catches_a_changed_rule(monkeypatch):
 
     monkeypatch.setattr(P.absolute, "vjps", (lambda g, ans, x: g * 1.0,))  # abs'(0) := 1, not 0
     assert conventions.measure(["numpy"])["abs at 0"]["numpy"] == "rev 1 / fwd 0"  # the modes now differ
+
+
+def test_the_doc_is_what_render_writes():
+    """docs/conventions.md is generated whole (python -m unigrad.testing.conventions --write): text added by
+    hand outside unigrad/testing/conventions.py's render would be lost at the next regeneration."""
+    text = DOC.read_text()
+    names = {k.expression: k.name for k in conventions.KINKS}
+    table = {names[expression]: row for expression, row in conventions.parse(text).items()}
+    measured_with = next(line for line in text.splitlines() if line.startswith("Measured with: "))
+    versions = dict(item.split(" ", 1) for item in measured_with[len("Measured with: "):].rstrip(".").split(", "))
+    assert conventions.render(table, versions) == text, (
+        "docs/conventions.md differs from what render() writes: edit the text in unigrad/testing/conventions.py "
+        "and regenerate")

@@ -216,10 +216,32 @@ def test_killed_worker_blocks_are_recomputed(client, tmp_path):
     dead = pids_of[doomed][0]
     alive = set(client.run(os.getpid).values())
     assert dead not in alive and len(pids_of[doomed]) >= 2
-    # every block that had been read on the dead worker was read again elsewhere: its results died with it
-    lost = [i for i, pids in pids_of.items() if dead in pids]
-    assert all(any(p != dead for p in pids_of[i]) for i in lost), pids_of
+    # The block whose read killed the worker was read again on a live one. Other blocks read on the dead
+    # worker are recomputed only where their results were still needed and held there alone: a result
+    # already handed to the next task on another worker is not (the scheduler's rule), so which of them
+    # run twice depends on timing, and the right result above is what this test can require of them.
+    assert any(p != dead for p in pids_of[doomed]), pids_of
 
+
+
+@needs_dask
+def test_a_new_python_state_reaches_the_workers(client):
+    """A worker keeps the in-memory transform it built from the f it received. An f pickled by value (a
+    closure here; any function of a script's __main__) carries the values it reads when it is pickled, and a
+    setting changed between calls must reach the workers (the token holds a hash of f's Python state:
+    unigrad.dask.WORKERS), not the transform built from the f pickled with the old value. (A function of an
+    importable module travels by reference: the workers read their own import of it.)"""
+    setting = {"scale": 1.0}
+
+    def scaled(x, w):
+        xp = unigrad.namespace(x, w)
+        return xp.tanh(x @ w) * setting["scale"]
+
+    J = ud.batched_jacobian(scaled)
+    Xd = da.from_array(X, chunks=50)
+    for scale in (1.0, 3.0, 1.0):
+        setting["scale"] = scale
+        assert_same(client.compute(J(Xd, W), sync=True), unigrad.batched_jacobian(scaled)(X, W))
 
 # ---------------------------------------------------------------------------------------------
 # Out of core: a data set on disk larger than the workers' memory budget

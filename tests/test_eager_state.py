@@ -6,6 +6,7 @@ audit). unigrad._pystate.python_state is the part of the key that follows that s
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import pytest
@@ -157,3 +158,64 @@ def test_tensorflow_eager_per_example_grad_sees_state_changed_between_calls(tf):
         want = 2 * (x.numpy() @ w.numpy() * s)[:, None] * s * x.numpy()
         np.testing.assert_allclose(g, want, rtol=1e-12, err_msg=f"scale {s}")
         np.testing.assert_allclose(n, np.linalg.norm(want, axis=1), rtol=1e-12, err_msg=f"scale {s}")
+
+
+# ------------------------------------------------------------ f that uses an array's value in Python
+
+def _branching_losses(w, x):
+    xp = unigrad.namespace(w, x)
+    if xp.max(x) > 10:  # a Python branch on an array's value
+        x = x * 2
+    return xp.sum((x * w) ** 2, axis=1)
+
+
+def _branching(x):
+    xp = unigrad.namespace(x)
+    if x[0] > 1.0:
+        return x ** 2
+    return xp.roll(x, 1) ** 3
+
+
+@pytest.mark.parametrize("bk", ["jax", "tensorflow"])
+def test_per_example_grad_of_f_that_branches_on_a_value(bk):
+    """Eagerly such an f is read as it runs (JAX's program cannot be traced: every parameter is
+    materialised instead of a bare TracerBoolConversionError); compiled, one clear error."""
+    pytest.importorskip({"jax": "jax", "tensorflow": "tensorflow"}[bk])
+    w, x = np.array([1.0, 2.0, 3.0]), np.arange(12.0).reshape(4, 3) / 2  # max 5.5: no doubling
+    want = np.stack([2 * (r * w) * r for r in x])
+    t = unigrad.per_example_grad(_branching_losses, backend=bk)
+    np.testing.assert_allclose(unigrad.to_numpy(t(w, x)), want, rtol=1e-12)
+    np.testing.assert_allclose(unigrad.to_numpy(t(w, 3 * x)), 4 * 9 * want, rtol=1e-12)  # max 16.5: doubled
+    with pytest.raises(TypeError, match=r"per_example_grad\(compile=True\): f used the value of an array.*xp\.where"):
+        unigrad.per_example_grad(_branching_losses, backend=bk, compile=True)(w, x)
+
+
+@pytest.mark.parametrize("bk", ["jax", "tensorflow"])
+def test_sparse_jacobian_of_f_that_branches_on_a_value(bk):
+    """Eager TensorFlow maps such an f one element at a time, with a warning that says why (its vectorised
+    map traces f into a graph, and a bare 'in user code' TypeError came out); compiled, one clear error. The
+    pattern is read per call (control flow on a value widens it), so both branches are right."""
+    pytest.importorskip({"jax": "jax", "tensorflow": "tensorflow"}[bk])
+    pytest.importorskip("scipy")
+    sj = unigrad.sparse_jacobian(_branching, backend=bk, format="dense")
+    for x in (np.array([2.0, 1.0, 3.0]), np.array([0.5, 1.0, 3.0])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = unigrad.to_numpy(unigrad.jacobian(_branching, backend="numpy")(x))
+            got = unigrad.to_numpy(sj(x))
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    with pytest.raises(TypeError, match=r"sparse_jacobian\(compile=True\): f used the value of an array"):
+        unigrad.sparse_jacobian(_branching, backend=bk, compile=True)(np.array([2.0, 1.0, 3.0]))
+
+
+def test_tensorflow_eager_vmap_of_f_that_branches_on_a_value_warns_and_is_right():
+    """Forward-mode Jacobians on TensorFlow vectorise f itself (pfor over tangents): such an f is mapped one
+    element at a time, eagerly, with a SlowMapWarning naming the fix."""
+    pytest.importorskip("tensorflow")
+    from unigrad_tensorflow._backend import SlowMapWarning
+
+    w, x = np.array([1.0, 2.0, 3.0]), np.arange(12.0).reshape(4, 3) / 2
+    with pytest.warns(SlowMapWarning, match="xp.where"):
+        got = unigrad.jacobian(_branching_losses, mode="fwd", backend="tensorflow")(w, x)
+    want = unigrad.jacobian(_branching_losses, mode="fwd", backend="numpy")(w, x)
+    np.testing.assert_allclose(unigrad.to_numpy(got), want, rtol=1e-12)

@@ -34,7 +34,7 @@ def full(monkeypatch):
 
     monkeypatch.setattr(_call, "prepare", spy)
     # vjp's module-level plans start empty here (other tests may have met these signatures before)
-    monkeypatch.setattr(_api, "_PRIMAL_FLAT", _call.FlatPlans(_call.BoundedCache(64)))
+    monkeypatch.setattr(_api, "_PRIMAL_FLAT", _call.FlatPlans(_call.BoundedCache(_api.PRIMAL_PLANS, 64)))
     return count
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import unigrad
-from unigrad import _per_example
+from unigrad.per_example import layers as _per_example
 
 B = 5
 

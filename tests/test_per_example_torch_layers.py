@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from unigrad import _per_example as pe
+from unigrad.per_example import layers as pe
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -1,4 +1,4 @@
-"""The repeat cache of compiled transforms (``unigrad._call.Repeats``): a call that repeats a flat
+"""The repeat cache of compiled transforms (``unigrad._repeats.Repeats``): a call that repeats a flat
 signature goes straight to its program, and everything that decided the program makes it miss.
 
 Each test makes a first call (which the transform remembers), then a second call that differs in
@@ -291,21 +291,21 @@ def test_the_x64_context_of_the_call_gives_the_uncached_result(repeat_hits):
 def test_an_array_stands_in_the_key_by_its_backends_signature_attribute():
     """``Backend.signature_attribute``: JAX arrays by their ``aval`` (one attribute), NumPy arrays by
     ``(shape, dtype)``; either is equal for two arrays only where shapes and dtypes are equal."""
-    from unigrad import _call
+    from unigrad import _signature
 
     a, b = jnp_array(np.ones((2, 3), np.float32)), jnp_array(np.zeros((2, 3), np.float32))
     unigrad.grad(loss, backend="jax", compile=True)(a, 0.5)  # the JAX backend is loaded
-    summary = _call._summary(a)
+    summary = _signature._summary(a)
     assert summary(a) is a.aval and summary(a) == summary(b)
     assert summary(a) != summary(jnp_array(np.ones((3, 2), np.float32)))
     assert summary(a) != summary(jnp_array(np.ones((2, 3), np.float64)))
     n = np.ones((2, 3))
-    assert _call._SUMMARIES[np.ndarray](n) == ((2, 3), np.dtype("float64"))
-    assert _call._summary(0.5) is None and _call._summary(3) is None and _call._summary((a,)) is None
+    assert _signature._SUMMARIES[np.ndarray](n) == ((2, 3), np.dtype("float64"))
+    assert _signature._summary(0.5) is None and _signature._summary(3) is None and _signature._summary((a,)) is None
     import jax
 
     # an object of JAX's modules without an aval (no array): no key, the full path
-    assert _call._summary(jax.ShapeDtypeStruct((2, 3), np.float32)) is None
+    assert _signature._summary(jax.ShapeDtypeStruct((2, 3), np.float32)) is None
 
 
 def two_outputs(x, c):
@@ -336,11 +336,11 @@ def test_jacobian_repeats_give_the_uncached_result_in_every_form(repeat_hits, mo
         args = lambda c: (jnp_array(x32.astype(np.float64)), c)  # noqa: E731
     if transform == "batched_jacobian":
         options["check_independence"] = "never"  # (remembered whatever the proof: the runner is under test)
-    from unigrad import _call
+    from unigrad import _repeats
 
     built = []  # the repeat Calls built (a runner builds none)
-    spied = _call.Repeats.call
-    monkeypatch.setattr(_call.Repeats, "call", lambda self, *a: built.append(1) or spied(self, *a))
+    spied = _repeats.Repeats.call
+    monkeypatch.setattr(_repeats.Repeats, "call", lambda self, *a: built.append(1) or spied(self, *a))
     make = getattr(unigrad, transform)
     g = make(f, backend="jax", compile=True, **options)
     g(*args(0.5))

@@ -141,11 +141,46 @@ def test_a_broken_plugin_does_not_break_the_others():
         unigrad.unregister_backend("broken")
 
 
-def test_backends_report_lists_numpy_without_loading_when_asked():
-    names = unigrad.backends(load=False)
-    assert "numpy" in names and names["numpy"]["available"] is None
-    full = unigrad.backends()
-    assert full["numpy"]["devices"] == ["cpu"] and full["numpy"]["capabilities"]["higher_order"]
+def test_backends_report_lists_without_loading_and_loads_when_asked():
+    names = unigrad.backends()
+    assert "numpy" in names and names["numpy"]["available"] is True
+    full = unigrad.backends(load=True)
+    assert full["numpy"]["loaded"] and full["numpy"]["devices"] == ["cpu"]
+    assert full["numpy"]["capabilities"]["higher_order"]
+
+
+def test_listing_backends_imports_no_framework():
+    """unigrad.backends() lists what is installed from the packages' presence and metadata: no framework is
+    imported (it took seconds when it loaded every backend), and a framework that is installed is listed
+    available with its version."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, unigrad; r = unigrad.backends(); "
+            "print(json.dumps({'loaded': [m for m in ('torch', 'jax', 'tensorflow', 'autograd') if m in sys.modules], "
+            "'report': r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["loaded"] == []
+    for name in ("torch", "jax", "tensorflow"):
+        if name in got["report"]:
+            installed = importlib.util.find_spec(name) is not None
+            assert got["report"][name]["available"] is installed
+            assert got["report"][name]["loaded"] is False
+            if installed:
+                assert got["report"][name]["version"], got["report"][name]
+
+
+def test_a_backend_whose_package_is_missing_is_listed_unavailable(monkeypatch):
+    from unigrad import _registry
+
+    monkeypatch.setitem(_registry._FRAMEWORK_MODULES, "torch", ("torch", "no_such_module_for_unigrad"))
+    monkeypatch.delitem(_registry._instances, "torch", raising=False)
+    report = unigrad.backends()
+    if "torch" in report:
+        assert report["torch"]["available"] is False and "no_such_module_for_unigrad" in report["torch"]["error"]
 
 
 def test_backend_inferred_from_inputs_and_mixing_rejected():

@@ -378,3 +378,38 @@ def test_random_portable_programs_detected(data):
         pattern = unigrad.jacobian_sparsity(program, *inputs, argnums=argnums)
         check_sparsity_covers(program, tuple(inputs), pattern, argnums=argnums, points=2)
         check_sparse_jacobian(program, tuple(inputs), argnums=argnums, mode=data.draw(st.sampled_from(["fwd", "rev"])))
+
+
+def test_forward_passes_by_reverse_follow_the_backend_flag_not_its_name(monkeypatch):
+    """Backend.forward_by_reverse (torch: its forward mode is slow on ordinary code) runs the sparse forward
+    passes as transposed VJPs, whatever name the backend is registered under (it was the name 'torch')."""
+    pytest.importorskip("torch")
+    pytest.importorskip("scipy")
+    from unigrad.sparse import _compress
+    from unigrad_torch import TorchBackend
+
+    used = []
+    real = _compress._by_reverse
+
+    def spy(b, *args):
+        result = real(b, *args)
+        used.append((b.name, result[0] is not None))
+        return result
+
+    monkeypatch.setattr(_compress, "_by_reverse", spy)
+    unigrad.register_backend("torch_again", TorchBackend)
+    try:
+        def f(x):
+            xp = unigrad.namespace(x)
+            return xp.sin(x[1:]) * x[:-1]
+
+        x = np.linspace(0.1, 1.0, 6)
+        for name in ("torch", "torch_again"):
+            got = unigrad.to_numpy(unigrad.sparse_jacobian(f, mode="fwd", backend=name, format="dense")(x))
+            np.testing.assert_allclose(got, unigrad.jacobian(f)(x), rtol=1e-12)
+        assert ("torch", True) in used and ("torch_again", True) in used, used
+        used.clear()
+        unigrad.sparse_jacobian(f, mode="fwd", backend="numpy", format="dense")(x)
+        assert all(not by_reverse for _, by_reverse in used), used  # (the tape: its own forward mode)
+    finally:
+        unigrad.unregister_backend("torch_again")

@@ -1,5 +1,5 @@
 """Repeat calls of the sparse transforms: a compiled call that repeats a signature goes straight to its
-program (``unigrad.sparse._transforms._Repeats``, a ``unigrad._call.Repeats``) and everything that decided
+program (``unigrad.sparse._transforms._Repeats``, a ``unigrad._repeats.Repeats``) and everything that decided
 the plan or the program makes it miss -- shape, dtype, backend, and the exact value of a Python scalar
 (a sparse transform keeps scalars static: the pattern of ``roll(x, 1)`` is not that of ``roll(x, 2)``);
 and an eager TensorFlow call traces its compressed passes once per signature, not on every call.

@@ -12,7 +12,7 @@ from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate
                    value_and_grad, vjp, vmap)
 from ._bridge import bridge
 from ._checkpoint import checkpoint
-from ._per_example import per_example_grad, per_example_grad_norms
+from .per_example import per_example_grad, per_example_grad_norms
 from ._registry import (backends, get_backend, register_backend, set_backend, unregister_backend, use_backend,
                         use_device)
 from ._safe import safe_norm, safe_where

@@ -19,11 +19,16 @@ import optree
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
 from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
-from ._call import (_LEAF, BoundedCache, Call, FlatPlans, Miss, Repeats, block_runner, execute, prepare,
-                    reject_lazy, unflatten)
+from ._caches import BoundedCache, CacheKind
+from ._call import _LEAF, Call, FlatPlans, prepare, unflatten
+from ._plan import PLANS_WHY
+from ._program import PROGRAMS_WHY, block_runner, execute
+from ._repeats import Miss, Repeats
+from ._signature import reject_lazy
 from . import _memory
-from ._transform import (_ITEMSIZE, _flatten_blocks, _size, _wraps, budget_chunk, choose_mode, output_shapes,  # noqa: F401
-                         promoted_blocks, real_to_complex, reverse_complex_error, static_arguments)
+from ._transform import (_ITEMSIZE, SHAPES_WHY, _flatten_blocks, _size, _wraps, budget_chunk,  # noqa: F401
+                         choose_mode, output_shapes, promoted_blocks, real_to_complex, reverse_complex_error,
+                         static_arguments)
 from ._checks import check_chunk, check_mode, scalar_check
 
 __all__ = [
@@ -43,9 +48,24 @@ def _normalize_argnums(argnums, nargs, fname):
     return _checks.normalize_argnums(argnums, nargs, fname)
 
 
+# What the transforms of this module keep, and what each entry depends on (unigrad._caches).
+_MEMORY_WHY = "from a memory budget: memory, not the result"
+PRIMAL_PLANS = CacheKind("vjp/jvp/hvp", "plans", why=PLANS_WHY)
+GRAD_PLANS = CacheKind("grad", "plans", why=PLANS_WHY)
+GRAD_PROGRAMS = CacheKind("grad", "compiled programs", why=PROGRAMS_WHY, program=True)
+JACOBIAN_PLANS = CacheKind("jacobian", "plans", why=PLANS_WHY)
+JACOBIAN_SHAPES = CacheKind("jacobian", "output shapes", why=SHAPES_WHY, program=True)
+JACOBIAN_CHUNKS = CacheKind("jacobian", "chunk sizes", why=_MEMORY_WHY, program=True)
+JACOBIAN_PROGRAMS = CacheKind("jacobian", "compiled programs", why=PROGRAMS_WHY, program=True)
+HESSIAN_PLANS = CacheKind("hessian", "plans", why=PLANS_WHY)
+HESSIAN_SHAPES = CacheKind("hessian", "output shapes", why=SHAPES_WHY, program=True)
+HESSIAN_PROGRAMS = CacheKind("hessian", "compiled programs", why=PROGRAMS_WHY, program=True)
+VMAP_CHUNKS = CacheKind("vmap", "chunk sizes", why=_MEMORY_WHY + " (keyed by the mapped arrays' types, shapes, "
+                        "dtypes and axes: vmap has no differentiated arguments to plan)")
+
 # The plans of vjp, jvp and hvp calls (functions, not transforms: one cache for all of them). A plan
 # depends on the arguments alone, never on f.
-_PRIMAL_PLANS = BoundedCache(64)
+_PRIMAL_PLANS = BoundedCache(PRIMAL_PLANS, 64)
 _PRIMAL_FLAT = FlatPlans(_PRIMAL_PLANS)  # the same plans, for calls on arrays alone: one lookup
 
 
@@ -116,9 +136,15 @@ def vjp(f: Callable, *primals, has_aux: bool = False, backend=None):
     out_tree = call.seen.out_tree
     flat = call.treedef is None  # (and argnums None: the result is the tuple of the leaves' cotangents)
 
+    scalar = outputs[0] if out_tree is _LEAF and type(outputs[0]) is np.ndarray and outputs[0].ndim == 0 \
+        and outputs[0].dtype.kind == "f" else None  # a real scalar output: a Python float cotangent is cast at once
+
     def vjp_fn(cotangent):
         if out_tree is _LEAF and b.matches(cotangent, outputs[0]):  # one output, a cotangent needing no checks
             cts = vjp_flat((cotangent,))
+            return cts if flat and type(cts) is tuple else call.inputs_like(cts)
+        if scalar is not None and type(cotangent) is float:  # (check_like's answer for it, without its work)
+            cts = vjp_flat((np.asarray(cotangent, dtype=scalar.dtype),))
             return cts if flat and type(cts) is tuple else call.inputs_like(cts)
         try:
             cts = (cotangent,) if out_tree is _LEAF else out_tree.flatten_up_to(cotangent)
@@ -202,8 +228,8 @@ def value_and_grad(f: Callable, argnums=0, has_aux: bool = False, backend=None, 
 def _value_and_grad(f, argnums, has_aux, backend, compile, device, static_argnums, static_argnames, keep_value):
     """``value_and_grad`` (``keep_value``) or ``grad``: a compiled ``grad`` returns no value from its
     program (one output array fewer to hand back on every call)."""
-    plans = BoundedCache()
-    programs = BoundedCache() if compile else None
+    plans = BoundedCache(GRAD_PLANS)
+    programs = BoundedCache(GRAD_PROGRAMS) if compile else None
     static = static_arguments(f, static_argnums, static_argnames, argnums, "grad") if compile else None
 
     def kernel(b, flat_f, leaves):
@@ -334,8 +360,9 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     check_mode(mode, "jacobian")
     check_chunk(chunk_size, "jacobian")
     budget = _memory.parse_budget(memory_budget, "jacobian") if chunk_size is None else None
-    plans, shapes, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64)
-    programs = BoundedCache() if compile else None
+    plans, shapes = BoundedCache(JACOBIAN_PLANS), BoundedCache(JACOBIAN_SHAPES, 64)
+    chunks = BoundedCache(JACOBIAN_CHUNKS, 64)
+    programs = BoundedCache(JACOBIAN_PROGRAMS) if compile else None
     static = static_arguments(f, static_argnums, static_argnames, argnums, "jacobian") if compile else None
 
     def kernel_for(chosen, chunk):
@@ -435,8 +462,8 @@ def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=No
              [ 0., 12.]])
     """
     check_chunk(chunk_size, "hessian")
-    plans, shapes = BoundedCache(), BoundedCache(64)
-    programs = BoundedCache() if compile else None
+    plans, shapes = BoundedCache(HESSIAN_PLANS), BoundedCache(HESSIAN_SHAPES, 64)
+    programs = BoundedCache(HESSIAN_PROGRAMS) if compile else None
     static = static_arguments(f, static_argnums, static_argnames, argnums, "hessian") if compile else None
 
     def nested(b, flat_f, leaves):
@@ -737,7 +764,7 @@ def vmap(f: Callable, in_axes=0, out_axes: int = 0, *, chunk_size: int | None = 
     if not isinstance(out_axes, int) or isinstance(out_axes, bool):
         raise TypeError(f"vmap: out_axes must be an int; got {out_axes!r}")
     budget = _memory.parse_budget(memory_budget, "vmap") if chunk_size is None else None
-    chunks = BoundedCache(64)
+    chunks = BoundedCache(VMAP_CHUNKS, 64)
 
     def vmapped(*args):
         if isinstance(in_axes, (tuple, list)):
@@ -779,7 +806,7 @@ def vmap(f: Callable, in_axes=0, out_axes: int = 0, *, chunk_size: int | None = 
 
         chunk = chunk_size
         if budget is not None and chunk is None:
-            key = (b, tuple(flat_axes), tuple((type(x), b.shape(x), b.dtype(x)) for x in leaves))
+            key = VMAP_CHUNKS.key_of((b, tuple(flat_axes), tuple((type(x), b.shape(x), b.dtype(x)) for x in leaves)))
             chunk = chunks.get(key)
             if chunk is None:
                 chunk = chunks.put(key, _vmap_budget_chunk(b, flat_f, leaves, flat_axes, size, budget))

@@ -8,8 +8,8 @@ import numpy as np
 import optree
 
 from . import _checks, _registry
-from ._call import _is_dynamic as is_dynamic
-from ._call import arguments
+from ._signature import _is_dynamic as is_dynamic
+from ._signature import arguments
 from ._dtypes import dtype_name
 
 __all__ = ["namespace", "asarray", "to_numpy", "to_native", "evaluate"]

@@ -18,16 +18,41 @@ from typing import Callable
 import numpy as np
 
 from . import _checks, _memory
-from ._call import BoundedCache, Call, Miss, Repeats, block_runner, execute, prepare
+from ._caches import BoundedCache, CacheKind
+from ._call import Call, prepare
+from ._plan import PLANS_WHY
+from ._program import PROGRAMS_WHY, block_runner, execute
+from ._repeats import Miss, Repeats
 from ._custom import custom_rules_seen
-from ._transform import (_wraps, budget_chunk, choose_mode, fingerprint, promoted_blocks, real_to_complex,
-                         reverse_complex_error, static_arguments, values_key)
+from ._transform import (SHAPES_WHY, _wraps, budget_chunk, choose_mode, promoted_blocks, real_to_complex,
+                         reverse_complex_error, static_arguments)
 from ._dtypes import COMPLEX
-from ._pystate import python_state
 
 __all__ = ["batched_jacobian", "check_batch_independence"]
 
 _INDEPENDENCE = ("once", "always", "never")
+
+# What batched_jacobian keeps, and what each entry depends on (unigrad._caches).
+_T = "batched_jacobian"
+PLANS = CacheKind(_T, "plans", why=PLANS_WHY)
+SHAPES = CacheKind(_T, "output shapes", why=SHAPES_WHY, program=True)
+CHUNKS = CacheKind(_T, "chunk sizes", why="from a memory budget: memory, not the result", program=True)
+PROOFS = CacheKind(_T, "row proofs from the backend's program", ("state",),
+                   "f traced by the backend (a jaxpr, an ATen graph, a TensorFlow graph) as it reads its Python state "
+                   "now; the arrays f is given are unknown values of the program")
+TAPE_PROOFS = CacheKind(_T, "row proofs on the tape", ("state", "values"),
+                        "portable f traced on the NumPy tape, which reads the values of the arrays f is given (an index "
+                        "array picks rows)")
+SETTLED = CacheKind(_T, "probe verdicts", ("state", "values"),
+                    "a probe runs f at the call's values; kept only where both probes were conclusive and no custom "
+                    "rule (opaque to every proof) was met")
+PROGRAMS = CacheKind(_T, "compiled programs", why=PROGRAMS_WHY, program=True)
+TRACED = CacheKind(_T, "eager TensorFlow programs", ("state",),
+                   "an eager call on a backend whose vectorised map traces anyway (TensorFlow's pfor) runs one program "
+                   "traced per signature: a trace freezes f's Python state, which an eager call must see as it is now",
+                   program=True)
+REPEATS = CacheKind(_T, "compiled repeats", why="keyed by the arguments of a compiled call (Repeats); only calls whose "
+                    "proof holds for the whole signature (or whose probed values are kept with them) are kept")
 
 
 def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | None = None,
@@ -63,11 +88,12 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         it (rows independent, and no value made from the batch size or positions in a trace with a
         symbolic batch size). Default False.
       backend: backend name or object.
-      compile: one compiled program per signature (``jax.jit``, ``tf.function``). Eager calls on
-        TensorFlow run as one traced program per signature too (its vectorised map would trace anew on
-        every call): as with ``compile=True``, Python values ``f`` reads besides its arguments (a
-        global, a closed-over NumPy array) are those it read when traced; pass what changes as an
-        argument.
+      compile: one compiled program per signature (``jax.jit``, ``tf.function``), which reads the Python
+        values ``f`` reads besides its arguments (a global, a closed-over NumPy array) when it is traced,
+        as ``jax.jit`` does: pass what changes as an argument. Eager calls on TensorFlow run as one traced
+        program per signature and per value of that Python state (its vectorised map would trace anew on
+        every call): a changed global is seen, as in any eager call. What is kept between calls, and
+        keyed on what: docs/conventions.md.
       device: place the inputs on this device.
       memory_budget: bytes or a size (``"2GB"``) for the result and the work together; the chunk
         size is chosen from the measured peak of one VJP (or JVP) of the batch, once per signature.
@@ -92,28 +118,36 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     if not isinstance(separable, bool):
         raise TypeError(f"batched_jacobian: separable must be True or False; got {separable!r}")
     budget = _memory.parse_budget(memory_budget, "batched_jacobian") if chunk_size is None else None
-    plans, shapes, settled, chunks = BoundedCache(), BoundedCache(64), BoundedCache(64), BoundedCache(64)
-    proofs = BoundedCache(64)  # per signature: a code-level proof (a backend's program, or the tape's)
+    plans, shapes, settled, chunks = BoundedCache(PLANS), BoundedCache(SHAPES, 64), BoundedCache(SETTLED, 64), \
+        BoundedCache(CHUNKS, 64)
+    proofs = Proofs()
     # compiled repeats whose proof (on the tape) or probe read the values of the arrays f is given: the
     # repeat key -> True, and (repeat key, those values) -> True for each value proved or probed
-    needs_values, settled_values = BoundedCache(64), BoundedCache(64)
-    programs = BoundedCache() if compile else None
-    traced = BoundedCache()  # eager calls on a backend that traces its per-example Jacobian anyway (see below)
+    needs_values, settled_values = BoundedCache(REPEATS, 64), BoundedCache(REPEATS, 64)
+    programs = BoundedCache(PROGRAMS) if compile else None
+    traced = BoundedCache(TRACED)  # eager calls on a backend that traces its per-example Jacobian anyway (see below)
     static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
 
     def kernel_for(chosen, chunk, per_example, recorded=None):
+        # per_example: False (the sum trick), True (declared separable, or a proof that says so) or the
+        # marker a backend's batch_rows gave for how one example is computed alone (handed back as proof=)
+        def method_of(b):
+            if not per_example:
+                return b.batched_jacobian
+            if per_example is True:
+                return b.per_example_jacobian
+            return lambda *a, **k: b.per_example_jacobian(*a, proof=per_example, **k)
+
         def kernel(b, flat_f, leaves):
             if recorded is not None:  # the tape's recording that the proof read: swept, not recorded again
                 outs, jac, aux = b.batched_jacobian(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux,
                                                     recorded=recorded)
             else:
-                method = b.per_example_jacobian if per_example else b.batched_jacobian
-                outs, jac, aux = method(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
+                outs, jac, aux = method_of(b)(flat_f, leaves, mode=chosen, chunk_size=chunk, has_aux=has_aux)
             if chosen == "rev" and real_to_complex(b, outs, leaves):  # rows would hold Re J alone
                 if mode == "rev":
                     raise reverse_complex_error("batched_jacobian")
-                method = b.per_example_jacobian if per_example else b.batched_jacobian
-                outs, jac, aux = method(flat_f, leaves, mode="fwd", chunk_size=chunk, has_aux=has_aux)
+                outs, jac, aux = method_of(b)(flat_f, leaves, mode="fwd", chunk_size=chunk, has_aux=has_aux)
             return outs, tuple(block for row in promoted_blocks(b, outs, leaves, jac) for block in row), aux
         return kernel
 
@@ -127,7 +161,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         key = None if miss is None else miss.key
         call = None if key is None else repeats.call(key, f, args, has_aux, "batched_jacobian")
         if call is not None and needs_values.entries.get(key):
-            values = fingerprint(call.backend, call.dynamic)
+            values = call.values
             if values is None or (key, values) not in settled_values.entries:
                 call = None  # arrays f is given have values the proof (or probe) has not seen: the full path
         if call is not None:  # a repeat of a compiled signature whose rows were proved for the signature
@@ -144,18 +178,22 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             verdict, detail, recorded, provable = prove_independence(call, batch, has_aux, argnums, proofs)
             if verdict == "mixed":
                 raise _mixed_error(detail)
-            per_example = separable or (verdict == "row" and provable)
+            per_example = True if separable else (verdict == "row" and provable)  # (provable: True or a marker)
         if verdict != "row" and check_independence != "never":
-            # (a probe's verdict holds for the values of the arrays f is given too, not only their shapes)
-            settle_key = values_key(call)
-            if check_independence == "always" or settled.get(settle_key) is None:
-                if _settle_independence(call, batch, has_aux):  # no proof: the probe
-                    settled.put(settle_key, True)
+            if check_independence == "always" or settled.lookup(call) is None:
+                # no proof: the probe. A custom rule met on the way is opaque to every proof and may mix rows
+                # at other values only: its verdict holds for this call alone ("once" probes every call)
+                with custom_rules_seen() as seen:
+                    independent = _settle_independence(call, batch, has_aux)
+                if independent and not seen:
+                    settled.store(call, True)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=True)
         if recorded is not None and chosen == "rev" and budget is None and programs is None:
             kernel, decision = kernel_for(chosen, chunk_size, per_example, recorded), None
         else:
-            kernel, decision = kernels[chosen, per_example], (chosen, per_example)
+            kernel = kernels.get((chosen, per_example)) or kernels.setdefault(
+                (chosen, per_example), kernel_for(chosen, chunk_size, per_example))
+            decision = (chosen, per_example)
         recorded = None  # (the kernel holds it until it has swept it)
         if budget is not None:
             chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")
@@ -173,12 +211,12 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             if key is not None and check_independence == "never":
                 repeats.remember(key, call, block_runner)
             elif key is not None and check_independence == "once" and not call.plan.weak:
-                kept, by_value = proved_by_value(call, proofs)
-                if kept and (verdict == "row" or settled.get(values_key(call))):
+                kept, by_value = proofs.kept(call)
+                if kept and (verdict == "row" or settled.lookup(call)):
                     if call.plan.dynamic_positions and (by_value or verdict != "row"):  # values decided it
                         repeats.remember(key, call)
                         needs_values.put(key, True)
-                        values = fingerprint(call.backend, call.dynamic)
+                        values = call.values
                         if values is not None:
                             settled_values.put((key, values), True)
                     else:
@@ -229,7 +267,29 @@ def _mixed_error(detail):
     return error
 
 
-def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: BoundedCache):
+class Proofs:
+    """The row proofs of one transform: ``program`` from the backend's own trace of ``f`` (per signature and
+    Python state: the arrays ``f`` is given are unknown values there), ``tape`` from portable ``f`` on the
+    NumPy tape (per value of those arrays too)."""
+
+    __slots__ = ("program", "tape")
+
+    def __init__(self, maxsize: int = 64):
+        self.program, self.tape = BoundedCache(PROOFS, maxsize), BoundedCache(TAPE_PROOFS, maxsize)
+
+    def kept(self, call: Call):
+        """``(kept, by_value)`` for a call of a non-tape backend: whether a proof is kept that covers its
+        signature (not one made per call), and whether it holds only for the values of the arrays f is given
+        (read on the tape)."""
+        cached = self.program.lookup(call)
+        if cached is None:
+            return False, False
+        if cached[0] != _BY_VALUE:
+            return True, False
+        return self.tape.lookup(call) is not None, True
+
+
+def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: Proofs):
     """Prove from the traced program whether ``f``'s rows are independent.
 
     Returns ``(verdict, detail, recorded, separable)``: verdict ``"row"`` (proved independent),
@@ -255,13 +315,15 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: B
         if verdict == "mixed":
             detail = _located(call.flat_f, call.diff, has_aux, batch) or detail
         return verdict, detail, recorded, False
-    cached = proofs.get(call.key)
+    cached = proofs.program.lookup(call)
     if cached is not None and cached[0] != _BY_VALUE:
         return cached[0], cached[1], None, cached[2]
     if cached is None:
         try:
             with custom_rules_seen() as seen:
                 got = b.batch_rows(call.flat_f, call.diff, has_aux=has_aux)
+                if got is None:  # the backend's program in the neutral form, read here
+                    got = _program_rows(b, call, batch, has_aux)
             if got is not None and seen:  # the derivative is the rule's, which the program does not show
                 got = ("unknown", f"f calls {seen[0]}, whose derivative is a custom rule", False)
         except Exception as exc:  # the backend could not trace f: portable code may still be read on the tape
@@ -270,40 +332,38 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: B
         else:
             failure = None
         if got is not None and got[0] != "unknown":  # the backend's own program, where the arrays f is given
-            proofs.put(call.key, got)  # are unknown values: the proof holds for the signature
+            proofs.program.store(call, got)  # are unknown values: the proof holds for the signature (and state)
             return got[0], got[1], None, got[2]
         if got is not None:  # an operation without a row rule (or a custom rule): portable f may still be
             failure = got    # proved on the tape, else this is the answer
-        proofs.put(call.key, (_BY_VALUE, failure))
+        proofs.program.store(call, (_BY_VALUE, failure))
     else:
         failure = cached[1]
     # Portable f on the tape, which reads the values of the arrays f is given (an index array picks rows):
-    # its proof is kept per value of them (values_key), not per signature.
-    tape_key = None if call.key is None else ("tape", values_key(call))
-    cached = proofs.get(tape_key)
+    # its proof is kept per value of them too (TAPE_PROOFS), not per signature.
+    cached = proofs.tape.lookup(call)
     if cached is not None:
         return cached[0], cached[1], None, cached[2]
     got, per_call = _tape_proof(call, batch, has_aux, argnums)
     if got[0] == "unknown" and failure is not None:
         got = failure
     if not per_call:
-        proofs.put(tape_key, got)
+        proofs.tape.store(call, got)
     return got[0], got[1], None, got[2]
 
 
 _BY_VALUE = "by value"  # a signature whose proof is read on the tape, per value of the arrays f is given
 
 
-def proved_by_value(call: Call, proofs: BoundedCache):
-    """``(settled, by_value)`` for a call of a non-tape backend: whether a proof is kept that covers its
-    signature (not one made per call), and whether it holds only for the values of the arrays f is
-    given (read on the tape)."""
-    cached = proofs.get(call.key)
-    if cached is None:
-        return False, False
-    if cached[0] != _BY_VALUE:
-        return True, False
-    return proofs.get(None if call.key is None else ("tape", values_key(call))) is not None, True
+def _program_rows(b, call: Call, batch: int, has_aux: bool):
+    """``batch_rows``' answer from ``b.dependence_program`` (None where the backend has none)."""
+    program = b.dependence_program(call.flat_f, call.diff, has_aux=has_aux, unknown=call.dynamic)
+    if program is None:
+        return None
+    from .dependence import prove_rows
+
+    verdict, detail = prove_rows(program, batch)
+    return verdict, detail, False
 
 
 def _tape_proof(call: Call, batch, has_aux, argnums):
@@ -316,7 +376,7 @@ def _tape_proof(call: Call, batch, has_aux, argnums):
     try:
         host = optree.tree_map(lambda a: np.asarray(b.to_numpy(a)) if b.is_array(a) else a, list(call.args),
                                none_is_leaf=True)
-        np_call = prepare(BoundedCache(0), call.f, tuple(host), argnums, has_aux, "numpy", "batched_jacobian")
+        np_call = prepare(BoundedCache(PLANS, 0), call.f, tuple(host), argnums, has_aux, "numpy", "batched_jacobian")
 
         def outputs(*leaves):
             result = np_call.flat_f(*leaves)
@@ -357,17 +417,15 @@ def traced_once(call: Call, kernel, traced: BoundedCache, decision):
     """An eager call on a backend whose vectorised per-example Jacobian traces a program on every
     eager call (TensorFlow's pfor wraps its loop in a new ``tf.function`` each time: a trace per call,
     and its "retracing" warnings): run it as one program per signature instead, and per value of the
-    Python state ``f`` reads (:func:`unigrad._pystate.python_state`: a trace freezes it, and an eager
-    call must see it as it is now). An ``f`` that cannot be traced (it reads values, ``x.numpy()``)
-    runs eagerly, as before, for that signature."""
-    decision = (decision, python_state(call.f))  # f's Python values, frozen by the trace: checked per call
-    key = None if call.program_key is None else (call.program_key, decision)
-    if traced.get(key) is _EAGER:
+    Python state ``f`` reads (``traced``'s kind depends on it: a trace freezes it, and an eager call must
+    see it as it is now). An ``f`` that cannot be traced (it reads values, ``x.numpy()``) runs eagerly,
+    as before, for that signature and state."""
+    if traced.lookup(call, decision) is _EAGER:
         return execute(call, kernel, None)
     try:
         return execute(call, kernel, traced, decision, keep_outputs=False)
     except Exception:
-        traced.put(key, _EAGER)  # replaces the program that failed to trace
+        traced.store(call, _EAGER, decision)  # replaces the program that failed to trace
         return execute(call, kernel, None)
 
 
@@ -532,10 +590,10 @@ def check_batch_independence(f: Callable, *args, argnums=0, backend=None, seed: 
       ...
       ValueError: batched_jacobian: the rows of f are not independent: ...
     """
-    call = prepare(BoundedCache(0), f, args, argnums, False, backend, "check_batch_independence")
+    call = prepare(BoundedCache(PLANS, 0), f, args, argnums, False, backend, "check_batch_independence")
     batch = _checks.batch_size(call.backend, call.diff, call.names, "check_batch_independence", "input")
     if batch >= 2:
-        verdict, detail, _, _ = prove_independence(call, batch, False, argnums, BoundedCache(0))
+        verdict, detail, _, _ = prove_independence(call, batch, False, argnums, Proofs(0))
         if verdict == "mixed":
             raise _mixed_error(detail)
         if verdict == "row":

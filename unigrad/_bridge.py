@@ -13,10 +13,14 @@ inner backend A:
   transposes ``bwd``).
 
 Traced values without data -- inside ``compile=True`` on JAX (``jax.jit``) or TensorFlow
-(``tf.function``), or in ``jax.vmap`` -- cross as host round trips: ``jax.pure_callback`` (looping
-over a vmapped axis) and ``tf.py_function``, their output shapes found once per signature by
-running the function on zeros. A backend with neither (PyTorch inside ``torch.func.vmap``, so its
-``jacfwd`` and ``hessian``) raises a TypeError that says so.
+(``tf.function``), or in ``jax.vmap`` -- cross as host round trips, through B's
+``Backend.host_callback`` (JAX: ``jax.pure_callback``, looping over a vmapped axis; TensorFlow:
+``tf.py_function``), their output shapes found once per signature by running the function on zeros.
+A backend without one (PyTorch inside ``torch.func.vmap``, so its ``jacfwd`` and ``hessian``) raises a
+TypeError that says so. What else differs between frameworks is asked of the backends too:
+``Backend.carries_derivative`` (a traced value that must not be handed over as data) and
+``Backend.primals_from_jvp_rule`` (a JVP rule whose primal outputs must not depend on the tangents).
+This module names no framework.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import optree
 from . import _registry
 from ._custom import Rule, backend_for
 from ._dtypes import INEXACT
+from .backend import Backend
 
 __all__ = ["bridge"]
 
@@ -118,7 +123,7 @@ class _Side:
     def fwd(self, *arrays):
         # The residuals are the inputs: bwd runs f again on the inner side. A backend may run fwd again
         # on traced inputs (the tape, for a second derivative): the outputs are then the rule's own.
-        if any(_carries_derivative(self.outer, x) for x in arrays):
+        if any(self.outer.carries_derivative(x) for x in arrays):
             return self.apply(arrays), tuple(arrays)
         return self.call(arrays), tuple(arrays)
 
@@ -144,9 +149,9 @@ class _Side:
 
         both = _Side(inner, self.outer, push, self.name + ".jvp").apply(tuple(primals) + tangents)
         m = len(both) // 2
-        if self.outer.name == "jax":
-            # JAX uses a JVP rule's outputs as the primal outputs: under a vmap over tangents (jacfwd,
-            # hessian) they must stay unbatched, which outputs of the tangents' callback are not.
+        if self.outer.primals_from_jvp_rule:
+            # The backend uses a JVP rule's outputs as the primal outputs: under a vmap over tangents
+            # (JAX's jacfwd, hessian) they must stay unbatched, which outputs of the tangents' call are not.
             return self.call(tuple(primals)), both[m:]
         return both[:m], both[m:]
 
@@ -157,19 +162,27 @@ class _Side:
         try:
             handed = tuple(_hand_over(x, outer, inner) for x in arrays)
         except Exception as exc:  # a traced value with no data here: a host round trip, where there is one
-            host = _HOST_CALLS.get(outer.name)
-            if host is None:
-                raise TypeError(
-                    f"bridge: {self.name} was called with a traced {outer.name} value that holds no data "
-                    f"({type(arrays[0]).__name__}: inside {outer.name}'s vmap or compiled code), and the {outer.name} "
-                    f"backend has no host callback to run the {inner.name} function from there; call it outside "
-                    f"that transform ({type(exc).__name__}: {exc})") from exc
-            return host(self, arrays)
+            return self.through_host(arrays, exc)
         outputs = inner.evaluate(self.fn, handed)
         self.out_specs[_specs(outer, arrays)] = [(inner.shape(o), inner.dtype(o)) for o in outputs]
         return tuple(_hand_over(o, inner, outer) for o in outputs)
 
-    def run_host(self, numpy_arrays):
+    def through_host(self, arrays, exc):
+        """``fn`` on traced ``arrays`` of the outer backend, by its host callback; a TypeError where it has none."""
+        outer, inner = self.outer, self.inner
+        outputs = None
+        if type(outer).host_callback is not Backend.host_callback:  # (specs run fn on zeros: only for a callback)
+            jvp = (lambda p, t: self.jvp(p, t)[1]) if inner.capabilities.forward_mode else None
+            outputs = outer.host_callback(self.run_host, tuple(arrays), self.specs(arrays), jvp=jvp)
+        if outputs is None:
+            raise TypeError(
+                f"bridge: {self.name} was called with a traced {outer.name} value that holds no data "
+                f"({type(arrays[0]).__name__}: inside {outer.name}'s vmap or compiled code), and the {outer.name} "
+                f"backend has no host callback to run the {inner.name} function from there; call it outside "
+                f"that transform ({type(exc).__name__}: {exc})") from exc
+        return tuple(outputs)
+
+    def run_host(self, *numpy_arrays):
         """``fn`` on NumPy inputs (a host callback), NumPy outputs."""
         inner = self.inner
         outputs = inner.evaluate(self.fn, tuple(inner.asarray(np.asarray(a)) for a in numpy_arrays))
@@ -203,8 +216,8 @@ def _owner(x):
 def _hand_over(x, source, target):
     """``x`` (an array of ``source``) as an array of ``target``: by DLPack where ``target`` takes it
     (no copy where the memory allows), else through one NumPy copy. Raises for a traced value."""
-    x = getattr(x, "_t", x) if type(x).__name__ == "Array" else x  # TensorFlow's inside-f view: its tensor
-    if _carries_derivative(source, x):  # its value alone would silently drop that derivative
+    x = source.to_native(x)  # (TensorFlow's inside-f view: its tensor)
+    if source.carries_derivative(x):  # its value alone would silently drop that derivative
         raise TypeError(f"a {source.name} value being differentiated cannot be handed over as data")
     if target.accepts_dlpack and hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
         try:
@@ -212,66 +225,3 @@ def _hand_over(x, source, target):
         except Exception:
             pass
     return target.asarray(np.asarray(source.to_numpy(x)))
-
-
-def _carries_derivative(source, x):
-    """A traced value whose ``to_numpy`` would give its value without its derivative (the tape's
-    tracers, ``torch.func``'s wrapped tensors). JAX and TensorFlow tracers have no value: they raise."""
-    if source.name == "numpy":
-        from .tape._tracer import Tracer
-
-        return isinstance(x, Tracer)
-    if source.name == "torch":
-        import torch
-
-        functorch = torch._C._functorch
-        return functorch.is_functorch_wrapped_tensor(x) and not functorch.is_batchedtensor(x)
-    return False
-
-
-# ---------------------------------------------------------------------------------------------
-# Host round trips for traced values (compiled code, vmap)
-# ---------------------------------------------------------------------------------------------
-
-def _jax_host(side, arrays):
-    """``jax.pure_callback`` (sequential under vmap), inside a ``jax.custom_jvp`` whose rule is the bridged
-    JVP: an outer forward-mode trace (``hessian``: forward over reverse) differentiates the primal
-    call of a rule's ``fwd`` too, and a callback alone has no JVP."""
-    import jax
-
-    specs = side.specs(arrays)
-    shapes = tuple(jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in specs)
-
-    def host(*xs):
-        return tuple(jax.pure_callback(lambda *a: side.run_host(a), shapes, *xs, vmap_method="sequential"))
-
-    if not side.inner.capabilities.forward_mode:
-        return host(*arrays)
-    call = jax.custom_jvp(host)
-
-    @call.defjvp
-    def call_jvp(primals, tangents):
-        # The outputs from their own callback: under a vmap over tangents (jacfwd) the primal outputs
-        # stay unbatched, as JAX expects of them.
-        _, tangents_out = side.jvp(tuple(primals), tuple(tangents))
-        return host(*primals), tuple(tangents_out)
-
-    return tuple(call(*arrays))
-
-
-def _tensorflow_host(side, arrays):
-    import tensorflow as tf
-
-    tensors = [getattr(x, "_t", x) for x in arrays]
-    specs = side.specs(arrays)
-
-    def host(*values):
-        return [tf.convert_to_tensor(o) for o in side.run_host([v.numpy() for v in values])]
-
-    outputs = tf.py_function(host, tensors, Tout=[tf.as_dtype(dtype) for _, dtype in specs])
-    for o, (shape, _) in zip(outputs, specs):
-        o.set_shape(shape)
-    return tuple(outputs)
-
-
-_HOST_CALLS = {"jax": _jax_host, "tensorflow": _tensorflow_host}

@@ -231,3 +231,52 @@ def not_nestable(b: Backend, fname: str) -> NotImplementedError:
         f"{fname}: the {b.name!r} backend does not nest transforms (capabilities.higher_order is False), so "
         f"second derivatives (hessian, hvp, a transform inside f) would silently be zeros; use a backend "
         f"that declares higher_order (numpy, torch, jax, tensorflow)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Lazy (Dask) arguments of the in-memory transforms
+# ---------------------------------------------------------------------------------------------
+
+_LAZY_TRANSFORMS = ("batched_jacobian", "vmap", "per_example_grad")  # what unigrad.dask offers
+
+
+def _is_lazy(x) -> bool:
+    """A Dask collection (array, dataframe, delayed), recognised without importing dask."""
+    return hasattr(type(x), "__dask_graph__")
+
+
+_EAGER_TYPES = (np.ndarray, float, int, complex, bool, type(None))
+
+
+def _reject_lazy(args, fname: str) -> None:
+    """Raise TypeError if an argument of an in-memory transform is a Dask array (or any Dask collection).
+
+    The in-memory transforms would pull it into memory whole (NumPy's ``__array__``) and return NumPy
+    arrays: out of core data belongs to ``unigrad.dask``. Cheap on the common path: plain arrays are
+    recognised by type, and only containers are flattened.
+
+    Args:
+      args: the positional arguments of the call (a tuple; pytrees are searched).
+      fname: the transform's name, for the message (``"batched_jacobian"``, ``"vmap"``, ``"grad"``...).
+    """
+    for k, a in enumerate(args):
+        if type(a) in _EAGER_TYPES:
+            continue
+        if _is_lazy(a):
+            _lazy_error(fname, f"argument {k}", a)
+        if not (hasattr(a, "shape") and hasattr(a, "dtype")):  # not an array: maybe a container
+            paths, leaves, _ = optree.tree_flatten_with_path(a, none_is_leaf=True)
+            for path, leaf in zip(paths, leaves):
+                if _is_lazy(leaf):
+                    _lazy_error(fname, f"argument {k}" + "".join(f"[{p!r}]" for p in path), leaf)
+
+
+def _lazy_error(fname, where, x):
+    target = fname if fname in _LAZY_TRANSFORMS else ("per_example_grad" if fname in ("grad", "value_and_grad")
+                                                  else None)
+    use = (f"unigrad.dask.{target}(f, ...)" if target is not None
+           else "unigrad.dask (batched_jacobian, vmap, per_example_grad)")
+    raise TypeError(f"{fname}: {where} is a lazy {type(x).__module__}.{type(x).__name__} "
+                    f"(shape {getattr(x, 'shape', '?')}); the in-memory transforms would pull it into memory whole. "
+                    f"Use {use} to evaluate it block by block and get a Dask array back, "
+                    f"or call .compute() on it first.")

@@ -250,7 +250,7 @@ def _load_backends(names):
 
     with _filtered_native_stderr():
         if names == "all":
-            unigrad.backends()
+            unigrad.backends(load=True)
             return
         for name in names:
             try:
@@ -267,7 +267,7 @@ def cmd_info(args, out) -> int:
     import unigrad
 
     _load_backends("all")
-    report = unigrad.backends()
+    report = unigrad.backends(load=True)  # (loaded above: the report of each load)
     if args.json:
         print(json.dumps({"unigrad": unigrad.__version__, "python": platform.python_version(),
                           "numpy": np.__version__, "backends": report}, indent=2, default=str), file=out)

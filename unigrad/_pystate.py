@@ -20,10 +20,11 @@ import collections
 import collections.abc
 import hashlib
 import types
+import weakref
 
 import numpy as np
 
-__all__ = ["digest", "python_state"]
+__all__ = ["digest", "fingerprint", "python_state"]
 
 #: How deep containers, objects and called functions are followed, and how many values at most.
 DEPTH, BUDGET = 4, 2048
@@ -33,9 +34,12 @@ _OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.MethodWrappe
 
 
 def digest(a) -> tuple:
-    """An array's value as a hashable tuple: its shape, dtype and 20-byte BLAKE2b digest of its bytes."""
+    """An array's value as a hashable tuple: its shape, dtype and the 20-byte SHA-1 digest of its bytes
+    (hashed in place, no copy of a contiguous array; SHA-1 runs at about twice BLAKE2b's speed on CPUs
+    with SHA instructions, and a key needs no resistance to a chosen collision)."""
     a = np.ascontiguousarray(a)
-    return a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=20).digest()
+    data = a.data if a.dtype.kind != "O" and a.size else a.tobytes()
+    return a.shape, a.dtype.str, hashlib.sha1(data, usedforsecurity=False).digest()
 
 
 def python_state(f) -> tuple:
@@ -152,3 +156,35 @@ def _global_names(code):
         if len(_NAMES) > 4096:
             _NAMES.clear()
     return names
+
+
+_DIGESTS: dict = {}  # id of an immutable array (JAX's, TensorFlow's eager tensors) -> (weak reference, digest)
+
+
+def fingerprint(b, arrays):
+    """The values of ``arrays`` (arrays of backend ``b``) as a hashable tuple: each array's :func:`digest`;
+    None when one has no value to read (a tracer of an enclosing ``jax.jit``). Arrays that cannot change
+    (JAX arrays, TensorFlow eager tensors) are read once: their digest is kept while they live, so
+    weights passed again on every call cost a lookup."""
+    parts = []
+    for x in arrays:
+        t = type(x)
+        immutable = (t.__name__ == "ArrayImpl" and t.__module__.startswith("jax")) or t.__name__ == "EagerTensor"
+        if immutable:
+            hit = _DIGESTS.get(id(x))
+            if hit is not None and hit[0]() is x:
+                parts.append(hit[1])
+                continue
+        try:
+            value = digest(b.to_numpy(x))
+        except Exception:  # an abstract value (inside another framework's transform): nothing to key on
+            return None
+        if immutable and len(_DIGESTS) < 4096:
+            try:
+                ref = weakref.ref(x, lambda _, k=id(x): _DIGESTS.pop(k, None))
+            except TypeError:
+                pass
+            else:
+                _DIGESTS[id(x)] = (ref, value)
+        parts.append(value)
+    return tuple(parts)

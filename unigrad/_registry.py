@@ -44,7 +44,7 @@ _instances: dict[str, Backend] = {}
 _errors: dict[str, BaseException] = {}
 # Counts the changes of runtime registrations (register_backend, unregister_backend): the backend the
 # selection rules pick for given contexts, variables and array types changes only with it (read by
-# the compiled repeat keys, unigrad._call.Repeats, instead of running resolve() on every call).
+# the compiled repeat keys, unigrad._repeats.Repeats, instead of running resolve() on every call).
 _generation = 0
 
 
@@ -186,25 +186,86 @@ def did_you_mean(name, choices) -> str:
     return f" (did you mean {match!r}?)" if match else ""
 
 
-def backends(*, load: bool = True) -> dict[str, dict]:
-    """What is installed: one entry per backend name.
+def backends(*, load: bool = False) -> dict[str, dict]:
+    """What is installed: one entry per backend name, listed without importing any framework.
 
-    Each entry has ``available`` (bool), ``version``, ``devices``,
-    ``capabilities`` (dict) and ``error`` (why it is unavailable, or None).
-    With ``load=False`` nothing is imported and only names are listed.
+    Each entry has ``available`` (its packages are installed: found without importing them), ``loaded``
+    (imported already), ``version``, ``devices``, ``capabilities`` (dict) and ``error`` (why it is
+    unavailable, or None). A backend not loaded yet reports its framework's version from the package
+    metadata (first-party backends) and ``None`` for what only its instance knows (devices, capabilities);
+    a package that is found may still fail to import, which ``get_backend`` (or ``load=True``) reports.
+
+    Args:
+      load: import every backend first (as ``unigrad info`` does): ``available`` then means it loads,
+        ``devices`` and ``capabilities`` are filled, ``error`` holds an import failure.
+
+    Example:
+      >>> sorted(unigrad.backends())                      # doctest: +SKIP
+      ['jax', 'numpy', 'tensorflow', 'torch']
     """
     report = {}
     for name in _names():
-        entry = {"available": None, "version": None, "devices": None, "capabilities": None, "error": None}
-        if load:
+        inst = _instances.get(name)
+        if load and inst is None:
             try:
-                b = get_backend(name)
-                entry.update(available=True, version=b.version(), devices=list(b.devices()),
-                             capabilities=dict(b.capabilities.__dict__))
-            except Exception as exc:
-                entry.update(available=False, error=f"{type(exc).__name__}: {exc}")
+                inst = get_backend(name)
+            except Exception:  # (its error is in _errors)
+                inst = None
+        entry = {"available": None, "loaded": inst is not None, "version": None, "devices": None,
+                 "capabilities": None, "error": None}
+        if inst is not None:
+            entry.update(available=True, version=inst.version(), devices=list(inst.devices()),
+                         capabilities=dict(inst.capabilities.__dict__))
+        elif name in _errors:
+            exc = _errors[name]
+            entry.update(available=False, error=f"{type(exc).__name__}: {exc}")
+        else:
+            missing = _missing_modules(name)
+            entry.update(available=not missing, version=_framework_version(name),
+                         error=f"not installed: no module {missing[0]!r}" if missing else None)
         report[name] = entry
     return report
+
+
+#: The modules each first-party backend needs besides its adapter (found, never imported, by ``backends``).
+_FRAMEWORK_MODULES = {"numpy": ("numpy",), "torch": ("torch",), "jax": ("jax", "jaxlib"),
+                      "tensorflow": ("tensorflow",)}
+#: The distributions that install each first-party framework, for its version (the first one installed).
+_FRAMEWORK_DISTRIBUTIONS = {"numpy": ("numpy",), "torch": ("torch",), "jax": ("jax",),
+                            "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos",
+                                           "tf-nightly")}
+
+
+def _missing_modules(name) -> list:
+    """The modules a backend needs that are not installed (``importlib.util.find_spec`` of top-level
+    names: nothing is imported): its adapter's package and, for a first-party backend, its framework."""
+    import importlib.util
+
+    needed = list(_FRAMEWORK_MODULES.get(name, ()))
+    ep = _discover().get(name) if name not in _factories else None
+    if ep is not None:
+        needed.insert(0, ep.module.partition(".")[0])
+    missing = []
+    for module in needed:
+        if module in sys.modules:
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def _framework_version(name):
+    """A first-party backend's framework version from the installed package's metadata (None: unknown)."""
+    for dist in _FRAMEWORK_DISTRIBUTIONS.get(name, ()):
+        try:
+            return metadata.version(dist)
+        except Exception:  # not this distribution (or broken metadata: no version to show)
+            continue
+    return None
 
 
 def set_backend(name: str | Backend | None) -> None:

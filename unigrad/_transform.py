@@ -9,7 +9,8 @@ import inspect
 
 from . import _checks, _memory
 from ._dtypes import COMPLEX
-from ._call import BoundedCache, Call
+from ._caches import BoundedCache
+from ._call import Call
 
 
 def _flatten_blocks(jac):
@@ -30,13 +31,18 @@ def promoted_blocks(b, outputs, leaves, jac):
     return tuple(out)
 
 
+#: Why output shapes are kept per signature alone (see unigrad._caches).
+SHAPES_WHY = ("the mode 'auto' picks, the scalar form of hessian: speed only, and a result that must not follow a "
+              "shape that changed (hessian's scalar form) is re-checked on what f returned")
+
+
 def output_shapes(shapes: BoundedCache, call: Call):
     """The shapes of ``f``'s outputs for this call's signature: one plain forward evaluation per
     signature (``Backend.output_shapes``: a backend that traces finds them without computing) (shapes follow from the signature: array shapes and exact non-array values; a compiled
     program's dynamic scalars are traced, so shapes cannot depend on them: its key leaves them out)."""
-    known = shapes.get(call.program_key)
+    known = shapes.lookup(call)
     if known is None:
-        known = shapes.put(call.program_key, tuple(call.backend.output_shapes(call.flat_f, call.diff, call.has_aux)))
+        known = shapes.store(call, tuple(call.backend.output_shapes(call.flat_f, call.diff, call.has_aux)))
     return known
 
 
@@ -73,8 +79,7 @@ def budget_chunk(chunks: BoundedCache, shapes: BoundedCache, call: Call, chosen:
     """The chunk size that keeps a Jacobian within ``budget`` bytes, once per signature and mode: the
     peak of one VJP (rev) or JVP (fwd) of the whole call, measured on the backend, is what each basis
     vector of a chunk costs; the result itself is set aside first (see ``_memory.py``)."""
-    key = None if call.program_key is None else (call.program_key, chosen)
-    known = chunks.get(key)
+    known = chunks.lookup(call, chosen)
     if known is not None:
         return known
     b, skip = call.backend, 1 if per_example else 0
@@ -93,58 +98,7 @@ def budget_chunk(chunks: BoundedCache, shapes: BoundedCache, call: Call, chosen:
             return b.jvp(call.flat_f, call.diff, tuple(b.ones_like(x) for x in call.diff), has_aux=call.has_aux)
     per_row = _memory.peak_bytes(b, one)
     n_rows = n_out if chosen == "rev" else n_in
-    return chunks.put(key, _memory.chunk_for_budget(budget, n_rows, result_bytes, per_row, fname))
-
-
-def values_key(call: Call):
-    """``call.key`` with a fingerprint of the values of the arrays ``f`` is given but not differentiated
-    with respect to (:func:`fingerprint`; None where ``call.key`` is None).
-
-    What is derived from the program ``f`` traces (a sparsity pattern, a row proof, a probe's verdict)
-    may depend on those values, not only on their shapes: an index array decides which rows or inputs
-    an output reads (``x[idx]``), a constant matrix's zeros are a product's. Such a result is kept per
-    value of those arrays."""
-    key = call.key
-    if key is None or not call.plan.dynamic_positions:
-        return key
-    values = fingerprint(call.backend, call.dynamic)
-    return None if values is None else (key, values)
-
-
-_DIGESTS: dict = {}  # id of an immutable array (JAX's, TensorFlow's eager tensors) -> (weak reference, digest)
-
-
-def fingerprint(b, arrays) -> tuple:
-    """The values of ``arrays`` as a hashable tuple: each array's shape, dtype and 20-byte BLAKE2b digest
-    of its bytes; None when one has no value to read (a tracer of an enclosing ``jax.jit``). Arrays that
-    cannot change (JAX arrays, TensorFlow eager tensors) are read once: their digest is kept while they
-    live, so weights passed again on every call cost a lookup."""
-    import weakref
-
-    from ._pystate import digest
-
-    parts = []
-    for x in arrays:
-        t = type(x)
-        immutable = (t.__name__ == "ArrayImpl" and t.__module__.startswith("jax")) or t.__name__ == "EagerTensor"
-        if immutable:
-            hit = _DIGESTS.get(id(x))
-            if hit is not None and hit[0]() is x:
-                parts.append(hit[1])
-                continue
-        try:
-            value = digest(b.to_numpy(x))
-        except Exception:  # an abstract value (inside another framework's transform): nothing to key on
-            return None
-        if immutable and len(_DIGESTS) < 4096:
-            try:
-                ref = weakref.ref(x, lambda _, k=id(x): _DIGESTS.pop(k, None))
-            except TypeError:
-                pass
-            else:
-                _DIGESTS[id(x)] = (ref, value)
-        parts.append(value)
-    return tuple(parts)
+    return chunks.store(call, _memory.chunk_for_budget(budget, n_rows, result_bytes, per_row, fname), chosen)
 
 
 def _wraps(wrapper, f, kind):

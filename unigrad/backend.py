@@ -39,6 +39,7 @@ method                     status    default / note
 ``zeros``, ``zeros_like``, ``ones_like``, ``stop_gradient``, ``copy``  optional  from the namespace
 ``mutable_arrays``         optional  True: ``vjp`` copies what the caller holds (False: JAX, TF)
 ``signature_attribute``    optional  None: arrays stand in repeat keys by ``(shape, dtype)`` (JAX: ``aval``)
+``forward_by_reverse``     optional  False: sparse forward passes as transposed VJPs (torch: True)
 ``evaluate(f, primals)``   optional  ``f(*primals)``; the core's plain forward evaluations
 ``output_shapes(f, primals, has_aux)``  optional  the outputs' shapes from ``evaluate`` (JAX: traced, no work)
 ``special(name)``          optional  None: unigrad.special's formulas (the framework's own functions)
@@ -48,13 +49,22 @@ method                     status    default / note
 ``jacrev`` / ``jacfwd``    optional  ``vjp`` / ``jvp`` over a unit basis, via ``map_chunks``
 ``batched_jacobian``       optional  the sum trick over the per-example basis
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
-``batch_rows``             optional  None (rows proved on the NumPy tape for portable ``f``)
+``dependence_program``     optional  None: ``f`` in ``unigrad.dependence``'s neutral form (row proofs, sparsity)
+``batch_rows``             optional  None: the core reads ``dependence_program`` (else portable ``f`` on the tape)
+``per_example_rows``       optional  None: per-example gradients from ``f``'s program (else materialised)
 ``hessian`` / ``hvp``      optional  forward over reverse
 ``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
 ``apply_rule(rule, arrays)``  optional  a custom derivative (``unigrad._custom.Rule``); declare
                                      ``capabilities.custom_rules``. Default: a clear error
 ``checkpoint(f, primals)`` optional  ``f(*primals)``; with ``custom_rules`` (not overridden): a rule
                                      keeping only ``primals`` whose ``bwd`` re-runs ``vjp``
+``carries_derivative(x)``  optional  False: ``unigrad.bridge`` hands own arrays over as data
+``host_callback(fn, arrays, out_specs, jvp=)``  optional  None: no bridge out of traced programs (a clear error)
+``primals_from_jvp_rule``  optional  False: ``apply_rule`` takes primal outputs from ``fun``, not from ``jvp``
+``sparse_matrix(values, structure, format, fname)``  optional  ``scipy.sparse`` (CSR for ``"auto"``)
+``sparse_finisher(values, structure, format, fname)``  optional  ``sparse_matrix`` on every call
+``dense_matrix(values, structure)``  optional  a NumPy scatter, then ``asarray``
+``sparse_to_numpy(matrix)``  optional  ``toarray()`` of ``scipy.sparse``, else ``to_numpy``
 =========================  ========  =====================================================
 
 The generic defaults call these namespace functions: ``eye(n, m, k=, dtype=,
@@ -73,7 +83,7 @@ from typing import Callable, Sequence
 
 from ._dtypes import dtype_name
 
-__all__ = ["Backend", "Capabilities", "chunks", "fft_norm"]
+__all__ = ["Backend", "Capabilities", "TracedValueError", "chunks", "fft_norm", "uses_traced_value"]
 
 
 @dataclass(frozen=True)
@@ -127,11 +137,14 @@ class Backend(abc.ABC):
     #: holds is memory that ``vjp_fn`` reads (see :meth:`copy`).
     mutable_arrays: bool = True
     #: The name of an attribute of the backend's arrays that stands for their shape and dtype in the keys
-    #: of compiled repeats (``unigrad._call.Repeats``), read instead of ``shape`` and ``dtype``: hashable,
+    #: of compiled repeats (``unigrad._repeats.Repeats``), read instead of ``shape`` and ``dtype``: hashable,
     #: and equal for two arrays only where their shapes and dtypes are equal (it may tell more apart).
     #: JAX: ``aval`` (one attribute, where ``shape`` and ``dtype`` are two Python properties over it).
     #: None: the pair ``(shape, dtype)``.
     signature_attribute: str | None = None
+    #: Its forward mode is much slower than its reverse mode on ordinary code: the sparse transforms run their
+    #: forward passes (one JVP per colour) as transposed VJPs instead (torch; see ``TorchBackend``).
+    forward_by_reverse: bool = False
 
     # ------------------------------------------------------------------ required
     @abc.abstractmethod
@@ -338,12 +351,47 @@ class Backend(abc.ABC):
                 jac[i][j] = xp.reshape(g, (self.shape(out)[0], *out_tail, *in_tail))
         return outputs, tuple(tuple(r) for r in jac), aux
 
+    # ------------------------------------------------------------------ hooks: reading f's own program
+    def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
+        """``f`` traced by the backend into :class:`unigrad.dependence.Program`, the neutral form the one
+        analysis of traced programs reads (its nodes named ``"<prefix>.<op>"``, their rules registered
+        with :func:`unigrad.dependence.register_rules`), or None: no program of its own (the default;
+        the core then reads portable ``f`` on the NumPy tape).
+
+        What it gives: proofs of independent rows for ``batched_jacobian`` (:meth:`batch_rows`' default)
+        and sparsity patterns for ``jacobian_sparsity`` / ``sparse_jacobian`` of ``f`` written with the
+        framework's own operations. ``unknown``: arrays ``f`` closes over whose values change from call
+        to call (the non-differentiated array arguments): the program must treat them as unknown
+        values, so a proof made once holds for any of them. The outputs are ``f``'s outputs (its aux
+        left out where ``has_aux``)."""
+        return None
+
     def batch_rows(self, f, primals, *, has_aux=False):
-        """A proof about ``f``'s rows read from the backend's own traced program, once per signature:
-        ``(verdict, detail, separable)`` with verdict ``"row"`` (independent), ``"mixed"`` (detail: a
-        ``unigrad.dependence.Mixed`` naming the operation) or ``"unknown"``, and ``separable`` whether
-        each row may be computed alone (``per_example_jacobian``). None: no program to read (the core
-        then reads portable ``f`` on the NumPy tape, or probes)."""
+        """A proof about ``f``'s rows read from the backend's own traced program, once per signature and
+        Python state: ``(verdict, detail, separable)`` with verdict ``"row"`` (independent), ``"mixed"``
+        (detail: a ``unigrad.dependence.Mixed`` naming the operation) or ``"unknown"``, and ``separable``
+        whether each row may be computed alone (``per_example_jacobian``): True, or a hashable marker of how,
+        which the core hands back as ``per_example_jacobian(..., proof=marker)`` (JAX: ``"program"``).
+
+        Default None: the core reads :meth:`dependence_program` with ``unigrad.dependence.prove_rows``
+        (``separable`` False), and where there is none, portable ``f`` on the NumPy tape, or probes.
+        Override to tell separable programs apart (JAX: a trace at a symbolic batch size)."""
+        return None
+
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+        """Per-example gradients read from ``f``'s program: ``f(*primals)`` returns one loss per example
+        (shape ``(batch,)``), ``primals`` are the parameters. Returns ``(outputs, blocks, paths)``: the
+        outputs of ``f``, one block of rows ``(batch, *p.shape)`` per parameter (with ``norms``: one block,
+        the ``(batch,)`` norms over all parameters), and per parameter the path it took (the names in
+        :mod:`unigrad.per_example.layers`); None: this path does not apply (the default), and the core
+        materialises every parameter's rows as Jacobian rows.
+
+        The layers a backend finds (a matrix product, a bias, a convolution...) get their rows from one
+        ordinary backward pass with the formulas of :mod:`unigrad.per_example.layers`, where its program
+        proves that the losses' rows stay apart after the layer (``unigrad.dependence.prove_rows``).
+        ``memo``: a bounded cache the backend may keep per-program analyses in, keyed by the program it
+        recorded. The core runs this inside the transform's compiled program where there is one, or
+        the backend's traced one for eager calls (``traces_batched_jacobian``)."""
         return None
 
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
@@ -351,7 +399,9 @@ class Backend(abc.ABC):
         (``f(x)[i] == f(x[i:i+1])[0]``: the core checks it once per signature when it probes the batch).
 
         A backend may vectorise per-example Jacobians of batch-of-one calls (``jax.vmap`` of
-        ``jax.jacrev``), which its compiler can simplify better; the default is ``batched_jacobian``.
+        ``jax.jacrev``), which its compiler can simplify better; the default is ``batched_jacobian``. Where
+        the backend's ``batch_rows`` answered a marker instead of True for ``separable``, the core passes it
+        as the keyword ``proof`` (only then: an override that never returns markers need not take it).
         """
         return self.batched_jacobian(f, primals, mode=mode, chunk_size=chunk_size, has_aux=has_aux)
 
@@ -422,6 +472,91 @@ class Backend(abc.ABC):
         (``unigrad._checkpoint.rule_checkpoint``).
         """
         return tuple(f(*primals))
+
+    # ------------------------------------------------------------------ bridge and sparse results
+    # Hooks through which the core reaches what only the framework has, for ``unigrad.bridge`` (a call
+    # out of a traced program, derivatives a value hides) and the sparse transforms (the framework's
+    # sparse types). Each is optional: the default works on any backend (see docs/plugins.md).
+
+    #: ``apply_rule`` takes an operation's primal outputs from what the rule's ``jvp`` returns, also where
+    #: the backend maps that ``jvp`` over a batch of tangents with the primals unbatched (JAX: a
+    #: ``custom_jvp`` under ``jax.vmap``, in ``jacfwd`` and ``hessian``): outputs computed with the tangents
+    #: would then come out batched. ``unigrad.bridge`` computes them by a call of their own where this is
+    #: True. False: the operation's outputs are ``fun``'s, and the bridge takes both the primal and the
+    #: tangent outputs from one call.
+    primals_from_jvp_rule: bool = False
+
+    def carries_derivative(self, x) -> bool:
+        """Whether own array ``x`` is a traced value whose :meth:`to_numpy` would give its value without
+        its derivative (the tape's tracers, ``torch.func``'s wrapped tensors): ``unigrad.bridge`` refuses
+        to hand such a value to another backend as data, where its derivative would silently be lost.
+
+        Default False: own arrays are data, or are tracers with no value at all (JAX, TensorFlow), whose
+        :meth:`to_numpy` raises."""
+        return False
+
+    def host_callback(self, fn, arrays, out_specs, *, jvp=None):
+        """``fn`` called on the host from inside a program this backend traces (compiled code, a
+        vectorising ``vmap``), where ``arrays`` hold no data: JAX's ``jax.pure_callback``, TensorFlow's
+        ``tf.py_function``. ``unigrad.bridge`` calls it for a function of another backend.
+
+        Args:
+          fn: ``fn(*numpy_arrays)`` returns a tuple of NumPy arrays, one per entry of ``out_specs``.
+          arrays: own arrays (traced), ``fn``'s arguments.
+          out_specs: the outputs' ``(shape, dtype name)`` list.
+          jvp: None, or ``jvp(primals, tangents) -> tangents_out`` (tuples of own arrays): the call's
+            forward-mode derivative, for a backend whose forward mode would meet the callback without one
+            (JAX differentiates the primal call inside a rule's ``fwd`` in ``hessian``). Reverse mode needs
+            nothing here: the bridge wraps the call in a rule (:meth:`apply_rule`).
+
+        Returns:
+          A tuple of own arrays (the outputs, with the shapes and dtypes of ``out_specs``), or None: the
+          backend has no host callback (the default), and ``unigrad.bridge`` raises a TypeError saying
+          to call the function outside that transform.
+        """
+        return None
+
+    def sparse_matrix(self, values, structure, format, fname):
+        """``values`` as the backend's own sparse matrix (``sparse_jacobian``, ``sparse_hessian``).
+
+        Args:
+          values: an own 1-d array, one value per non-zero of ``structure`` in CSR order.
+          structure: the plan's :class:`unigrad.sparse.Structure`: the shape and the index arrays of every
+            layout; ``structure.converted(key, make)`` keeps the backend's copy of one, once per plan.
+          format: ``"auto"`` (the backend's usual sparse type), ``"csr"``, ``"csc"`` or ``"coo"``.
+          fname: the transform's name, for errors.
+
+        Returns:
+          The ``structure.shape`` matrix.
+
+        Raises:
+          ValueError: naming ``fname``, for a format the backend has no type for, and the formats it has.
+
+        Default: a ``scipy.sparse`` array in that layout (CSR for ``"auto"``) of a host copy of the values:
+        the NumPy tape's result, and that of every backend without a sparse type of its own.
+        """
+        return structure.to_scipy(self.to_numpy(values), "csr" if format == "auto" else format)
+
+    def sparse_finisher(self, values, structure, format, fname):
+        """``v -> sparse_matrix(v, structure, format, fname)`` for every later call whose ``v`` is like
+        ``values`` (the same type, dtype, shape and device: the outputs of one compiled program); what
+        :meth:`sparse_matrix` checks or converts on each call may be done once here (JAX: a ``BCOO`` from
+        its parts, after one checked construction). Default: :meth:`sparse_matrix` on every call."""
+        return lambda v: self.sparse_matrix(v, structure, format, fname)
+
+    def dense_matrix(self, values, structure):
+        """``values`` (as for :meth:`sparse_matrix`) as the dense ``structure.shape`` own array, zeros off the
+        pattern (``format="dense"``). Default: scattered in NumPy (``structure.to_dense``), then
+        :meth:`asarray` on the values' device; a framework's own scatter keeps it on its device."""
+        return self.asarray(structure.to_dense(self.to_numpy(values)), device=self.device(values))
+
+    def sparse_to_numpy(self, matrix):
+        """A dense NumPy copy of a matrix :meth:`sparse_matrix` or :meth:`dense_matrix` returned (the checks
+        of ``unigrad.testing`` read results through it). Default: ``matrix.toarray()`` for a
+        ``scipy.sparse`` array, else :meth:`to_numpy`."""
+        if hasattr(matrix, "toarray"):
+            return matrix.toarray()
+        return self.to_numpy(matrix)
 
     # ------------------------------------------------------------------ helpers for adapters
     def unit_basis(self, arrays, start, stop):
@@ -522,6 +657,31 @@ def unsupported_rules(b, name):
         f"{name}: the {b.name!r} backend does not support custom derivative rules "
         f"(capabilities.custom_rules is False), so it cannot differentiate a custom_vjp/custom_jvp function "
         f"or stop_gradient; choose another backend (numpy, torch, jax, tensorflow)")
+
+
+class TracedValueError(TypeError):
+    """``f`` asked for the value of an array that has none yet (``bool``, ``float``, ``int`` or NumPy
+    conversion of an array traced into a program, an ``if`` on it). A backend raises it from its own
+    array type; :func:`uses_traced_value` also knows the frameworks' own errors of that kind."""
+
+
+#: The frameworks' errors for the value of a traced array, by class name (no framework is imported):
+#: JAX's tracer conversions, TensorFlow's graph-mode bool.
+_TRACED_VALUE_ERRORS = frozenset({"ConcretizationTypeError", "TracerBoolConversionError",
+                                  "TracerIntegerConversionError", "TracerArrayConversionError",
+                                  "OperatorNotAllowedInGraphError"})
+
+
+def uses_traced_value(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from ``f`` using the value of a traced array as a Python value (an ``if``
+    on it, ``float(x)``): :class:`TracedValueError`, or the frameworks' own errors of that kind, also
+    where one was raised from (the ``__cause__`` / ``__context__`` chain)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, TracedValueError) or {c.__name__ for c in type(exc).__mro__} & _TRACED_VALUE_ERRORS:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def chunks(n: int, chunk_size: int | None) -> list[tuple[int, int]]:

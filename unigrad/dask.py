@@ -37,56 +37,17 @@ from typing import Callable
 import numpy as np
 import optree
 
+from ._caches import CacheKind
+from ._checks import _is_lazy, _reject_lazy  # noqa: F401 (the guard of the in-memory transforms, one floor down)
+from ._pystate import python_state
+
 __all__ = ["batched_jacobian", "vmap", "per_example_grad", "from_memmap"]
 
-_TRANSFORMS = ("batched_jacobian", "vmap", "per_example_grad")
 
 
 # ---------------------------------------------------------------------------------------------
 # Lazy arrays given to the in-memory transforms
 # ---------------------------------------------------------------------------------------------
-
-def _is_lazy(x) -> bool:
-    """A Dask collection (array, dataframe, delayed), recognised without importing dask."""
-    return hasattr(type(x), "__dask_graph__")
-
-
-_EAGER = (np.ndarray, float, int, complex, bool, type(None))
-
-
-def _reject_lazy(args, fname: str) -> None:
-    """Raise TypeError if an argument of an in-memory transform is a Dask array (or any Dask collection).
-
-    The in-memory transforms would pull it into memory whole (NumPy's ``__array__``) and return NumPy
-    arrays: out of core data belongs to ``unigrad.dask``. Cheap on the common path: plain arrays are
-    recognised by type, and only containers are flattened.
-
-    Args:
-      args: the positional arguments of the call (a tuple; pytrees are searched).
-      fname: the transform's name, for the message (``"batched_jacobian"``, ``"vmap"``, ``"grad"``...).
-    """
-    for k, a in enumerate(args):
-        if type(a) in _EAGER:
-            continue
-        if _is_lazy(a):
-            _lazy_error(fname, f"argument {k}", a)
-        if not (hasattr(a, "shape") and hasattr(a, "dtype")):  # not an array: maybe a container
-            paths, leaves, _ = optree.tree_flatten_with_path(a, none_is_leaf=True)
-            for path, leaf in zip(paths, leaves):
-                if _is_lazy(leaf):
-                    _lazy_error(fname, f"argument {k}" + "".join(f"[{p!r}]" for p in path), leaf)
-
-
-def _lazy_error(fname, where, x):
-    target = fname if fname in _TRANSFORMS else ("per_example_grad" if fname in ("grad", "value_and_grad")
-                                                  else None)
-    use = (f"unigrad.dask.{target}(f, ...)" if target is not None
-           else "unigrad.dask (batched_jacobian, vmap, per_example_grad)")
-    raise TypeError(f"{fname}: {where} is a lazy {type(x).__module__}.{type(x).__name__} "
-                    f"(shape {getattr(x, 'shape', '?')}); the in-memory transforms would pull it into memory whole. "
-                    f"Use {use} to evaluate it block by block and get a Dask array back, "
-                    f"or call .compute() on it first.")
-
 
 # ---------------------------------------------------------------------------------------------
 # Worker side: one in-memory transform per unigrad.dask transform and worker process
@@ -194,6 +155,14 @@ def _import_dask():
     return da, HighLevelGraph
 
 
+PROBES = CacheKind("unigrad.dask", "output specs", ("state",),
+                   "f run on stand-in values on the client (the output graph's shapes and dtypes), as it reads its "
+                   "Python state now")
+WORKERS = CacheKind("unigrad.dask", "in-memory transforms on the workers", ("state",),
+                    "a worker builds one in-memory transform per token from the f it received; an f pickled for a "
+                    "call carries the values it read then, so the token holds a hash of f's Python state")
+
+
 class _Transform:
     """A ``unigrad.dask`` transform: a function of Dask arrays returning Dask arrays (see the module doc)."""
 
@@ -201,8 +170,8 @@ class _Transform:
         self.kind, self.f, self.options = kind, f, options
         # batched_of(args, treedef, leaves) -> the flat indices (none_is_leaf=True) of the batched leaves
         self._batched_of = batched_of
-        self.token = f"{kind}-{uuid.uuid4().hex}"  # the workers' cache key for this transform
-        self._probes = {}  # signature -> (output treedef, [(shape after the batch axis, dtype)])
+        self.token = f"{kind}-{uuid.uuid4().hex}"  # the workers' cache key for this transform (see _call)
+        self._probes = {}  # PROBES key -> (output treedef, [(shape after the batch axis, dtype)])
         name = getattr(f, "__name__", type(f).__name__)
         self.__name__ = self.__qualname__ = f"unigrad.dask.{kind}({name})"
         self.__doc__ = getattr(f, "__doc__", None)
@@ -213,6 +182,10 @@ class _Transform:
 
     def _call(self, args, options, token):
         da, HighLevelGraph = _import_dask()
+        # A worker keeps the in-memory transform it built from the first f it received for a token; an f
+        # pickled now carries the values it reads now: a new Python state is a new token (WORKERS)
+        state = python_state(self.f)
+        token = f"{token}-{hash(WORKERS.key_of(token, self.f, state=state)) & 0xFFFFFFFFFFFFFFFF:016x}"
         leaves, treedef = optree.tree_flatten(args, none_is_leaf=True)
         paths = optree.tree_paths(args, none_is_leaf=True)
         names = [f"argument {p[0]}" + "".join(f"[{q!r}]" for q in p[1:]) for p in paths]
@@ -250,7 +223,7 @@ class _Transform:
                 raise TypeError(f"{fname}: {names[k]} is a Dask collection but is not mapped; compute it first "
                                 f"(shared arguments such as parameters are sent to each worker once)")
         chunks0 = reference[2]
-        out_tree, out_specs = self._probe(args, treedef, leaves, batched, options)
+        out_tree, out_specs = self._probe(args, treedef, leaves, batched, options, state)
 
         spec = _Spec(token, self.kind, self.f, options, treedef,
                      tuple(None if k in batched else x for k, x in enumerate(leaves)), tuple(batched))
@@ -274,7 +247,7 @@ class _Transform:
                                     meta=np.empty((0,) * (len(shape) + 1), dtype=dtype)))
         return optree.tree_unflatten(out_tree, outputs)
 
-    def _probe(self, args, treedef, leaves, batched, options):
+    def _probe(self, args, treedef, leaves, batched, options, state):
         """The output's structure, and each output leaf's shape past the batch axis and dtype.
 
         ``batched_jacobian`` runs the in-memory transform on a batch of no examples (no values are read);
@@ -284,8 +257,8 @@ class _Transform:
         sig = tuple((k, tuple(leaves[k].shape[1:]), str(leaves[k].dtype)) for k in batched)
         shared_sig = tuple((type(x).__name__, getattr(x, "shape", None), str(getattr(x, "dtype", "")))
                            for k, x in enumerate(leaves) if k not in batched)
-        key = (treedef, sig, shared_sig, repr(options.get("in_axes")))
         try:
+            key = PROBES.key_of((treedef, sig, shared_sig, repr(options.get("in_axes"))), self.f, state=state)
             known = self._probes.get(key)
         except TypeError:
             known, key = None, None

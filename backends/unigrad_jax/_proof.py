@@ -32,7 +32,10 @@ def batch_rows(backend, f, primals, has_aux):
         # values change from call to call: the proof, kept per signature, must hold for any of them
         unknown = {id(a) for a in getattr(f, "closure_arrays", ())}
         verdict, detail = prove_rows(from_closed_jaxpr(closed, unknown=unknown), primals[0].shape[0])
-        separable = verdict == "row" and _separable(outputs, primals)
+        # True: one example is f on a batch of one; "program": one example is computed from f's program, the
+        # batch size kept (f reads it: x / x.shape[0]), handed back to per_example_jacobian as proof=
+        separable = verdict == "row" and (_separable(outputs, primals) or (
+            _ROW_PROGRAM if _row_program(outputs, primals) else False))
     return verdict, detail, separable
 
 
@@ -47,6 +50,16 @@ def _separable(f, primals):
     except Exception:  # f reads the batch size as a number, or closes over batch-shaped arrays
         return False
     return _clean(closed.jaxpr)
+
+
+_ROW_PROGRAM = "program"
+
+
+def _row_program(f, primals):
+    """Is one example of ``f`` computable alone from its program where ``f`` reads the batch size as a number
+    (``x / x.shape[0]``: ``_rowprogram``)? Then ``per_example_jacobian`` maps that over the batch."""
+    from ._rowprogram import row_function
+    return row_function(f, primals, primals[0].shape[0]) is not None
 
 
 def _symbolic(shape):

@@ -35,6 +35,7 @@ import types
 
 import numpy as np
 import tensorflow as tf
+from unigrad.backend import TracedValueError
 
 from . import _namespace as _raw
 from ._tensors import TensorHolder
@@ -252,8 +253,8 @@ class Array(TensorHolder):
         try:
             return np.asarray(self._t.numpy())  # a 0-d array, never a NumPy scalar
         except (AttributeError, NotImplementedError):
-            raise TypeError("NumPy cannot take a symbolic TensorFlow array (inside tf.function or vmap): it has "
-                            "no value yet") from None
+            raise TracedValueError("NumPy cannot take a symbolic TensorFlow array (inside tf.function or vmap): it "
+                                   "has no value yet") from None
 
     def _scalar_value(self, kind):
         if self._t.shape.rank != 0:
@@ -261,8 +262,8 @@ class Array(TensorHolder):
         try:
             value = self._t.numpy()
         except (AttributeError, NotImplementedError):
-            raise TypeError(f"{kind}() of a symbolic TensorFlow array (inside tf.function or vmap): it has no "
-                            f"value yet; keep it an array (xp.where for control flow)") from None
+            raise TracedValueError(f"{kind}() of a symbolic TensorFlow array (inside tf.function or vmap): it has "
+                                   f"no value yet; keep it an array (xp.where for control flow)") from None
         return value.item()
 
     def __bool__(self):

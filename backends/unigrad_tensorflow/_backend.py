@@ -23,14 +23,17 @@ Reverse mode is ``tf.GradientTape`` (Jacobians with ``tape.jacobian`` /
 from __future__ import annotations
 
 import contextvars
+import threading
+import warnings
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import unigrad  # noqa: E402
 from unigrad import Backend, Capabilities  # noqa: E402
+from unigrad.backend import uses_traced_value  # noqa: E402
 
-from . import _array, _namespace, _rules  # noqa: E402
+from . import _array, _host, _namespace, _rules, _sparse  # noqa: E402
 from ._array import Array  # noqa: E402
 from ._namespace import _gpu_count, tf_device_name  # noqa: E402
 
@@ -38,6 +41,17 @@ __all__ = ["TensorflowBackend"]
 
 _ZERO = tf.UnconnectedGradients.ZERO
 _SCALARS = (bool, int, float, complex)
+
+
+class SlowMapWarning(UserWarning):
+    """An eager vmap whose function TensorFlow cannot vectorise (it uses an array's value in Python) ran
+    one element at a time."""
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if "Error" in line or "()" in line] or text.splitlines() or [""]
+    return lines[-1].strip()
 
 
 class TensorflowBackend(Backend):
@@ -197,6 +211,12 @@ class TensorflowBackend(Backend):
                                    n_in, chunk_size, self._specs(outputs))
         return outputs, _columns_to_blocks(columns, outputs, primals), aux
 
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+        """Per-example gradients read from ``f``'s graph while a ``tf.function`` traces (the core runs this in
+        one: ``traces_batched_jacobian``): dense layers by their rules (``_per_example``)."""
+        from ._per_example import tf_rows
+        return tf_rows(self, f, tuple(primals), batch, norms, fname)
+
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its ``tf.function`` graph: ``(verdict, detail, False)`` (see ``_proof``)."""
         from ._proof import batch_rows
@@ -315,8 +335,20 @@ class TensorflowBackend(Backend):
                     call[k] = s
                 return tuple(_plain(o) for o in _call(f, call))
 
-            pieces = [tf.vectorized_map(body, tuple(e[start:stop] for e in elems))
-                      for start, stop in (_chunks(size, chunk_size) or [(0, 0)])]
+            try:
+                pieces = [tf.vectorized_map(body, tuple(e[start:stop] for e in elems))
+                          for start, stop in (_chunks(size, chunk_size) or [(0, 0)])]
+            except Exception as exc:
+                # f uses an array's value in Python (an if on it): pfor traces f into a graph, where arrays
+                # have no values. Eagerly the elements can still be mapped one by one, f seeing values
+                if not (tf.executing_eagerly() and uses_traced_value(exc) and size):
+                    raise
+                warnings.warn(f"vmap: f uses the value of an array as a Python value ({_first_line(exc)}); "
+                              f"TensorFlow cannot vectorise such a function, so its {size} elements are mapped one "
+                              f"at a time. Keep it vectorised with the namespace's functions (xp.where for a "
+                              f"branch)", SlowMapWarning, stacklevel=2)
+                rows = [body(tuple(e[i] for e in elems)) for i in range(size)]
+                pieces = [[tf.stack(list(column), 0) for column in zip(*rows)]]
             outs = pieces[0] if len(pieces) == 1 else [tf.concat(list(p), 0) for p in zip(*pieces)]
             return tuple(_namespace.moveaxis(o, 0, out_axes) for o in outs)
 
@@ -347,7 +379,7 @@ class TensorflowBackend(Backend):
                 return inner(*arrays)
 
         function = tf.function(fn, autograph=False)
-        concrete = {}
+        concrete, trace_lock = {}, threading.Lock()
 
         def compiled(*arrays):
             if weak:
@@ -365,11 +397,34 @@ class TensorflowBackend(Backend):
             key = tuple((tuple(a.shape), a.dtype) for a in arrays)
             program = concrete.get(key)
             if program is None:
-                program = concrete[key] = function.get_concrete_function(*arrays)
+                # One trace at a time per program: threads sharing a transform meet its first call together,
+                # and a trace of one tf.function is the one TensorFlow state unigrad lets threads share
+                # (docs/conventions.md, threads); after the first call per signature the lock is not taken
+                with trace_lock:
+                    program = concrete.get(key)
+                    if program is None:
+                        program = concrete[key] = function.get_concrete_function(*arrays)
             return program(*arrays)
 
         compiled.function = function
         return compiled
+
+    # ---------------------------------------------------------------- bridge and sparse results
+    # (the contract's hooks for unigrad.bridge and the sparse transforms: _host, _sparse)
+    def host_callback(self, fn, arrays, out_specs, *, jvp=None):
+        """``tf.py_function`` (see ``_host``); ``jvp`` is not needed: TensorFlow differentiates the bridge's
+        rule (``tf.custom_gradient``), never the callback itself."""
+        return _host.host_callback(fn, [_plain(x) for x in arrays], out_specs)
+
+    def sparse_matrix(self, values, structure, format, fname):
+        """A ``tf.sparse.SparseTensor`` (``"auto"``, ``"coo"``); other layouts: a ValueError (see ``_sparse``)."""
+        return _sparse.sparse_matrix(_plain(values), structure, format, fname)
+
+    def dense_matrix(self, values, structure):
+        return _sparse.dense_matrix(_plain(values), structure)
+
+    def sparse_to_numpy(self, matrix):
+        return _sparse.sparse_to_numpy(_plain(matrix))
 
 
 # -------------------------------------------------------------------- helpers

@@ -44,7 +44,7 @@ from unigrad import Backend, Capabilities
 from unigrad.backend import chunks
 
 from . import _namespace as _torch_namespace
-from . import _rules
+from . import _rules, _sparse
 
 __all__ = ["TorchBackend"]
 
@@ -69,6 +69,7 @@ for _name in ("uint16", "uint32", "uint64"):  # present in newer torch versions 
         _DTYPE_NAMES[getattr(torch, _name)] = _name
 
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
+_functorch = torch._C._functorch  # the wrapped tensors of torch.func's transforms (carries_derivative)
 
 
 class TorchBackend(Backend):
@@ -81,6 +82,12 @@ class TorchBackend(Backend):
                                 complex=True, float64=True, custom_rules=True)
     # ``asarray`` takes objects with ``__dlpack__`` (JAX arrays...) directly, without a NumPy copy.
     accepts_dlpack = True
+    # torch 2.13's forward AD turns the tangent of every Python number in ``f`` (``2.0 * x``, ``x + 1.0``) into a
+    # ZeroTensor whose arithmetic runs through Python reference ops, about 1-2 ms per operation whatever the
+    # size: measured on the Brusselator, N = 32 (12 colours, float64, 2 CPU cores), vmap of torch.func.jvp
+    # 15-22 ms, the transposed VJP below 2.9 ms, the same numbers (benchmarks/bench_sparse.py). The sparse
+    # transforms run their forward passes as transposed VJPs here.
+    forward_by_reverse = True
 
     def copy(self, x):
         return x.clone()
@@ -302,6 +309,12 @@ class TorchBackend(Backend):
                              for block, p in zip(columns.split(sizes, dim=1), primals)))
         return outputs, tuple(jac), aux
 
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+        """Per-example gradients read from the ATen operations ``f`` ran: layers by their rules (``_per_example``);
+        ``memo`` keeps the analysis of each program recorded."""
+        from ._per_example import torch_rows
+        return torch_rows(self, f, tuple(primals), batch, norms, fname, memo, getattr(f, "closure_arrays", ()))
+
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its ATen graph (``make_fx``): ``(verdict, detail, False)`` (see ``_proof``)."""
         from ._proof import batch_rows
@@ -364,6 +377,23 @@ class TorchBackend(Backend):
           grad-mode handling, whose thread safety under Dynamo is unproven.
         """
         return fn
+
+    # ------------------------------------------------------------------ bridge and sparse results
+    # (the contract's hooks for unigrad.bridge and the sparse transforms: _sparse)
+    def carries_derivative(self, x):
+        """A ``torch.func`` wrapped tensor (a grad or jvp level), whose ``to_numpy`` would be its value alone; a
+        vmap's batched tensor is not one (it has no data to hand over: the bridge says so)."""
+        return _functorch.is_functorch_wrapped_tensor(x) and not _functorch.is_batchedtensor(x)
+
+    def sparse_matrix(self, values, structure, format, fname):
+        """A sparse CSR (``"auto"``, ``"csr"``), CSC or COO tensor on the values' device (see ``_sparse``)."""
+        return _sparse.sparse_matrix(values, structure, format, fname)
+
+    def dense_matrix(self, values, structure):
+        return _sparse.dense_matrix(values, structure)
+
+    def sparse_to_numpy(self, matrix):
+        return _sparse.sparse_to_numpy(matrix)
 
 
 # ---------------------------------------------------------------------------------------------

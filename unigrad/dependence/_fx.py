@@ -2,7 +2,7 @@
 
 The graph is what ``torch.fx.experimental.proxy_tensor.make_fx`` traces (its ``call_function`` nodes are
 ``torch.ops.aten`` overloads, multiple results read with ``operator.getitem``), or one built the same
-way from the operations a call actually ran (``unigrad._per_example_torch`` records them with a
+way from the operations a call actually ran (``unigrad_torch._per_example`` records them with a
 ``TorchDispatchMode``, which is how ``make_fx`` itself traces). Each ATen operation becomes one node
 named ``aten.<name>`` in the rule table; a few are put into the table's classes here:
 
@@ -231,7 +231,7 @@ class _Aliases:
     an argument: ``select``, ``slice``, ``t``, ``view``, ``unbind``...) and in-place results -- so that a
     write through one of them is seen to reach the others.
 
-    The graph's edges do not show such a write: ``make_fx`` and the recorder of ``_per_example_torch``
+    The graph's edges do not show such a write: ``make_fx`` and the recorder of ``unigrad_torch._per_example``
     give the other views (and the base) their old identities, so ``h[0] += h[1]; loss(h)`` reads as a
     ``loss`` of the unchanged ``h``, whose rows look apart. After a write to a tensor with views, every
     node sharing its storage is therefore rebound (``current``) to an output of an operation that has

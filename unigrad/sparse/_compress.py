@@ -131,13 +131,6 @@ def plain_aux(b, flat_f, leaves):
     return tuple(b.stop_gradient(a) if b.is_array(a) else a for a in aux)
 
 
-# Backends whose forward mode is much slower than their reverse mode on ordinary code: their
-# forward passes are run as transposed VJPs. torch 2.13's forward AD turns the tangent of every
-# Python number in ``f`` (``2.0 * x``, ``x + 1.0``) into a ZeroTensor whose arithmetic runs through
-# Python reference ops, about 1-2 ms per operation whatever the size: measured on the Brusselator,
-# N = 32 (12 colours, float64, 2 CPU cores), vmap of torch.func.jvp 15-22 ms, the transposed VJP
-# below 2.9 ms, the same numbers (benchmarks/bench_sparse.py).
-_FORWARD_BY_REVERSE = frozenset({"torch"})
 
 
 def _by_reverse(b, mode, flat_f, leaves, dtype, has_aux):
@@ -150,7 +143,7 @@ def _by_reverse(b, mode, flat_f, leaves, dtype, has_aux):
     so ``H t`` is the VJP of the gradient with cotangent ``t`` (reverse over reverse). Real dtypes
     only (a complex ``J^T u`` is conjugate-linear in ``u``); elsewhere the backend's JVP.
     """
-    if b.name not in _FORWARD_BY_REVERSE or "complex" in str(dtype) or not b.capabilities.higher_order:
+    if not b.forward_by_reverse or "complex" in str(dtype) or not b.capabilities.higher_order:
         return None, ()
     if mode == "star":
         _, pullback, aux = b.vjp(_gradient(b, flat_f, has_aux), leaves, has_aux=has_aux)

@@ -19,12 +19,9 @@ The values of a call are then a single gather, ``take(compressed, index)``, on t
 
 from __future__ import annotations
 
-import sys
-import warnings
-
 import numpy as np
 
-__all__ = ["recovery", "structurally_orthogonal", "FORMATS", "assemble", "finisher"]
+__all__ = ["recovery", "structurally_orthogonal", "FORMATS", "Structure", "assemble", "finisher"]
 
 FORMATS = ("auto", "dense", "scipy", "csr", "csc", "coo")
 
@@ -98,161 +95,67 @@ def _check_size(color, size, what):
 
 
 # ---------------------------------------------------------------------------------------------
-# Building the result
+# Building the result: the backend's hooks (``Backend.sparse_matrix``, ``sparse_finisher``,
+# ``dense_matrix``); NumPy and SciPy here, for ``format="scipy"`` and the hooks' generic defaults
 # ---------------------------------------------------------------------------------------------
-
-def _kind(values):
-    module = type(values).__module__.partition(".")[0]
-    if module in ("torch", "jax", "jaxlib", "tensorflow"):
-        return "jax" if module == "jaxlib" else module
-    if module == "numpy" or isinstance(values, np.ndarray):
-        return "numpy"
-    return None
-
 
 def assemble(b, values, structure, format, fname):
     """The matrix of ``values`` (one per non-zero of ``structure``, CSR order) in ``format``.
 
-    ``structure`` is the plan's :class:`Structure`. Formats: ``"auto"`` -- the backend's own sparse
-    type (NumPy: ``scipy.sparse.csr_array``; torch: a sparse CSR tensor; JAX: ``BCOO``;
-    TensorFlow: ``tf.sparse.SparseTensor``); ``"dense"`` -- the backend's dense array; ``"scipy"``
-    -- a ``scipy.sparse.csr_array`` whatever the backend (a host copy); ``"csr"``, ``"csc"``,
-    ``"coo"`` -- that layout in the backend's type, where it has one.
+    ``structure`` is the plan's :class:`Structure`. Formats: ``"auto"``, ``"csr"``, ``"csc"``,
+    ``"coo"`` -- the backend's own sparse type (:meth:`~unigrad.Backend.sparse_matrix`; without one,
+    ``scipy.sparse``: CSR for ``"auto"``); ``"dense"`` -- the backend's dense array
+    (:meth:`~unigrad.Backend.dense_matrix`); ``"scipy"`` -- a ``scipy.sparse.csr_array`` whatever the
+    backend (a host copy).
     """
-    values = b.to_native(values)  # (TensorFlow's namespace hands back its Array: the framework's tensor here)
-    kind = _kind(values)
-    if kind is None and format not in ("scipy", "dense"):
-        kind = "numpy"
-    if format == "scipy" or (kind == "numpy" and format != "dense"):
-        return _scipy(b.to_numpy(values), structure, "csr" if format in ("auto", "scipy") else format)
-    if format == "dense":
-        return _dense(b, kind, values, structure)
-    return _BUILDERS[kind](values, structure, format, fname)
+    return finisher(b, values, structure, format, fname)(values)
 
 
 def finisher(b, values, structure, format, fname):
     """``values -> matrix``: :func:`assemble` for every later call whose values are like ``values`` (the
-    same framework, dtype and shape: the output of one compiled program), with what it would check or
-    convert on each call done once here. On JAX (``"auto"``/``"coo"``) that is a ``BCOO`` built from its
-    parts, with no check (the values' shape and dtype were checked on these); elsewhere ``assemble``."""
-    native = b.to_native(values)
-    if _kind(native) == "jax" and format in ("auto", "coo"):
-        key = ("jax", "finisher", native.dtype, tuple(native.shape))
-        done = structure._converted.get(key)
-        if done is not None:
-            return done
-        _jax(native, structure, format, fname)  # checks the values, builds and validates one BCOO
-
-        def make():
-            from jax.experimental import sparse as jsparse
-
-            pairs = structure.converted(("jax", "pairs"), None)
-            params = {"shape": structure.shape, "indices_sorted": True, "unique_indices": True}
-            unflatten = jsparse.BCOO.tree_unflatten
-            return lambda v: unflatten(params, (v, pairs))
-
-        return structure.converted(key, make)
-    return lambda v: assemble(b, v, structure, format, fname)
-
-
-def _scipy(values, s, layout):
-    from scipy import sparse
-
-    values = np.asarray(values)
-    if layout == "csr":
-        return sparse.csr_array((values, s.indices, s.indptr), shape=s.shape)
-    if layout == "csc":
-        return sparse.csc_array((values[s.csc_order], s.csc_indices, s.csc_indptr), shape=s.shape)
-    return sparse.coo_array((values, (s.rows, s.indices)), shape=s.shape)
-
-
-def _dense(b, kind, values, s):
-    if kind == "torch":
-        torch = sys.modules["torch"]
-        out = torch.zeros(s.shape[0] * s.shape[1], dtype=values.dtype, device=values.device)
-        out = out.index_put((torch.as_tensor(s.flat, device=values.device),), values)
-        return out.reshape(s.shape)
-    if kind == "jax":
-        jax, jnp = sys.modules["jax"], sys.modules["jax.numpy"]
-
-        def scatter():  # one compiled scatter per plan (eagerly, .at[].set took 4 ms on 30 non-zeros)
-            flat = s.flat.astype(np.int32) if s.shape[0] * s.shape[1] < 2 ** 31 else s.flat
-            return jax.jit(lambda v: jnp.zeros(s.shape[0] * s.shape[1], dtype=v.dtype).at[flat].set(v).reshape(s.shape))
-
-        with jax.enable_x64(values.dtype.itemsize == 8 or jax.config.jax_enable_x64):  # keep float64 float64
-            return s.converted(("jax", "dense"), scatter)(values)
-    if kind == "tensorflow":
-        tf = sys.modules["tensorflow"]
-        return tf.scatter_nd(s.converted(("tensorflow", "pairs"), lambda: tf.constant(s.pairs)), values, s.shape)
-    out = np.zeros(s.shape[0] * s.shape[1], dtype=b.to_numpy(values).dtype)
-    out[s.flat] = b.to_numpy(values)
-    return out.reshape(s.shape)
-
-
-def _torch(values, s, format, fname):
-    with warnings.catch_warnings():  # torch warns that sparse CSR/CSC support is "in beta" on every construction
-        warnings.filterwarnings("ignore", message="Sparse (CSR|CSC) tensor support is in beta", category=UserWarning)
-        return _torch_layout(values, s, format)
-
-
-def _torch_layout(values, s, format):
-    torch = sys.modules["torch"]
-    device = values.device
-
-    def on_device(name):  # the index arrays, moved to the device once per plan (a new tensor each call:
-        # torch's sparse tensors share their index tensors, and a user may modify one in place)
-        return s.converted(("torch", name, str(device)),
-                           lambda: torch.as_tensor(getattr(s, name), device=device)).clone()
-
-    if format in ("auto", "csr"):
-        return torch.sparse_csr_tensor(on_device("indptr"), on_device("indices"), values, s.shape)
-    if format == "csc":
-        return torch.sparse_csc_tensor(on_device("csc_indptr"), on_device("csc_indices"),
-                                       values[on_device("csc_order")], s.shape)
-    return torch.sparse_coo_tensor(on_device("pairs_t"), values, s.shape, is_coalesced=True)
-
-
-def _jax(values, s, format, fname):
-    from jax.experimental import sparse as jsparse
-
-    import jax.numpy as jnp
-
-    # The matrix is built once per plan by its constructor (which validates the index arrays), then
-    # from its parts by the pytree protocol (as jax.jit builds one it returns): the constructor's
-    # conversions and checks took 140 us a call, more than the compressed passes of a small problem.
-    # The values are checked here instead: one per non-zero, a 1-d array.
-    if tuple(values.shape) != (s.nnz,):
-        raise ValueError(f"internal: {s.nnz} values expected, got an array of shape {tuple(values.shape)}")
-    if format in ("auto", "coo"):
-        pairs = s.converted(("jax", "pairs"), lambda: jnp.asarray(s.pairs32))
-        if s.converted(("jax", "bcoo checked", values.dtype), lambda: jsparse.BCOO(
-                (values, pairs), shape=s.shape, indices_sorted=True, unique_indices=True)) is not None:
-            return jsparse.BCOO.tree_unflatten({"shape": s.shape, "indices_sorted": True, "unique_indices": True},
-                                               (values, pairs))
-    if format == "csr":
-        indices = s.converted(("jax", "indices"), lambda: jnp.asarray(s.indices32))
-        indptr = s.converted(("jax", "indptr"), lambda: jnp.asarray(s.indptr32))
-        return jsparse.BCSR((values, indices, indptr), shape=s.shape)
-    raise ValueError(f"{fname}: format={format!r} is not available on JAX; use 'coo' (BCOO), 'csr' (BCSR), "
-                     f"'dense' or 'scipy'")
-
-
-def _tensorflow(values, s, format, fname):
-    tf = sys.modules["tensorflow"]
-    if format in ("auto", "coo"):
-        return tf.sparse.SparseTensor(s.converted(("tensorflow", "pairs"), lambda: tf.constant(s.pairs)), values,
-                                      s.shape)
-    raise ValueError(f"{fname}: format={format!r} is not available on TensorFlow; use 'coo' "
-                     f"(tf.sparse.SparseTensor), 'dense' or 'scipy'")
-
-
-_BUILDERS = {"torch": _torch, "jax": _jax, "tensorflow": _tensorflow}
+    same type, dtype and shape: the output of one compiled program), with what it would check or
+    convert on each call done once here (:meth:`~unigrad.Backend.sparse_finisher`: on JAX a ``BCOO``
+    built from its parts)."""
+    if format == "scipy":
+        return lambda v: structure.to_scipy(b.to_numpy(v))
+    if format == "dense":
+        return lambda v: b.dense_matrix(v, structure)
+    return b.sparse_finisher(values, structure, format, fname)
 
 
 class Structure:
-    """The non-zeros of a pattern in the index arrays each format needs (computed once per plan)."""
+    """The non-zeros of an ``m x n`` sparsity pattern as the index arrays each sparse format needs,
+    computed once per plan (``SparsePlan.structure``). The backend hooks that build a result
+    (:meth:`unigrad.Backend.sparse_matrix`, ``sparse_finisher``, ``dense_matrix``) receive it with the
+    values: one per non-zero, in CSR order (row by row, columns ascending within a row).
+
+    Every index array is a NumPy array (``int64`` unless named ``...32``); do not modify them.
+
+    Attributes:
+      shape: ``(m, n)``.
+      nnz: the number of non-zeros.
+      indptr, indices: CSR: the non-zeros of row ``i`` are ``indptr[i]:indptr[i + 1]``, in columns ``indices``.
+      rows: the row of each non-zero (``indices`` is its column).
+      pairs: ``(nnz, 2)``: ``(row, column)`` of each non-zero (COO).
+      pairs_t: ``pairs`` transposed, ``(2, nnz)``, contiguous.
+      flat: ``row * n + column`` of each non-zero: its index in the flattened dense matrix.
+      pairs32, indices32, indptr32: ``pairs``, ``indices``, ``indptr`` as ``int32``.
+      csc_order, csc_indices, csc_indptr: CSC: ``values[csc_order]`` are the values column by column,
+        in rows ``csc_indices``; column ``j``'s are ``csc_indptr[j]:csc_indptr[j + 1]``.
+
+    Example:
+      >>> import scipy.sparse
+      >>> from unigrad.sparse import Structure
+      >>> s = Structure(scipy.sparse.csr_array(np.array([[1, 0, 1], [0, 1, 0]])))
+      >>> s.shape, s.nnz, s.pairs.tolist(), s.flat.tolist()
+      ((2, 3), 3, [[0, 0], [0, 2], [1, 1]], [0, 2, 4])
+      >>> s.to_dense(np.array([1.0, 2.0, 3.0]))
+      array([[1., 0., 2.],
+             [0., 3., 0.]])
+    """
 
     def __init__(self, pattern):
+        """``pattern``: a ``scipy.sparse`` CSR array with sorted indices and no duplicates (the plan's)."""
         m, n = pattern.shape
         self.shape = (int(m), int(n))
         self.indptr = pattern.indptr.astype(np.int64)
@@ -269,7 +172,10 @@ class Structure:
         self._converted = {}
 
     def converted(self, key, make):
-        """An index array in a framework's type, made once (immutable arrays: JAX, TensorFlow)."""
+        """``make()``, made once for this plan and kept under ``key`` (a hashable a backend chooses, starting
+        with its name: ``("jax", "pairs")``): an index array in a framework's type, moved to a device, a
+        compiled scatter. Keep only what nothing can modify: a mutable array handed to the user each call
+        must be a copy of the kept one (torch's sparse tensors share their index tensors)."""
         value = self._converted.get(key)
         if value is None:
             value = self._converted[key] = make()
@@ -278,3 +184,24 @@ class Structure:
     @property
     def nnz(self):
         return int(self.indices.size)
+
+    def to_scipy(self, values, layout="csr"):
+        """``values`` (NumPy, one per non-zero, CSR order) as a ``scipy.sparse`` array in ``layout``:
+        ``"csr"``, ``"csc"`` or ``"coo"``."""
+        from scipy import sparse
+
+        values = np.asarray(values)
+        if layout == "csr":
+            return sparse.csr_array((values, self.indices, self.indptr), shape=self.shape)
+        if layout == "csc":
+            return sparse.csc_array((values[self.csc_order], self.csc_indices, self.csc_indptr), shape=self.shape)
+        if layout == "coo":
+            return sparse.coo_array((values, (self.rows, self.indices)), shape=self.shape)
+        raise ValueError(f"layout must be 'csr', 'csc' or 'coo'; got {layout!r}")
+
+    def to_dense(self, values):
+        """``values`` (NumPy, one per non-zero, CSR order) as the dense ``m x n`` NumPy array, zeros elsewhere."""
+        values = np.asarray(values)
+        out = np.zeros(self.shape[0] * self.shape[1], dtype=values.dtype)
+        out[self.flat] = values
+        return out.reshape(self.shape)

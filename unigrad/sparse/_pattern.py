@@ -38,10 +38,7 @@ def as_pattern(matrix, shape, fname, symmetric=False):
 
 def detect(kind, f, args, argnums, backend, fname):
     """The pattern found by the detector (``kind``: ``"jacobian"`` or ``"hessian"``)."""
-    import unigrad  # at call time: the detector is a sibling public function of the package
+    from .. import dependence  # (the analysis of traced programs: imported when a pattern is detected)
 
-    detector = getattr(unigrad, f"{kind}_sparsity", None)
-    if detector is None:
-        raise ValueError(f"{fname}: sparsity detection is not available in this unigrad; pass the pattern "
-                         f"as sparsity=<matrix> (scipy.sparse or a boolean array)")
+    detector = dependence.hessian_sparsity if kind == "hessian" else dependence.jacobian_sparsity
     return detector(f, *args, argnums=argnums, backend=backend)

@@ -48,24 +48,12 @@ def flat_problem(f, args, argnums=0):
     return F, v, tuple(args[k] for k in others)
 
 
-def _dense(matrix):
-    import unigrad
+def _dense(matrix, backend, args):
+    """A sparse result as a dense NumPy array, read by the backend that built it (``Backend.sparse_to_numpy``):
+    ``backend``, else the one ``args`` select, as the transform chose it."""
+    from .. import _registry
 
-    from scipy import sparse
-
-    if sparse.issparse(matrix):
-        return matrix.toarray()
-    module = type(matrix).__module__
-    if module.startswith("torch") and matrix.layout != __import__("torch").strided:
-        return matrix.to_dense().detach().cpu().numpy()
-    if module.startswith("jax.experimental.sparse"):
-        import jax
-
-        with jax.enable_x64(matrix.dtype.itemsize == 8):  # todense keeps float64 only under x64
-            return np.asarray(matrix.todense())
-    if module.startswith("tensorflow") and type(matrix).__name__ == "SparseTensor":
-        return __import__("tensorflow").sparse.to_dense(matrix).numpy()
-    return np.asarray(unigrad.to_numpy(matrix))
+    return np.asarray(_registry.resolve(backend, optree.tree_leaves(args)).sparse_to_numpy(matrix))
 
 
 def _compare(name, got, want, dtype, rtol):
@@ -110,7 +98,7 @@ def check_sparse_jacobian(f, args, *, argnums=0, sparsity=None, mode="auto", bac
     import unigrad
 
     sparse_jac = unigrad.sparse_jacobian(f, argnums, sparsity=sparsity, mode=mode, backend=backend, compile=compile)
-    got = _dense(sparse_jac(*args))
+    got = _dense(sparse_jac(*args), backend, args)
     F, v, rest = flat_problem(f, args, argnums)
     want = np.asarray(unigrad.to_numpy(unigrad.jacobian(F, backend=backend)(v, *rest)))
     want = want.reshape(want.shape[0] if want.ndim == 2 else -1, v.size)
@@ -132,7 +120,8 @@ def check_sparse_hessian(f, args, *, argnums=0, sparsity=None, backend=None, com
     """
     import unigrad
 
-    got = _dense(unigrad.sparse_hessian(f, argnums, sparsity=sparsity, backend=backend, compile=compile)(*args))
+    sparse_hess = unigrad.sparse_hessian(f, argnums, sparsity=sparsity, backend=backend, compile=compile)
+    got = _dense(sparse_hess(*args), backend, args)
     F, v, rest = flat_problem(f, args, argnums)
     want = np.asarray(unigrad.to_numpy(unigrad.hessian(lambda u, *r: F(u, *r)[0], backend=backend)(v, *rest)))
     _compare("the sparse Hessian", got, want, want.dtype, rtol)

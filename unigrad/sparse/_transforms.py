@@ -12,10 +12,15 @@ import numpy as np
 
 from .. import _registry
 from .._batched import traced_once
-from .._call import _SUMMARIES, BoundedCache, Repeats, _static_token, _summary, execute, prepare
+from .._caches import BoundedCache, CacheKind
+from .._call import prepare
+from .._plan import PLANS_WHY
+from .._program import PROGRAMS_WHY, execute
+from .._repeats import Repeats
+from .._signature import _SUMMARIES, _static_token, _summary
 from .._checks import check_chunk, promote, scalar_check
 from .._dtypes import COMPLEX
-from .._transform import _wraps, real_to_complex, reverse_complex_error, values_key
+from .._transform import _wraps, real_to_complex, reverse_complex_error
 from . import _coloring, _compress, _decompress, _pattern
 
 __all__ = ["SparsePlan", "sparse_jacobian", "sparse_hessian"]
@@ -135,8 +140,31 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> 
 _SCALARS = frozenset({bool, int, float, complex, str})
 
 
+def _kinds(fname):
+    """What a sparse transform keeps, and what each entry depends on (unigrad._caches)."""
+    return {
+        "plans": CacheKind(fname, "plans", why=PLANS_WHY),
+        "detected": CacheKind(fname, "detected patterns and colourings", ("state", "values"),
+                              "the pattern is read from f's traced program as f reads its Python state now, and from "
+                              "the values of the arrays f is given (an index array, a constant matrix's zeros)"),
+        "given": CacheKind(fname, "colourings of a given pattern", ("state",),
+                           "the outputs' shapes and dtypes come from running f, as it reads its Python state now"),
+        "programs": CacheKind(fname, "compiled programs", why=PROGRAMS_WHY + "; one per sparse plan", program=True),
+        "repeats": CacheKind(fname, "compiled repeats", why="a compiled call's arguments (Python scalars by value; "
+                             "never with an array f is given, whose values a detected pattern reads) to its plan, "
+                             "program and decompression"),
+        "traced": CacheKind(fname, "eager TensorFlow programs", ("state",),
+                            "an eager call on a backend whose vectorised map traces anyway runs one program traced "
+                            "per signature: a trace freezes f's Python state, which an eager call must see as it is "
+                            "now", program=True),
+    }
+
+
+_KINDS = {fname: _kinds(fname) for fname in ("sparse_jacobian", "sparse_hessian")}
+
+
 class _Repeats(Repeats):
-    """The repeat cache of compiled sparse calls (:class:`unigrad._call.Repeats`), keyed as a sparse call's
+    """The repeat cache of compiled sparse calls (:class:`unigrad._repeats.Repeats`), keyed as a sparse call's
     plan is: a sparse transform keeps every Python scalar static, as an eager call does (the pattern
     detected for one value of ``N`` or ``c`` says nothing of another), so a scalar is in the key by its
     type and exact value (``_static_token``: ``1``, ``True``, ``1.0`` differ, so do ``0.0`` and ``-0.0``),
@@ -147,8 +175,8 @@ class _Repeats(Repeats):
 
     __slots__ = ("diff",)
 
-    def __init__(self, backend, device, argnums):
-        super().__init__(None, backend, device)
+    def __init__(self, backend, device, argnums, kind):
+        super().__init__(None, backend, device, kind=kind)
         # None: a given pattern (no array's values matter); else the differentiated positions (argnums)
         self.diff = None if argnums is None else frozenset(
             (argnums,) if isinstance(argnums, int) else (a for a in argnums if isinstance(a, int)))
@@ -167,7 +195,7 @@ class _Repeats(Repeats):
                 sig.append(_static_token(a))
                 continue
             if diff is not None and p not in diff:
-                return None  # an array f is given (indices): the pattern depends on its values (values_key)
+                return None  # an array f is given (indices): the pattern depends on its values (the full path)
             summary = _SUMMARIES.get(t) or _summary(a)
             if summary is None:  # a container, None, an object: the full path
                 return None
@@ -185,21 +213,20 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
         raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
     _check_format(format, fname)
     check_chunk(chunk_size, fname)
-    plans, sparse_plans = BoundedCache(), BoundedCache(64)
-    programs = BoundedCache() if compile else None
+    kinds = _KINDS[fname]
     detect = sparsity is None or (isinstance(sparsity, str) and sparsity == "detect")
-    repeats = _Repeats(backend, device, argnums if detect else None) if compile else None
-    finishers = BoundedCache() if compile else None
-    traced = BoundedCache()  # eager calls on a backend whose vectorised passes trace anyway (see passes)
+    plans, sparse_plans = BoundedCache(kinds["plans"]), BoundedCache(kinds["detected" if detect else "given"], 64)
+    programs = BoundedCache(kinds["programs"]) if compile else None
+    repeats = _Repeats(backend, device, argnums if detect else None, kinds["repeats"]) if compile else None
+    finishers = BoundedCache(kinds["repeats"]) if compile else None
+    traced = BoundedCache(kinds["traced"])  # eager calls on a backend whose vectorised passes trace anyway (passes)
 
     def plan_of(call):
         if not call.diff:
             raise ValueError(f"{fname}: argnums selects no array to differentiate")
-        key = values_key(call) if detect else call.key  # (a detected pattern depends on index arrays' values)
-        plan = sparse_plans.get(key)
+        plan = sparse_plans.lookup(call)
         if plan is None:
-            plan = sparse_plans.put(key, _make_plan(call, kind, sparsity, mode, argnums, backend, fname,
-                                                    has_aux))
+            plan = sparse_plans.store(call, _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux))
         return plan
 
     def kernel_of(plan):
@@ -214,8 +241,9 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
         return run
 
     def passes(call, plan):
-        # (a pattern per value of the arrays not differentiated: the program is the plan's, held by the key)
-        decision = ("sparse", plan.mode, plan if detect and call.plan.dynamic_positions else None)
+        # The program is the plan's (held by the key): a new plan (new values of the arrays f is given, or a new
+        # Python state on a call that took the full path) is never decompressed from another plan's passes
+        decision = ("sparse", plan.mode, plan)
         if programs is not None or not call.backend.traces_batched_jacobian:
             return execute(call, kernel_of(plan), programs, decision, keep_outputs=False)
         # Eager, on a backend whose vectorised passes trace a program on every eager call (TensorFlow:

@@ -96,6 +96,10 @@ class NumpyBackend(Backend):
     def copy(self, x):
         return x.copy() if type(x) is np.ndarray else x  # a traced value is not the caller's memory
 
+    def carries_derivative(self, x):
+        """A tracer: its ``to_numpy`` is its value alone (``unigrad.bridge`` must not hand it over as data)."""
+        return isinstance(x, Tracer)
+
     # ---------------------------------------------------------------- the two required transforms
     def vjp(self, f, primals, *, has_aux=False):
         # (the core hands vjp copies of the caller's arrays and copies the outputs it returns: Backend.mutable_arrays)

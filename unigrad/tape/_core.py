@@ -99,6 +99,10 @@ class ReverseTrace(Trace):
             if not parents:
                 return ans
         tape = self.tape
+        if prim.twin is not None and not nested and tape[parents[0][1]] is None:
+            # a unary function of an input: its twin's slope reads the input (held for the trace's life
+            # anyway) instead of the result, which is then not kept (tanh: 1/cosh(x)^2, not 1 - ans^2)
+            prim = prim.twin
         drops = prim.drops
         if drops is None or nested:
             tape.append((prim, parents, vals, ans, params))

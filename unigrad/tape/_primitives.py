@@ -105,12 +105,18 @@ def _real_like(c, x):
 
 # ------------------------------------------------------------------------- elementwise, unary
 
-def _unary(name, impl, dfdx, **flags):
-    """An elementwise primitive with derivative ``dfdx(ans, x)`` (holomorphic for complex input)."""
-    return defprim(name, impl,
+def _unary(name, impl, dfdx, from_x=None, **flags):
+    """An elementwise primitive with derivative ``dfdx(ans, x)`` (holomorphic for complex input).
+    ``from_x``: the same derivative read from ``x`` alone, for the primitive's twin (see ``Primitive``)."""
+    prim = defprim(name, impl,
                    vjp=(lambda g, ans, x: g * dfdx(ans, x),),
                    jvp=(lambda t, ans, x: t * dfdx(ans, x),), elementwise=True, keeps=reads(dfdx), slope=dfdx,
                    **flags)
+    if from_x is not None:  # (not registered: the tape alone records with it)
+        twin = Primitive(name, impl, (lambda g, ans, x: g * from_x(ans, x),), keeps=reads(from_x), slope=from_x)
+        twin.jvps = prim.jvps
+        prim.twin = twin
+    return prim
 
 
 negative = defprim("negative", np.negative, vjp=(lambda g, ans, x: -g,), jvp=LINEAR)
@@ -130,7 +136,19 @@ arccos = _unary("acos", np.arccos, lambda ans, x: -1 / sqrt(1 - x * x))
 arctan = _unary("atan", np.arctan, lambda ans, x: 1 / (1 + x * x))
 sinh = _unary("sinh", np.sinh, lambda ans, x: cosh(x))
 cosh = _unary("cosh", np.cosh, lambda ans, x: sinh(x))
-tanh = _unary("tanh", np.tanh, lambda ans, x: 1 - ans * ans)
+def _sech2(ans, x):
+    """tanh's derivative from x: 1 / cosh(x)^2 (0 where cosh overflows), in the memory of one array."""
+    if type(x) is np.ndarray:
+        c = np.cosh(x)
+        if type(c) is np.ndarray:  # (a 0-d input gives a NumPy scalar: no memory to reuse)
+            np.multiply(c, c, out=c)
+            return np.reciprocal(c, out=c)
+        return 1 / (c * c)
+    c = cosh(x)
+    return 1 / (c * c)
+
+
+tanh = _unary("tanh", np.tanh, lambda ans, x: 1 - ans * ans, from_x=_sech2)
 arcsinh = _unary("asinh", np.arcsinh, lambda ans, x: 1 / sqrt(x * x + 1))
 arccosh = _unary("acosh", np.arccosh, lambda ans, x: 1 / sqrt(x * x - 1))
 arctanh = _unary("atanh", np.arctanh, lambda ans, x: 1 / (1 - x * x))

@@ -37,15 +37,18 @@ class Primitive:
     ``slope``: for a unary elementwise primitive whose VJP is ``g * slope(ans, x)``, that ``slope``:
     the sweep multiplies by it itself (in the cotangent's memory when nothing else holds it). None
     while ``vjps`` is not the rule it was made with (a test's monkeypatch).
+    ``twin``: the same primitive with a slope that reads ``x`` where this one reads ``ans``; the reverse
+    tape records an application to one of the trace's inputs (held anyway) with the twin, so the result
+    need not be kept (None: no such form).
     """
 
     __slots__ = ("name", "impl", "vjps", "jvps", "jvp_joint", "broadcasts", "partial", "elementwise", "ufunc",
-                 "keeps", "drops", "slope", "_given", "__weakref__")
+                 "keeps", "drops", "slope", "twin", "_given", "__weakref__")
 
     def __init__(self, name, impl, vjps=(), jvps=(), *, jvp_joint=None, broadcasts=False, elementwise=False,
                  ufunc=None, keeps=None, slope=None):
         self.name, self.impl = name, impl
-        self.slope = None
+        self.slope, self.twin = None, None
         self.vjps, self.jvps, self.jvp_joint, self.broadcasts = vjps, jvps, jvp_joint, broadcasts
         self.partial = vjps is not None and None in vjps  # some arguments have a zero derivative
         self.elementwise, self.ufunc = elementwise, ufunc

@@ -1068,7 +1068,7 @@ def _transpose_check(r, problem, run, tol) -> Check:
 
 def _select_backends(backends):
     if backends is None or backends == "all":
-        return [name for name, info in _registry.backends().items() if info["available"]]
+        return [name for name, info in _registry.backends(load=True).items() if info["available"]]
     if isinstance(backends, str):
         return [s.strip() for s in backends.split(",") if s.strip()]
     return list(backends)

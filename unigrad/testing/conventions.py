@@ -241,6 +241,62 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "TensorFlow) keeps the value it was traced with, as `jax.jit` does. Pass arrays that change as",
         "arguments.",
         "",
+        '## What unigrad keeps between calls, and what it is keyed on',
+        '',
+        'A transform keeps what it derives once for a call and reuses it when a call repeats (`unigrad._caches`).',
+        "Each kept entry is keyed on the call's **signature** -- the backend, the device, the arguments' tree",
+        "structure (dict key order included), each array's type, shape and dtype, each other argument's exact",
+        'value -- and, where the entry was derived by running or tracing `f`, on more:',
+        '',
+        '- the **Python state `f` reads**: its closure cells, defaults, the globals its code names, the',
+        '  functions it calls, containers and objects they hold to a bounded depth, arrays by a digest of',
+        '  their bytes (`unigrad._pystate.python_state`). A global flag, a rebound closure variable, a',
+        '  closed-over array written in place or rebound, a global float: a change is a new key, so an eager',
+        '  call sees `f` as it is now;',
+        '- the **values of the arrays `f` is given** but not differentiated with respect to (an index array,',
+        '  a constant matrix), by digest, where a trace reads them.',
+        '',
+        '| what is kept | keyed on |',
+        '| --- | --- |',
+        '| plans (backend, differentiated leaves, dtypes), flat plans, repeats and compiled repeats of compiled calls | signature (f is not run; a compiled repeat of `batched_jacobian` or a sparse transform is kept only where its proof or pattern holds for the whole signature) |',
+        '| output shapes (the mode `"auto"` picks, `hessian`\'s scalar form), chunk sizes from a memory budget | signature: speed and memory only, never the result (`hessian` re-checks the shape `f` returned) |',
+        "| row proofs from the backend's program (jaxpr, ATen graph, TensorFlow graph) | signature + Python state |",
+        '| row proofs on the tape, probe verdicts | signature + Python state + values |',
+        '| detected patterns and colourings (`sparse_jacobian`, `sparse_hessian`) | signature + Python state + values |',
+        "| colourings of a given pattern | signature + Python state (the outputs' shapes come from running `f`) |",
+        '| eager TensorFlow programs (`batched_jacobian`, sparse passes, per-example gradients), eager TensorFlow f that cannot be traced | signature + Python state |',
+        '| paths of a traced program (`.paths`) | the key of the program they were read from |',
+        '| torch analyses of a recorded program | the recorded program itself (`f` runs on every call) |',
+        "| `unigrad.dask`: output specs, in-memory transforms on the workers | signature + Python state (a worker's transform is keyed by a token that holds a hash of it) |",
+        "| compiled programs (`compile=True`) | signature, with dynamic Python floats by type: the program reads `f`'s Python state when it is traced, as `jax.jit` does |",
+        '',
+        'Two consequences. With `check_independence="once"`, `batched_jacobian` keeps a probe\'s verdict only where',
+        'no custom rule was met: a `custom_vjp` / `custom_jvp` rule is opaque to every proof and may mix rows at some',
+        'values only, so such an `f` is probed on every call. And a `compile=True` program on a backend that compiles',
+        '(JAX, TensorFlow) keeps the state it was traced with (above); on the tape and torch `compile=True` runs',
+        'eagerly and sees the state as it is now. `tests/test_cache_state.py` runs every cached transform against each',
+        'kind of change; a cache of a transform it does not run fails it. `UNIGRAD_NO_CACHE=1` turns every cache off.',
+        '',
+        '## Threads',
+        '',
+        'Transforms may be called from several threads at once, one transform object shared by all of them,',
+        'and give bitwise the results of the same calls made one at a time (`unigrad.testing.assert_threads_exact`;',
+        'the conformance suite runs it on every backend). What threads share is:',
+        '',
+        "- the selection state, in `contextvars` (a new thread starts with none of another's `use_backend`);",
+        '- the bounded caches above: dictionaries, whose single operations are atomic under the GIL, with a race',
+        '  costing at most a recomputation (a value is derived from its key alone, so two threads store the same);',
+        "- a shared transform's compiled programs. On TensorFlow the trace of a program for a new signature is",
+        '  made under a lock held by that program (the first call of a signature; later calls take no lock), so',
+        "  two threads never trace one `tf.function` together; torch's forward-mode level, process-global, is",
+        '  guarded by a lock of the torch backend.',
+        '',
+        'Measured for issue 28, with all four frameworks loaded and `PYTHONFAULTHANDLER=1`: 16 runs of 8 threads x',
+        '50 calls each (gradients, forward Jacobians, `batched_jacobian` eager and compiled, `sparse_jacobian` and',
+        '`hvp`, two threads per engine) and 3 runs of TensorFlow alone: no fault, every result equal to the one',
+        'computed alone. One segmentation fault was seen once, in a TensorFlow case, in an earlier run, and not',
+        'since; where one recurs, the faulthandler traceback pytest prints says in which frame.',
+        "",
         "## Other rules, the same on every backend (enforced by the adapters)",
         "",
         "| rule | behaviour |",
@@ -263,13 +319,20 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "| complex | JAX's convention: the VJP is the unconjugated transpose of the JVP; for real f of "
         "complex z, grad of abs(z)**2 is 2 conj(z) (torch and TensorFlow natively return the conjugate; "
         "their adapters convert) |",
+        '| complex Jacobians | `jacobian` of a complex input follows the reverse convention, the one `grad` and `vjp` follow (for a real output its row is the gradient, 2 conj(z) for abs(z)**2): `mode="auto"` picks reverse whatever the shapes, since for an `f` that is not holomorphic forward mode (`jacfwd`) gives another matrix; both agree where `f` is holomorphic. A complex output of a real input: forward mode in `"auto"`; `mode="rev"` / `jacrev` raise ValueError (a real input\'s VJP is real: the imaginary part would be lost) |',
     ]
     return "\n".join(lines) + "\n"
 
 
 def parse(text: str) -> dict[str, dict[str, str]]:
     """The measured table back from its Markdown: ``{expression: {backend: cell}}``."""
-    lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    lines, started = [], False
+    for ln in text.splitlines():  # the first table only: the page has other tables after it
+        if ln.startswith("| "):
+            lines.append(ln)
+            started = True
+        elif started and not ln.startswith("|"):
+            break
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     backends = header[1:]
     table = {}

@@ -1,7 +1,7 @@
 """Per-example gradients on TensorFlow: dense layers found in the graph ``f`` builds inside a ``tf.function``.
 
-The same method as the tape's, JAX's and torch's (``_per_example.py``, ``_per_example_jaxpr.py``,
-``_per_example_torch.py``; the formulas are shared, ``_per_example_common.py``), for native TensorFlow
+The same method as the tape's, JAX's and torch's (``unigrad/per_example/_tape.py``, ``unigrad_jax._per_example``,
+``unigrad_torch._per_example``; the formulas are shared, ``unigrad.per_example.layers``), for native TensorFlow
 code (``tf.matmul``, ``tf.nn.bias_add``, Keras layers' math) and portable code alike:
 
 1. The kernel runs inside a ``tf.function`` (one per signature, eager calls too: no retracing), so
@@ -22,17 +22,10 @@ Other parameters are materialised with the backend's ``jacrev`` of the losses, i
 
 from __future__ import annotations
 
-import sys
-
-from . import _per_example_common as pe
+from unigrad.per_example import layers as pe
 
 _PASS = frozenset({"Identity", "Snapshot"})
 _RESHAPES = frozenset({"Reshape", "ExpandDims", "Squeeze"})
-
-
-def is_tf_backend(b) -> bool:
-    module = sys.modules.get("unigrad_tensorflow")
-    return module is not None and isinstance(b, getattr(module, "TensorflowBackend", ()))
 
 
 def _ops():
@@ -43,8 +36,8 @@ def _ops():
 
 
 def tf_rows(b, flat_f, leaves, batch, norms, fname):
-    """``(outputs, blocks, paths)`` as ``_per_example._tape_rows`` gives them, on TensorFlow. Called while
-    a ``tf.function`` traces (the graph is read); run eagerly, every parameter is materialised."""
+    """``(outputs, blocks, paths)`` (``TensorflowBackend.per_example_rows``) read from ``f``'s graph. Called
+    while a ``tf.function`` traces (the graph is read); run eagerly, every parameter is materialised."""
     import tensorflow as tf
 
     n = len(leaves)
@@ -103,8 +96,8 @@ class _Plan:
 def _plans(ops, xs, losses, batch):
     """leaf -> :class:`_Plan` for each parameter whose one use is a dense layer whose rows stay apart
     up to the losses (proved by the dependence analysis from the layer's output)."""
-    from .dependence import prove_rows
-    from .dependence._tfgraph import graph_program
+    from unigrad.dependence import prove_rows
+    from unigrad.dependence._tfgraph import graph_program
 
     mine = {id(op) for op in ops}
     found = {}

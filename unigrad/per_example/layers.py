@@ -1,5 +1,12 @@
-"""What the per-example transforms share: the names of the ways a parameter's rows are computed
-(shown in ``.paths``) and the check of the per-example losses."""
+"""The per-example layer rules: what a backend's ``per_example_rows`` (``unigrad.Backend``) builds on.
+
+The names of the ways a parameter's rows are computed (shown in ``.paths``), the check of the
+per-example losses, and the formulas shared by every engine: a matrix product's rows ``X_i^T G_i`` and
+their norms without forming them (``|x_i|^2 |g_i|^2``; ghost norms ``sum((X_i X_i^T) * (G_i G_i^T))``
+over positions), a broadcast bias's or scale's rows, the norm over all parameters, and the
+materialised rows (Jacobian rows of the losses) of parameters no rule covers. Each formula takes an
+:class:`Ops` of the engine's array functions, so one formula serves NumPy, torch, JAX, TensorFlow and
+a plugin's arrays."""
 
 from __future__ import annotations
 
@@ -98,7 +105,7 @@ def materialise(b, flat_f, leaves, slow, rows, fixed=None):
     (``jacrev``, vectorised over the examples' cotangents; about B backward passes), written into
     ``rows``. ``fixed``: the other arguments as ``f`` sees them (default ``leaves``). Returns ``f``'s
     outputs."""
-    from ._transform import promoted_blocks
+    from .._transform import promoted_blocks
 
     fixed = leaves if fixed is None else fixed
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import operator
 
-from . import _per_example_common as pe
+from unigrad.per_example import layers as pe
 
 _VIEWS = ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias")  # element order kept
 _TRANSPOSES = ("t", "transpose", "permute")
@@ -357,7 +357,7 @@ def _product_back(user, rows, width):
 def _classify(operand, user, name, batch, transposed, viewed):
     import torch
 
-    from .dependence._fx import _bind, positions_product
+    from unigrad.dependence._fx import _bind, positions_product
 
     if name == "bmm" and not user.kwargs and user.args[1] is operand and user.args[0] is not operand:
         # x (1, N, d) @ w (1, d, k) (how einsum spells x @ W), its result reshaped back
@@ -479,7 +479,7 @@ def _count(user, node):
 
 
 def _aten(node):
-    from .dependence._fx import _aten_name
+    from unigrad.dependence._fx import _aten_name
     return _aten_name(node)
 
 

@@ -1,6 +1,6 @@
 """Per-example gradients on torch: layers found in the ATen program the call ran.
 
-The same method as the tape's and JAX's (``_per_example.py``, ``_per_example_jaxpr.py``), for native
+The same method as the tape's and JAX's (``unigrad/per_example/_tape.py``, ``unigrad_jax._per_example``), for native
 torch code (``torch.func.functional_call`` of an ``nn.Module``, ``F.linear``, ``x @ W``) and portable code:
 
 1. ``f`` runs once, an ordinary forward pass with grad on for the parameters, under a
@@ -10,7 +10,7 @@ torch code (``torch.func.functional_call`` of an ``nn.Module``, ``F.linear``, ``
    makes the record unusable (then everything is materialised, as before).
 2. For a new program (its operations, data flow, shapes, dtypes and literal arguments are the cache
    key), the record becomes a ``torch.fx`` graph, read by the dependence analysis's fx front-end
-   (``unigrad.dependence._fx``). A parameter every use of which is a layer ``_per_example_torch_layers``
+   (``unigrad.dependence._fx``). A parameter every use of which is a layer ``_per_example_layers``
    knows -- ``mm``/``addmm`` (through transposes; over positions: reshape, product, reshape back), a
    convolution, an embedding, a bias or scale (``addmm``'s, a convolution's, ``add``/``sub``/``mul`` of a
    broadcast parameter, through views), LayerNorm's or GroupNorm's weight and bias -- takes the fast path
@@ -18,7 +18,7 @@ torch code (``torch.func.functional_call`` of an ``nn.Module``, ``F.linear``, ``
 3. ``G``, the gradient of ``sum(losses)`` with respect to those layers' outputs, comes from one
    ``torch.autograd.grad`` of this very forward pass; ``X`` (patches, indices, normalised inputs) are the
    layer's recorded values. Norms: ``|x_i|^2 |g_i|^2``, ghost ``sum((X_i X_i^T) * (G_i G_i^T))`` or
-   ``X_i^T G_i``, as on the other engines; see ``_per_example_torch_layers`` for the other layers.
+   ``X_i^T G_i``, as on the other engines; see ``_per_example_layers`` for the other layers.
 
 Parameters the trick does not cover (a use no rule reads, rows mixed after the layer...) are
 materialised with the backend's ``jacrev`` of the losses.
@@ -26,16 +26,9 @@ materialised with the backend's ``jacrev`` of the losses.
 
 from __future__ import annotations
 
-import sys
-
-from . import _per_example_common as pe
+from unigrad.per_example import layers as pe
 
 _MAX_PLANS = 64
-
-
-def is_torch_backend(b) -> bool:
-    module = sys.modules.get("unigrad_torch")
-    return module is not None and isinstance(b, getattr(module, "TorchBackend", ()))
 
 
 def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
@@ -53,7 +46,7 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
         for x in inputs:
             if x.is_floating_point():
                 x.requires_grad_(True)
-        from ._per_example_torch_record import Recorder
+        from ._per_example_record import Recorder
 
         recorder = Recorder(inputs)
         with recorder:
@@ -61,10 +54,10 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
         pe.check_losses(b, outs, batch, fname)
         losses = outs[0]
         key = recorder.key(losses, batch)
-        analysis = cache.get(key) if key is not None else None
+        analysis = cache.get(key) if key is not None and cache is not None else None
         if analysis is None:
             analysis = _Analysis(recorder, losses, n, batch) if key is not None else _Analysis.none(n)
-            if key is not None:
+            if key is not None and cache is not None:
                 cache.put(key, analysis)
         fast = analysis.plans
         rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
@@ -78,7 +71,7 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
             it = iter(grads)
             gs = [next(it) if u else None for u in usable]
             gs = [torch.zeros_like(y) if g is None else g for g, y in zip(gs, ys)]
-            from ._per_example_torch_layers import parameter_rows
+            from ._per_example_layers import parameter_rows
 
             for k, uses in fast.items():
                 rows[k], squares[k], paths[k] = parameter_rows(uses, recorder, gs, leaves[k], batch, norms)
@@ -104,13 +97,14 @@ def _ops():
 
 
 class _Analysis:
-    """The plans of one program: ``plans`` (leaf -> its uses, see ``_per_example_torch_layers``) and
+    """The plans of one program: ``plans`` (leaf -> its uses, see ``_per_example_layers``) and
     ``captures`` (the refs whose gradient is G)."""
 
     def __init__(self, recorder, losses, n, batch):
-        from ._per_example_torch_layers import find_uses
-        from .dependence import prove_rows
-        from .dependence._fx import fx_program
+        from unigrad.dependence import prove_rows
+        from unigrad.dependence._fx import fx_program
+
+        from ._per_example_layers import find_uses
 
         self.plans, self.captures = {}, []
         graph, refs = recorder.graph(losses)

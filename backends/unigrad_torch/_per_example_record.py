@@ -1,7 +1,7 @@
-"""The recorder of ``_per_example_torch``: every ATen operation of one forward pass, with its data flow.
+"""The recorder of ``_per_example``: every ATen operation of one forward pass, with its data flow.
 
 A module of its own because its class derives from torch's ``TorchDispatchMode``: it imports torch at
-import, so ``_per_example_torch`` loads it only when a torch call runs (``import unigrad`` must not
+import, so ``_per_example`` loads it only when a torch call runs (``import unigrad_torch`` must not
 import torch).
 """
 

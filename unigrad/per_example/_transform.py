@@ -7,9 +7,10 @@ respect to the parameters: ``d f(params, batch)[i] / d params``. Two ways to get
   (vectorised over the examples' unit cotangents: a batch of cotangents on the tape, ``vmap`` of the
   VJP on torch and JAX, ``pfor`` on TensorFlow). Exact for any ``f``; it costs about B backward
   passes of the batch.
-* **Dense layers** (the tape; JAX in ``_per_example_jaxpr.py``, torch in ``_per_example_torch.py``,
-  TensorFlow in ``_per_example_tf.py``, the same method on their programs, the formulas shared in
-  ``_per_example_common.py``): ``f`` is recorded once, and each parameter whose one use is a matrix
+* **Dense layers** (the tape, in ``_tape.py``; a backend's ``per_example_rows`` reads its own program the
+  same way -- JAX's jaxpr, torch's ATen operations, TensorFlow's graph, in their packages under
+  ``backends/`` -- with the formulas of :mod:`unigrad.per_example.layers`): ``f`` is recorded once, and
+  each parameter whose one use is a matrix
   product ``Y = X @ W`` (``W`` directly or through a transpose) or a bias ``Y = Z + b`` (or a scale
   ``Z * s``) gets its rows from one ordinary backward pass: with ``G`` the cotangent of ``Y`` for the
   cotangent ``ones(B)``, example i's gradient is ``X_i^T G_i`` (``G_i`` summed over the bias's
@@ -30,20 +31,44 @@ from typing import Callable
 
 import numpy as np
 
-from . import _checks
-from . import _per_example_common as _common
-from . import _per_example_jaxpr as _jaxpr
-from . import _per_example_tf as _tf
-from . import _per_example_torch as _torch
-from ._per_example_common import (BIAS, CONV, CONV_GHOST, DENSE, DENSE_GHOST, DENSE_OUTER,  # noqa: F401
-                                  EMBEDDING, EMBEDDING_GHOST, MATERIALISED, NORM, SCALE, SHARED, SHARED_SUMMED)
-from ._per_example_common import check_losses as _check_losses
-from ._call import BoundedCache, execute, prepare
-from ._custom import custom_rules_seen
-from ._pystate import python_state
-from ._transform import _wraps, promoted_blocks
+from .. import _checks
+from .._caches import BoundedCache, CacheKind
+from .._call import prepare
+from .._plan import PLANS_WHY
+from .._program import PROGRAMS_WHY, execute
+from .._custom import custom_rules_seen
+from .._transform import _wraps, promoted_blocks
+from ..backend import Backend, uses_traced_value
+from . import _tape
+from .layers import MATERIALISED
+from .layers import check_losses as _check_losses
 
 __all__ = ["per_example_grad", "per_example_grad_norms"]
+
+
+def _kinds(fname):
+    """What a per-example transform keeps, and what each entry depends on (unigrad._caches)."""
+    return {
+        "plans": CacheKind(fname, "plans", why=PLANS_WHY),
+        "programs": CacheKind(fname, "compiled programs", why=PROGRAMS_WHY, program=True),
+        "graphs": CacheKind(fname, "eager TensorFlow programs", ("state",),
+                            "an eager call on TensorFlow runs one graph traced per signature (its pfor would trace "
+                            "one on every call): a trace freezes f's Python state, which an eager call must see as "
+                            "it is now", program=True),
+        "untraceable": CacheKind(fname, "eager TensorFlow f that cannot be traced", ("state",),
+                                 "whether f could be traced into a graph, as it reads its Python state now", program=True),
+        "paths": CacheKind(fname, "paths of a traced program",
+                           why="which way each parameter took (.paths), read when a program was traced: kept under the "
+                               "key of that program (built by its own kind: compiled programs, eager TensorFlow "
+                               "programs)", program=True),
+        "analyses": CacheKind(fname, "analyses of a recorded program",
+                              why="a backend's per_example_rows keeps its analysis of each program it records (the "
+                                  "memo), keyed by the recorded program itself (torch: its operations, data flow, "
+                                  "shapes, dtypes and literal arguments; f runs and is recorded on every call)"),
+    }
+
+
+_KINDS = {fname: _kinds(fname) for fname in ("per_example_grad", "per_example_grad_norms")}
 
 
 
@@ -134,10 +159,12 @@ class _PerExample:
             raise ValueError(f"{self.fname}: argument {both[0]} is both a parameter (argnums={argnums!r}) and "
                              f"the batch (batch_argnum={batch_argnum!r}); the parameters are shared by all examples")
         self.f, self.backend, self.device, self.norms = f, backend, device, norms
-        self.plans, self.paths = BoundedCache(), BoundedCache(64)
-        self.programs = BoundedCache() if compile else None
-        self.analyses = BoundedCache(64)  # torch: the analysis of each program recorded
-        self.graphs, self.untraceable = BoundedCache(), BoundedCache(64)  # TensorFlow: eager calls' programs
+        kinds = _KINDS[self.fname]
+        self.plans, self.paths = BoundedCache(kinds["plans"]), BoundedCache(kinds["paths"], 64)
+        self.programs = BoundedCache(kinds["programs"]) if compile else None
+        self.analyses = BoundedCache(kinds["analyses"], 64)  # per_example_rows' memo (torch: one per program)
+        self.graphs = BoundedCache(kinds["graphs"])  # eager calls' programs (TensorFlow)
+        self.untraceable = BoundedCache(kinds["untraceable"], 64)
 
     def function(self):
         def per_example_f(*args):
@@ -161,30 +188,12 @@ class _PerExample:
             if self.norms:
                 return b.zeros((0,), b.dtype(call.diff[0]), device=b.device(call.diff[0]))
             return call.inputs_like([b.zeros((0, *b.shape(x)), b.dtype(x), device=b.device(x)) for x in call.diff])
-        tape = _tape_backend(b)
-        if tape is not None and call.diff:
-            outs, blocks, paths = _tape_rows(call.flat_f, call.diff, batch, self.norms, fname)
-            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
-                b, outs, call.diff, self.norms)))
-        elif call.diff and _torch.is_torch_backend(b) and (found := _unless_custom_rules(lambda: _torch.torch_rows(
-                b, call.flat_f, call.diff, batch, self.norms, fname, self.analyses, call.dynamic))) is not None:
+        reader = _reader(b) if call.diff else None
+        found = None if reader is None else self._read(call, batch, reader)
+        if found is not None:  # read from f's program (layers by their rules, the rest materialised)
             outs, blocks, paths = found
             blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
                 b, outs, call.diff, self.norms)))
-        elif call.diff and _jaxpr.is_jax_backend(b):
-            norms, found = self.norms, {}
-
-            kernel = _program_kernel(_jaxpr.jax_rows, batch, norms, fname, found)
-
-            _, blocks, _ = execute(call, kernel, self.programs, keep_outputs=False)
-            # (a compiled program traced its kernel once, for its signature: its paths are the signature's)
-            paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
-            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
-                b, (call.diff[0],), call.diff, self.norms)))
-        elif call.diff and _tf.is_tf_backend(b) and (found := self._tf(call, batch)) is not None:
-            blocks, paths = found
-            blocks = tuple(b.cast(x, d) if b.dtype(x) != d else x for x, d in zip(blocks, _result_dtypes(
-                b, (call.diff[0],), call.diff, self.norms)))
         else:
             norms = self.norms
 
@@ -204,31 +213,44 @@ class _PerExample:
         return call.inputs_like(list(blocks))
 
 
-    def _tf(self, call, batch):
-        """TensorFlow: ``(blocks, paths)`` from the graph ``f`` builds in a ``tf.function`` (one per signature,
-        eager calls too: TensorFlow's pfor would trace anew on every eager call), or None for an ``f``
-        that cannot be traced into a graph (it reads values): then the materialised path runs eagerly."""
-        key = None if call.program_key is None else (call.program_key, "graph")
-        if key is None or self.untraceable.get(key) is not None:
-            return None
-        norms, fname, found = self.norms, self.fname, {}
-
-        kernel = _program_kernel(_tf.tf_rows, batch, norms, fname, found)
-
-        if self.programs is not None:
-            programs, decision = self.programs, "graph"
-        else:  # eager: the graph is also kept per value of the Python state f reads (see unigrad._pystate)
-            programs, decision = self.graphs, ("graph", python_state(call.f))
+    def _read(self, call, batch, reader):
+        """``(outputs, blocks, paths)`` read from ``f``'s program by ``reader`` (see :func:`_reader`), inside the
+        transform's compiled program where there is one, else the backend's program traced per signature and
+        Python state (``traces_batched_jacobian``: TensorFlow's pfor would trace anew on every eager call), else
+        eagerly; or None where an eager ``f`` cannot be traced (it uses an array's value in Python, ``if
+        x.max() > 1``; it reads values, ``x.numpy()``): then every parameter is materialised, eagerly."""
+        b, found = call.backend, {}
+        kernel = _program_kernel(reader, batch, self.norms, self.fname, found, self.analyses)
+        if self.programs is not None and b.capabilities.compile:
+            programs, decision = self.programs, None
+        elif b.traces_batched_jacobian:
+            if call.program_key is None or self.untraceable.lookup(call) is not None:
+                return None
+            programs, decision = self.graphs, "graph"
+        else:
+            programs, decision = None, None
         try:
-            _, blocks, _ = execute(call, kernel, programs, decision, keep_outputs=False)
-        except Exception:
+            outs, blocks, _ = execute(call, kernel, programs, decision)
+        except Exception as exc:
             if "paths" in found:  # traced, then failed running: not a tracing problem
                 raise
-            self.untraceable.put(key, True)
-            return None
-        # (a program traced its kernel once, for its signature: its paths are the signature's)
-        paths = self.paths.put(call.key, found["paths"]) if "paths" in found else self.paths.get(call.key)
-        return blocks, paths
+            if programs is self.graphs:
+                self.untraceable.store(call, True)
+                return None
+            if programs is None and uses_traced_value(exc):
+                return None
+            raise  # (compiled: Program.explain said what to do)
+        return outs, blocks, self._paths(call, found, programs, decision)
+
+    def _paths(self, call, found, programs, decision=None):
+        """The paths the program that ran took: read when it was traced (``found``), else those kept for it
+        (a program traced its kernel once: its paths are its key's)."""
+        if programs is None:  # eager: traced on this call
+            return found.get("paths")
+        key = programs.kind.key(call, decision)
+        if "paths" in found:
+            return self.paths.put(key, found["paths"])
+        return self.paths.get(key)
 
 
 def _materialised(b, flat_f, leaves, batch, norms, fname):
@@ -243,12 +265,26 @@ def _materialised(b, flat_f, leaves, batch, norms, fname):
     return outs, (b.evaluate(lambda *r: _norm_of_rows(b, r, batch), rows),), paths
 
 
-def _program_kernel(fast_rows, batch, norms, fname, found):
-    """The kernel of a backend whose per-example rows are read from its program (``fast_rows``: JAX's
-    jaxpr, TensorFlow's graph), traced once per signature: the fast path, or every parameter
-    materialised where ``f`` called a custom rule; the paths taken go to ``found["paths"]``."""
+def _reader(b):
+    """How per-example rows are read from ``b``'s programs: ``reader(b, f, leaves, batch, norms, fname,
+    memo) -> (outputs, blocks, paths) | None`` -- the tape's recording (``_tape``), a backend's
+    ``per_example_rows``; None where ``b`` has neither (every parameter is materialised)."""
+    from ..tape import NumpyBackend  # (only here: the core imports the tape through the registry)
+
+    if isinstance(b, NumpyBackend):
+        return lambda b, f, leaves, batch, norms, fname, memo: _tape.tape_rows(f, leaves, batch, norms, fname)
+    if type(b).per_example_rows is Backend.per_example_rows:
+        return None
+    return lambda b, f, leaves, batch, norms, fname, memo: b.per_example_rows(f, leaves, batch, norms=norms,
+                                                                              fname=fname, memo=memo)
+
+
+def _program_kernel(reader, batch, norms, fname, found, memo):
+    """The kernel that reads per-example rows from ``f``'s program (:func:`_reader`): the fast path, or every
+    parameter materialised where ``f`` called a custom rule (or the reader does not apply); the paths taken
+    go to ``found["paths"]``."""
     def kernel(b, flat_f, leaves):
-        rows = _unless_custom_rules(lambda: fast_rows(b, flat_f, leaves, batch, norms, fname))
+        rows = _unless_custom_rules(lambda: reader(b, flat_f, leaves, batch, norms, fname, memo))
         if rows is None:
             rows = _materialised(b, flat_f, leaves, batch, norms, fname)
         outs, blocks, found["paths"] = rows
@@ -315,187 +351,3 @@ def _result_dtypes(b, outs, leaves, norms):
     if norms:
         return [max(want, key=lambda d: np.dtype(d).itemsize)]
     return want
-
-
-def _tape_backend(b):
-    from .tape import NumpyBackend  # (only here: the core imports the tape through the registry)
-
-    return b if isinstance(b, NumpyBackend) else None
-
-
-# ---------------------------------------------------------------------------------------------
-# The tape: dense layers found in the recorded program
-# ---------------------------------------------------------------------------------------------
-
-def _tape_rows(flat_f, leaves, batch, norms, fname):
-    """``(outputs, blocks, paths)``: per-example gradient rows (or one block of norms) on the tape."""
-    from .tape._core import backward, record
-    from .tape._tracer import Tracer
-
-    trace, outs, out_idx, _ = record(flat_f, leaves, False)
-    _check_losses(_NumpyShapes, outs, batch, fname)
-    out_index = out_idx[0]
-    n = len(leaves)
-    nested = any(isinstance(x, Tracer) for x in leaves)
-    plans = [None] * n if nested or out_index is None else _dense_plans(trace, leaves, outs, out_index, batch)
-    fast = {k: p for k, p in enumerate(plans) if p is not None}
-    rows = [None] * n
-    sq_norms = [None] * n
-    paths = [MATERIALISED] * n
-    if fast:
-        cts = _cotangents_at(trace, out_index, np.ones((batch,), dtype=outs[0].dtype),
-                             {p[1] for p in fast.values()})
-        for k, (kind, idx, detail) in fast.items():
-            entry = trace.tape[idx]
-            g = cts.get(idx)
-            if g is None:
-                g = np.zeros(np.shape(entry[3]), dtype=entry[3].dtype)
-            rows[k], sq_norms[k], paths[k] = _dense_rows(kind, entry, detail, g, leaves[k], batch, norms)
-    slow = [k for k in range(n) if k not in fast]
-    if slow:
-        if out_index is None:  # the losses do not depend on the parameters
-            full = [np.zeros((batch, *np.shape(x)), dtype=x.dtype) for x in leaves]
-        else:
-            basis = np.eye(batch, dtype=outs[0].dtype)
-            full = backward(trace, [out_index], (basis,), n, leaves, batch_shape=(batch,))
-        for k in slow:
-            rows[k] = full[k]
-    if not norms:
-        return outs, tuple(rows), paths
-    return outs, (_common.total_norms(_NUMPY, sq_norms, rows, batch),), paths
-
-
-class _NumpyShapes:
-    """What ``_check_losses`` reads of a backend, for plain NumPy values."""
-
-    @staticmethod
-    def shape(x):
-        return tuple(np.shape(x))
-
-    @staticmethod
-    def dtype(x):
-        return np.dtype(x.dtype).name
-
-
-def _dense_plans(trace, leaves, outs, out_index, batch):
-    """For each of the first ``n`` tape entries (the parameters): None, or ``(kind, consumer index,
-    detail)`` when the parameter's one use is a dense layer whose rows stay apart up to the losses
-    (proved by the dependence analysis, :func:`unigrad.dependence.prove_rows` from the layer's output)."""
-    from .dependence import from_tape, prove_rows
-
-    tape, n = trace.tape, len(leaves)
-    program = None
-    uses: dict = {}
-    for idx in range(n, len(tape)):
-        entry = tape[idx]
-        if entry is None:
-            continue
-        for i, p in entry[1]:
-            uses.setdefault(p, []).append((idx, i))
-    proved: dict = {}
-    plans = []
-    for k in range(n):
-        plan = _dense_plan(tape, uses, k, batch)
-        if plan is not None:
-            consumer = plan[1]
-            if consumer not in proved:
-                if program is None:
-                    program = from_tape(trace, n, [out_index], leaves, outs)
-                seeds = {consumer: np.ndim(tape[consumer][3])}
-                proved[consumer] = prove_rows(program, batch, seeds=seeds)[0] == "row"
-            if not proved[consumer]:
-                plan = None
-        plans.append(plan)
-    return plans
-
-
-def _dense_plan(tape, uses, k, batch):
-    mine = uses.get(k, [])
-    if len(mine) != 1:
-        return None
-    idx, i = mine[0]
-    prim, parents, vals, ans, params = tape[idx]
-    x = vals[i]
-    if not (hasattr(x, "dtype") and hasattr(ans, "dtype")):  # an entry of another kind (a checkpointed block)
-        return None
-    if np.dtype(x.dtype).kind != "f" or np.dtype(ans.dtype).kind != "f":
-        return None
-    transposed = False
-    if prim.name in ("matrix_transpose", "permute_dims") and np.ndim(x) == 2:
-        if prim.name == "permute_dims" and tuple(a % 2 for a in params["axes"]) != (1, 0):
-            return None
-        onward = uses.get(idx, [])
-        if len(onward) != 1:
-            return None
-        idx, i = onward[0]
-        prim, parents, vals, ans, params = tape[idx]
-        transposed = True
-    ash = np.shape(ans)
-    if not ash or ash[0] != batch:
-        return None
-    if prim.name == "matmul":
-        other = vals[0]
-        if i != 1 or np.ndim(vals[1]) != 2 or np.ndim(other) < 2 or len(ash) != np.ndim(other) \
-                or np.shape(other)[0] != batch:
-            return None
-        return "matmul", idx, transposed
-    if transposed:
-        return None
-    if prim.name in ("add", "subtract", "multiply"):
-        shape = np.shape(x)
-        if len(shape) > len(ash) or (len(shape) == len(ash) and shape[0] != 1):
-            return None  # the parameter has an axis along the batch: not shared by rows
-        sign = -1.0 if (prim.name == "subtract" and i == 1) else 1.0
-        return ("scale" if prim.name == "multiply" else "bias"), idx, (i, sign)
-    return None
-
-
-def _cotangents_at(trace, out_index, cotangent, wanted):
-    """One reverse sweep from the losses with ``cotangent``; the cotangents of the entries ``wanted``
-    (each complete when the sweep reaches it: the tape is in execution order)."""
-    from .tape._core import _like_dtype, unbroadcast
-
-    tape = trace.tape
-    cts = {out_index: cotangent}
-    found = {}
-    stop = min(wanted)
-    for idx in range(out_index, stop - 1, -1):
-        g = cts.pop(idx, None)
-        if g is None:
-            continue
-        if idx in wanted:
-            found[idx] = g
-            if idx == stop:
-                break
-        entry = tape[idx]
-        if entry is None:
-            continue
-        prim, parents, vals, ans, params = entry
-        for i, p in parents:
-            if p < stop:
-                continue
-            c = prim.vjps[i](g, ans, *vals, **params) if params else prim.vjps[i](g, ans, *vals)
-            if prim.broadcasts:
-                v = vals[i]
-                if c.shape != v.shape:
-                    c = unbroadcast(c, np.shape(v), 0)
-                if c.dtype != v.dtype:
-                    c = _like_dtype(c, v)
-            old = cts.get(p)
-            cts[p] = c if old is None else old + c
-    return found
-
-
-_NUMPY = _common.Ops(np.reshape, lambda a, axes, keepdims: np.sum(a, axis=axes, keepdims=keepdims), np.matmul,
-                     lambda a: np.swapaxes(a, -1, -2), lambda a, dtype: np.ascontiguousarray(a, dtype=dtype), np.sqrt)
-
-
-def _dense_rows(kind, entry, detail, g, param, batch, norms):
-    """``(rows or None, squared norms or None, path)`` of one parameter from its layer's cotangent."""
-    prim, parents, vals, ans, params = entry
-    if kind == "matmul":
-        return _common.matmul_rows(_NUMPY, np.asarray(vals[0]), np.asarray(g), batch, norms, detail, param.dtype)
-    i, sign = detail
-    other = None if kind == "bias" else np.asarray(vals[1 - i])
-    rows, path = _common.broadcast_rows(_NUMPY, kind, np.asarray(g), other, np.shape(param), np.shape(ans), sign, batch)
-    return rows.astype(param.dtype, copy=False), None, path

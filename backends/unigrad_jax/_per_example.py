@@ -16,20 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _per_example_common as pe
+from unigrad.per_example import layers as pe
 
 _BIAS_CHAIN = frozenset({"broadcast_in_dim", "reshape", "convert_element_type", "squeeze"})
 
 
-def is_jax_backend(b) -> bool:
-    import sys
-
-    module = sys.modules.get("unigrad_jax")
-    return module is not None and isinstance(b, getattr(module, "JaxBackend", ()))
-
-
 def jax_rows(b, flat_f, leaves, batch, norms, fname):
-    """``(outputs, blocks, paths)`` as ``_per_example._tape_rows`` gives them, on JAX."""
+    """``(outputs, blocks, paths)`` (``JaxBackend.per_example_rows``) read from ``f``'s jaxpr."""
     import jax
 
     paths_seen = {}
@@ -249,8 +242,8 @@ def _rows_stay_apart(jaxpr, consts, seed, batch, cache) -> bool:
     """Whether row i of the losses depends on ``seed`` (a variable of ``jaxpr``, batch on axis 0)
     through its row i alone: :func:`unigrad.dependence.prove_rows` from that value, on the program of
     the jaxpr (built once per call of this function's caller, in ``cache``)."""
-    from .dependence import prove_rows
-    from .dependence._jaxpr import from_closed_jaxpr
+    from unigrad.dependence import prove_rows
+    from unigrad.dependence._jaxpr import from_closed_jaxpr
 
     if "program" not in cache:
         env = {}

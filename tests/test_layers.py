@@ -1,0 +1,125 @@
+"""The core's modules form layers: no import -- at module level or inside a function -- points from a
+lower module up to ``unigrad/__init__`` or to a module that imports it back.
+
+Every ``import`` and ``from ... import`` in every module under ``unigrad/`` is read (with ``ast``: imports
+inside functions count, they run as surely as the others, only later), resolved to the module it loads,
+and the graph must have no cycle. ``unigrad.testing``, ``unigrad.dask`` and the CLI sit above the package
+root (they use the public API, and the root does not import them); anything the root imports must not
+import the root or anything above it again.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import unigrad
+
+ROOT = pathlib.Path(unigrad.__file__).parent
+
+
+def _modules():
+    mods = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        if package:
+            parts = parts[:-1]
+        mods[".".join(parts)] = (path, package)
+    return mods
+
+
+def _targets(mods, module, package, node):
+    """The unigrad modules an import statement loads (a name imported from a package that is not one of its
+    modules is the package's attribute: the package itself)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name == "unigrad" or a.name.startswith("unigrad.")]
+    if node.level:
+        base = module.split(".") if package else module.split(".")[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+        if target != "unigrad" and not target.startswith("unigrad."):
+            return []
+    return [f"{target}.{a.name}" if f"{target}.{a.name}" in mods else target for a in node.names]
+
+
+def import_graph():
+    """``{module: {modules it imports}}`` over every module under ``unigrad/``, function-level imports included."""
+    mods = _modules()
+    graph = {m: set() for m in mods}
+    for module, (path, package) in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[module].update(t for t in _targets(mods, module, package, node) if t in mods and t != module)
+    return graph
+
+
+def cycles(graph):
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index, low, on, stack, found, counter = {}, {}, set(), [], [], 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    component = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        component.append(w)
+                        if w == v:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_import_points_up():
+    graph = import_graph()
+    found = cycles(graph)
+    detail = "; ".join(
+        " <-> ".join(c) + " (" + ", ".join(f"{m} -> {t}" for m in c for t in sorted(graph[m]) if t in c) + ")"
+        for c in found)
+    assert not found, f"modules that import each other, at module level or inside a function: {detail}"
+
+
+def test_the_package_root_reaches_no_module_that_imports_it():
+    graph = import_graph()
+    reached, todo = set(), ["unigrad"]
+    while todo:
+        m = todo.pop()
+        for t in graph[m]:
+            if t not in reached:
+                reached.add(t)
+                todo.append(t)
+    upward = sorted(m for m in reached if "unigrad" in graph[m])
+    assert not upward, f"modules unigrad/__init__ imports that import the package root back: {upward}"
+
+
+def test_the_checks_catch_an_import_that_points_up():
+    """The checkers fail on a graph with a function-level import of the root (a deliberate mutation)."""
+    graph = import_graph()
+    graph["unigrad._call"] = graph["unigrad._call"] | {"unigrad"}
+    assert cycles(graph)

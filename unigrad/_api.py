@@ -60,6 +60,10 @@ JACOBIAN_PROGRAMS = CacheKind("jacobian", "compiled programs", why=PROGRAMS_WHY,
 HESSIAN_PLANS = CacheKind("hessian", "plans", why=PLANS_WHY)
 HESSIAN_SHAPES = CacheKind("hessian", "output shapes", why=SHAPES_WHY, program=True)
 HESSIAN_PROGRAMS = CacheKind("hessian", "compiled programs", why=PROGRAMS_WHY, program=True)
+HVP_PLANS = CacheKind("hessian_vector_product", "plans", why=PLANS_WHY)
+HVP_PRIMAL_PLANS = CacheKind("hessian_vector_product", "plans of the primals alone (tangents to check)",
+                             why=PLANS_WHY)
+HVP_PROGRAMS = CacheKind("hessian_vector_product", "compiled programs", why=PROGRAMS_WHY, program=True)
 VMAP_CHUNKS = CacheKind("vmap", "chunk sizes", why=_MEMORY_WHY + " (keyed by the mapped arrays' types, shapes, "
                         "dtypes and axes: vmap has no differentiated arguments to plan)")
 
@@ -607,8 +611,8 @@ def hessian_vector_product(f: Callable, argnums=0, *, backend=None, compile: boo
     # the plan (converted and checked for a floating dtype like the primals, inputs of the program), which
     # f never sees. A static position counted from the end of f's arguments is one further from the end.
     static_all = None if static is None else frozenset(a - 1 if a < 0 else a for a in static)
-    plans, primal_plans = BoundedCache(), BoundedCache()
-    programs = BoundedCache() if compile else None
+    plans, primal_plans = BoundedCache(HVP_PLANS), BoundedCache(HVP_PRIMAL_PLANS)
+    programs = BoundedCache(HVP_PROGRAMS) if compile else None
     repeats = Repeats(static_all, backend, device) if compile else None
     flat = FlatPlans(plans) if not compile and device is None else None
     kernel = _hvp_kernel(fname)

@@ -319,6 +319,11 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "| complex | JAX's convention: the VJP is the unconjugated transpose of the JVP; for real f of "
         "complex z, grad of abs(z)**2 is 2 conj(z) (torch and TensorFlow natively return the conjugate; "
         "their adapters convert) |",
+        "| complex Hessian-vector products | `hvp` and `hessian_vector_product` of a real `f` of complex z are "
+        "`jvp` of `grad` in this convention: with H_R the Hessian of f(a + ib) in the real coordinates (a, b), the "
+        "product is conj(H_R v) written as a complex vector. The pullback of `grad` along v (`v^T H`, torch's "
+        "`vhp`) is the same vector, so there is one product (tested on every backend that declares complex). "
+        "torch computes it reverse over reverse and converts |",
         '| complex Jacobians | `jacobian` of a complex input follows the reverse convention, the one `grad` and `vjp` follow (for a real output its row is the gradient, 2 conj(z) for abs(z)**2): `mode="auto"` picks reverse whatever the shapes, since for an `f` that is not holomorphic forward mode (`jacfwd`) gives another matrix; both agree where `f` is holomorphic. A complex output of a real input: forward mode in `"auto"`; `mode="rev"` / `jacrev` raise ValueError (a real input\'s VJP is real: the imaginary part would be lost) |',
     ]
     return "\n".join(lines) + "\n"

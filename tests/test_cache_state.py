@@ -187,6 +187,15 @@ def _vmap(core, backend):
     return run
 
 
+def _hessian_vector_product(core, backend, compile):
+    t = unigrad.hessian_vector_product(_scalar_of_x(core), backend=backend, compile=compile)
+
+    def run(w, x, *rest):
+        v = unigrad.asarray(np.linspace(-1.0, 1.0, B * D).reshape(B, D), backend=backend)
+        return t(x, w, *rest, v)
+    return run
+
+
 def _swap(t):
     """A transform of f(x, w, ...) called as (w, x, ...)."""
     def run(w, x, *rest):
@@ -211,6 +220,7 @@ TRANSFORMS = {
     "sparse_hessian": lambda core, bk, c: _swap(unigrad.sparse_hessian(_scalar_of_x(core), format="dense", backend=bk,
                                                                        compile=c)),
     "vmap": lambda core, bk, c: _vmap(core, bk),
+    "hessian_vector_product": _hessian_vector_product,
 }
 NO_COMPILE = {"vjp/jvp/hvp", "vmap"}
 NEEDS_SCIPY = {"sparse_jacobian", "sparse_hessian"}

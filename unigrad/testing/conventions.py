@@ -258,7 +258,7 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         '',
         '| what is kept | keyed on |',
         '| --- | --- |',
-        '| plans (backend, differentiated leaves, dtypes), flat plans, repeats and compiled repeats of compiled calls | signature (f is not run; a compiled repeat of `batched_jacobian` or a sparse transform is kept only where its proof or pattern holds for the whole signature) |',
+        '| plans (backend, differentiated leaves, dtypes), flat plans, plans of the primals alone (tangents to check) of `hessian_vector_product`, repeats and compiled repeats of compiled calls | signature (f is not run; a compiled repeat of `batched_jacobian` or a sparse transform is kept only where its proof or pattern holds for the whole signature) |',
         '| output shapes (the mode `"auto"` picks, `hessian`\'s scalar form), chunk sizes from a memory budget | signature: speed and memory only, never the result (`hessian` re-checks the shape `f` returned) |',
         "| row proofs from the backend's program (jaxpr, ATen graph, TensorFlow graph) | signature + Python state |",
         '| row proofs on the tape, probe verdicts | signature + Python state + values |',

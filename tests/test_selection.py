@@ -273,3 +273,19 @@ def test_thread_harness_catches_shared_state():
 
     with pytest.raises(AssertionError, match="raised in threads"):
         assert_threads_exact(only_in_the_main_thread, [np.ones(2)] * 2)
+
+
+def test_inferring_a_torch_array_loads_no_plugin():
+    """A torch tensor's backend is found among the first-party adapters before any third-party plugin is loaded
+    (the HIPS autograd plugin imported autograd on a torch user's first call)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, unigrad; from unigrad import _registry; eps = _registry._discover(); "
+            "assert 'autograd' in eps, 'no plugin'; "
+            "_registry._entry_points = dict(sorted(eps.items(), key=lambda kv: kv[0] != 'autograd')); "  # plugin first
+            "print(_registry._array_owner(torch.ones(2)), 'autograd' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    if "No module named 'torch'" in done.stderr or "no plugin" in done.stderr:
+        pytest.skip("needs torch and the autograd plugin installed")
+    assert done.stdout.split() == ["torch", "False"], done.stderr

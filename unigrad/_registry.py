@@ -384,7 +384,9 @@ def _find_owner(t) -> str | None:
         cls = _factories.get(name) or _instances.get(name)
         if cls is not None and mod in getattr(cls, "array_modules", ()):
             return name
-    for name in _names():
+    # first-party adapters first: an array of their framework is theirs without loading a plugin (a third-party
+    # plugin is loaded, its framework imported, only for an array type no first-party adapter owns)
+    for name in sorted(_names(), key=lambda n: not _first_party(n)):
         cls = _factories.get(name)
         if cls is None:
             inst = _instances.get(name)
@@ -410,6 +412,12 @@ def _find_owner(t) -> str | None:
             if m == mod:
                 return name
     return None
+
+
+def _first_party(name) -> bool:
+    """Whether ``name`` is the entry point of one of unigrad's own adapters (not a runtime registration)."""
+    ep = None if name in _factories else _discover().get(name)
+    return ep is not None and ep.value.partition(":")[0].partition(".")[0] in _KNOWN_MODULES
 
 
 # First-party adapters and the frameworks they wrap, so inference never loads an adapter whose

@@ -22,7 +22,7 @@ from unigrad.dependence import SparsityWarning, prove_rows
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from unigrad.dependence._jaxpr import from_closed_jaxpr  # noqa: E402
+from unigrad_jax._dependence import from_closed_jaxpr  # noqa: E402
 
 
 @jax.custom_jvp

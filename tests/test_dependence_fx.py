@@ -13,7 +13,7 @@ F = torch.nn.functional
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 from unigrad.dependence import prove_rows  # noqa: E402
-from unigrad.dependence._fx import fx_program  # noqa: E402
+from unigrad_torch._dependence import fx_program  # noqa: E402
 from conftest import row_verdict  # noqa: E402
 
 B = 5

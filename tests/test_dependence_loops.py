@@ -22,7 +22,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 lax = jax.lax
 
-from unigrad.dependence._jaxpr import from_closed_jaxpr, jaxpr_program  # noqa: E402
+from unigrad_jax._dependence import from_closed_jaxpr, jaxpr_program  # noqa: E402
 
 
 def stencil(u, axis=0):

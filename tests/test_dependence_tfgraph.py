@@ -11,7 +11,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import unigrad  # noqa: E402
-from unigrad.dependence._tfgraph import graph_program  # noqa: E402
+from unigrad_tensorflow._dependence import graph_program  # noqa: E402
 from conftest import row_verdict  # noqa: E402
 
 B = 5

@@ -483,6 +483,20 @@ class JaxBackend(Backend):
         from ._per_example import jax_rows
         return jax_rows(self, f, tuple(primals), batch, norms, fname)
 
+    def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
+        """``f``'s jaxpr in ``unigrad.dependence``'s form (``_dependence``): JAX-native code's sparsity patterns;
+        loops with a known trip count unrolled where small."""
+        from ._dependence import from_closed_jaxpr
+
+        def outputs(*p):
+            result = f(*p)
+            return tuple(result[0]) if has_aux else tuple(result)
+
+        specs = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in primals]
+        with _x64(f, primals):
+            closed = jax.make_jaxpr(outputs)(*specs)
+        return from_closed_jaxpr(closed, unroll=True, unknown={id(a) for a in unknown})
+
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its jaxpr: ``(verdict, detail, separable)`` (see ``_proof``)."""
         from ._proof import batch_rows

@@ -243,7 +243,7 @@ def _rows_stay_apart(jaxpr, consts, seed, batch, cache) -> bool:
     through its row i alone: :func:`unigrad.dependence.prove_rows` from that value, on the program of
     the jaxpr (built once per call of this function's caller, in ``cache``)."""
     from unigrad.dependence import prove_rows
-    from unigrad.dependence._jaxpr import from_closed_jaxpr
+    from ._dependence import from_closed_jaxpr
 
     if "program" not in cache:
         env = {}

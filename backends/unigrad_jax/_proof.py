@@ -17,7 +17,7 @@ import jax
 
 def batch_rows(backend, f, primals, has_aux):
     from unigrad.dependence import prove_rows
-    from unigrad.dependence._jaxpr import from_closed_jaxpr
+    from ._dependence import from_closed_jaxpr
 
     from . import _x64
 
@@ -69,7 +69,7 @@ def _symbolic(shape):
 def _clean_rule(eqn):
     """Is the JVP program of a ``custom_jvp_call`` (the user's rule) clean too? False if it cannot be
     traced at the symbolic shapes."""
-    from unigrad.dependence._jaxpr import Aval, custom_jvp_jaxpr
+    from ._dependence import Aval, custom_jvp_jaxpr
     atoms = [(None, v.val) if type(v).__name__ == "Literal" else (0, Aval(v.aval.shape, v.aval.dtype))
              for v in eqn.invars]
     try:

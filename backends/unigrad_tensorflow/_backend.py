@@ -217,6 +217,13 @@ class TensorflowBackend(Backend):
         from ._per_example import tf_rows
         return tf_rows(self, f, tuple(primals), batch, norms, fname)
 
+    def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
+        """``f``'s ``tf.function`` graph in ``unigrad.dependence``'s form (``_dependence``): TensorFlow-native
+        code's sparsity patterns and row proofs."""
+        from ._proof import graph_of
+
+        return graph_of(lambda *p: _tree_plain(_call(f, p)), tuple(_plain(p) for p in primals), has_aux)[0]
+
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its ``tf.function`` graph: ``(verdict, detail, False)`` (see ``_proof``)."""
         from ._proof import batch_rows

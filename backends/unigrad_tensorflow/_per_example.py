@@ -10,7 +10,7 @@ code (``tf.matmul``, ``tf.nn.bias_add``, Keras layers' math) and portable code a
    ``adj_y`` attributes; over positions as ``Reshape -> MatMul -> Reshape``, how ``tensordot`` and
    Keras' ``Dense`` spell it), a bias (``AddV2``/``BiasAdd``/``Sub`` of a broadcast parameter, directly
    or through ``Reshape``/``ExpandDims``/``Squeeze``) or a scale (``Mul``) is a candidate.
-2. The dependence analysis's TensorFlow front-end (``unigrad.dependence._tfgraph``) proves, from the
+2. The dependence analysis's TensorFlow front-end (``_dependence``) proves, from the
    layer's output to the losses, that row i of the losses depends on the layer's output through its
    row i alone; only then the parameter takes the fast path.
 3. ``G = tf.gradients(sum(losses), [Y...])`` in the same graph (one backward pass); ``X`` is the
@@ -97,7 +97,7 @@ def _plans(ops, xs, losses, batch):
     """leaf -> :class:`_Plan` for each parameter whose one use is a dense layer whose rows stay apart
     up to the losses (proved by the dependence analysis from the layer's output)."""
     from unigrad.dependence import prove_rows
-    from unigrad.dependence._tfgraph import graph_program
+    from ._dependence import graph_program
 
     mine = {id(op) for op in ops}
     found = {}

@@ -15,21 +15,28 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def batch_rows(f, primals, has_aux):
-    """``(verdict, detail, False)``; ``f`` takes and returns plain tensors (the backend's ``evaluate``)."""
-    from unigrad.dependence import prove_rows
-    from unigrad.dependence._tfgraph import graph_program, op_site
+def graph_of(f, primals, has_aux):
+    """``(program, nodes_of)``: ``f``'s outputs (aux left out) traced into a ``tf.function`` graph at the
+    primals' shapes and dtypes, as ``unigrad.dependence``'s program; ``nodes_of`` maps a node's id to its op."""
+    from ._dependence import graph_program
 
     def outputs(*p):
         result = f(*p)
         return tuple(result[0]) if has_aux else tuple(result)
 
     specs = [tf.TensorSpec(p.shape, p.dtype) for p in primals]
-    concrete = tf.function(outputs, autograph=False).get_concrete_function(*specs)
-    graph = concrete.graph
+    graph = tf.function(outputs, autograph=False).get_concrete_function(*specs).graph
     nodes_of = {}
-    placeholders = graph.inputs[:len(primals)]
-    program = graph_program(graph.get_operations(), placeholders, graph.outputs, nodes_of=nodes_of)
+    program = graph_program(graph.get_operations(), graph.inputs[:len(primals)], graph.outputs, nodes_of=nodes_of)
+    return program, nodes_of
+
+
+def batch_rows(f, primals, has_aux):
+    """``(verdict, detail, False)``; ``f`` takes and returns plain tensors (the backend's ``evaluate``)."""
+    from unigrad.dependence import prove_rows
+    from ._dependence import op_site
+
+    program, nodes_of = graph_of(f, primals, has_aux)
     verdict, detail = prove_rows(program, primals[0].shape[0])
     if verdict == "mixed" and detail.node is not None and detail.node.site is None:
         op = nodes_of.get(id(detail.node))

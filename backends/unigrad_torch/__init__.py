@@ -315,6 +315,14 @@ class TorchBackend(Backend):
         from ._per_example import torch_rows
         return torch_rows(self, f, tuple(primals), batch, norms, fname, memo, getattr(f, "closure_arrays", ()))
 
+    def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
+        """``f``'s ATen graph (``make_fx`` on fake tensors) in ``unigrad.dependence``'s form (``_dependence``):
+        torch-native code's sparsity patterns and row proofs."""
+        from ._proof import fx_graph
+        from ._dependence import fx_program
+
+        return fx_program(fx_graph(f, tuple(primals), has_aux))
+
     def batch_rows(self, f, primals, *, has_aux=False):
         """Rows of ``f`` proved from its ATen graph (``make_fx``): ``(verdict, detail, False)`` (see ``_proof``)."""
         from ._proof import batch_rows

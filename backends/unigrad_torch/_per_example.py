@@ -10,7 +10,7 @@ torch code (``torch.func.functional_call`` of an ``nn.Module``, ``F.linear``, ``
    makes the record unusable (then everything is materialised, as before).
 2. For a new program (its operations, data flow, shapes, dtypes and literal arguments are the cache
    key), the record becomes a ``torch.fx`` graph, read by the dependence analysis's fx front-end
-   (``unigrad.dependence._fx``). A parameter every use of which is a layer ``_per_example_layers``
+   (``_dependence``). A parameter every use of which is a layer ``_per_example_layers``
    knows -- ``mm``/``addmm`` (through transposes; over positions: reshape, product, reshape back), a
    convolution, an embedding, a bias or scale (``addmm``'s, a convolution's, ``add``/``sub``/``mul`` of a
    broadcast parameter, through views), LayerNorm's or GroupNorm's weight and bias -- takes the fast path
@@ -102,7 +102,7 @@ class _Analysis:
 
     def __init__(self, recorder, losses, n, batch):
         from unigrad.dependence import prove_rows
-        from unigrad.dependence._fx import fx_program
+        from ._dependence import fx_program
 
         from ._per_example_layers import find_uses
 

@@ -357,7 +357,7 @@ def _product_back(user, rows, width):
 def _classify(operand, user, name, batch, transposed, viewed):
     import torch
 
-    from unigrad.dependence._fx import _bind, positions_product
+    from ._dependence import _bind, positions_product
 
     if name == "bmm" and not user.kwargs and user.args[1] is operand and user.args[0] is not operand:
         # x (1, N, d) @ w (1, d, k) (how einsum spells x @ W), its result reshaped back
@@ -479,7 +479,7 @@ def _count(user, node):
 
 
 def _aten(node):
-    from unigrad.dependence._fx import _aten_name
+    from ._dependence import _aten_name
     return _aten_name(node)
 
 

@@ -12,19 +12,28 @@ independent, an operation without a rule answers "unknown". Native torch code (`
 from __future__ import annotations
 
 
-def batch_rows(f, primals, has_aux):
+def fx_graph(f, primals, has_aux):
+    """``f``'s outputs (aux left out) traced into an ATen ``torch.fx`` graph on fake tensors."""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
-
-    from unigrad.dependence import prove_rows
-    from unigrad.dependence._fx import fx_program
 
     def outputs(*p):
         result = f(*p)
         return tuple(result[0]) if has_aux else tuple(result)
 
     with torch.inference_mode(False):
-        graph = make_fx(outputs, tracing_mode="fake", _allow_non_fake_inputs=True)(*primals)
+        return make_fx(outputs, tracing_mode="fake", _allow_non_fake_inputs=True)(*primals)
+
+
+def batch_rows(f, primals, has_aux):
+    from unigrad.dependence import prove_rows
+    from ._dependence import fx_program
+
+    def outputs(*p):
+        result = f(*p)
+        return tuple(result[0]) if has_aux else tuple(result)
+
+    graph = fx_graph(f, primals, has_aux)
     ids = {}
     verdict, detail = prove_rows(fx_program(graph, ids=ids), primals[0].shape[0])
     if verdict == "mixed" and detail.node is not None and detail.node.site is None:

@@ -1,8 +1,11 @@
 """Dependence analysis of a traced program: sparsity patterns and proofs of independent rows.
 
-One interpreter walks a recorded program -- the NumPy tape's recording of a call, a jaxpr, a torch.fx
-graph of ATen operations (:mod:`._fx`) or a TensorFlow graph (:mod:`._tfgraph`) -- and
-propagates abstract values through one table of per-primitive rules (:mod:`._rules`):
+One interpreter walks a recorded program in one neutral form (:class:`Program` of :class:`Node` s) -- the
+NumPy tape's recording of a call, or a backend's own program read by its front-end
+(``Backend.dependence_program``: a jaxpr in ``unigrad_jax``, a torch.fx graph of ATen operations in
+``unigrad_torch``, a TensorFlow graph in ``unigrad_tensorflow``; a plugin's) -- and propagates abstract
+values through one table of per-primitive rules (:mod:`._rules`; a front-end adds its operations with
+:func:`register_rules`):
 
 * element index sets (:mod:`._sets`): which inputs each output element depends on (the Jacobian's
   sparsity pattern), and which pairs of inputs interact non-linearly (the Hessian's);
@@ -22,9 +25,13 @@ import numpy as np
 
 from ._program import Node, Program, from_tape, nearby, same_structure, trace_tape, user_site  # noqa: F401
 from ._rows import Mixed, Unknown, prove_rows  # noqa: F401
+from ._rules import Rule, codes, op_name, register_rules, rule_for  # noqa: F401
 from ._sets import SetInterpreter
 
-__all__ = ["jacobian_sparsity", "hessian_sparsity", "SparsityWarning"]
+# The analysis (jacobian_sparsity, hessian_sparsity, prove_rows) and what a backend's front-end builds its
+# program from (Program, Node, Rule, register_rules, rule_for, codes, Mixed, Unknown: docs/plugins.md).
+__all__ = ["jacobian_sparsity", "hessian_sparsity", "SparsityWarning", "prove_rows", "Program", "Node", "Rule",
+           "register_rules", "rule_for", "op_name", "codes", "Mixed", "Unknown"]
 
 
 class SparsityWarning(UserWarning):
@@ -48,8 +55,9 @@ def _argnums(argnums, n_args, fname):
 
 
 def _program_of(f, args, argnums, backend, fname):
-    """(program, reasons): f traced on the tape (portable code, whatever backend), else through its
-    jaxpr (JAX-native code), else None with the reason."""
+    """(program, reasons): f traced on the tape (portable code, whatever backend), else by the backend's
+    own front-end (``Backend.dependence_program``: JAX-, torch- or TensorFlow-native code), else None with
+    the reason."""
     from .. import _registry
     nums = _argnums(argnums, len(args), fname)
     b = _registry.resolve(backend, [a for a in args if a is not None])
@@ -84,16 +92,26 @@ def _program_of(f, args, argnums, backend, fname):
         finally:
             _registry.active_backend.reset(token)
         return program, None
-    except Exception as exc:  # not portable code: JAX's own program, if f is JAX code
+    except Exception as exc:  # not portable code: the backend's own program, if it reads one
         tape_error = f"{type(exc).__name__}: {exc}"
-    if b.name == "jax" or any(type(a).__module__.startswith("jax") for a in args):
-        try:
-            from ._jaxpr import jaxpr_program
-            return jaxpr_program(flat, [host[k] for k in nums]), None
-        except Exception as exc:
-            return None, f"f could not be traced on the tape ({tape_error}) nor by jax.make_jaxpr " \
-                         f"({type(exc).__name__}: {exc})"
-    return None, f"f could not be traced on unigrad's tape ({tape_error})"
+    native = list(args)
+
+    def on_backend(*diff):
+        call = list(native)
+        for k, v in zip(nums, diff):
+            call[k] = v
+        out = f(*call)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    try:
+        program = b.dependence_program(on_backend, [b.asarray(host[k]) for k in nums])
+    except Exception as exc:
+        return None, f"f could not be traced on the tape ({tape_error}) nor by the {b.name} backend " \
+                     f"({type(exc).__name__}: {exc})"
+    if program is not None:
+        return program, None
+    return None, f"f could not be traced on unigrad's tape ({tape_error}), and the {b.name} backend reads no " \
+                 f"program of its own (Backend.dependence_program)"
 
 
 def _finish(matrix, reasons, fname):
@@ -182,7 +200,7 @@ def _pattern(f, args, argnums, backend, fname, hessian):
     program, failure = _program_of(f, args, argnums, backend, fname)
     if program is None:
         n = sum(int(np.size(args[k])) for k in _argnums(argnums, len(args), fname))
-        m = n if hessian else _output_size_dense(f, args)
+        m = n if hessian else _output_size(f, args, backend, fname, failure)
         return _finish(sp.csr_array(np.ones((m, n), dtype=bool)), [failure], fname)
     env, n = _input_sets(program)
     interp = SetInterpreter(n, hessian=hessian)
@@ -202,10 +220,21 @@ def _pattern(f, args, argnums, backend, fname, hessian):
     return _finish(out, reasons, fname)
 
 
-def _output_size_dense(f, args):
+def _output_size(f, args, backend, fname, failure):
+    """The number of output elements of ``f``, from one evaluation on the backend (the arguments converted,
+    as a transform would): the rows of a dense pattern where no program could be read. An ``f`` that cannot
+    run either is an error that says both (never a pattern of a guessed size)."""
+    from .. import _registry
+
+    b = _registry.resolve(backend, [a for a in args if a is not None])
+    call = tuple(b.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+    token = _registry.active_backend.set(b)
     try:
-        out = f(*args)
-    except Exception:
-        return 1
+        out = b.evaluate(lambda *a: f(*a), call)
+    except Exception as exc:
+        raise TypeError(f"{fname}: f could not be traced to read its pattern ({failure}), nor evaluated on the "
+                        f"{b.name} backend to find its output size ({type(exc).__name__}: {exc})") from exc
+    finally:
+        _registry.active_backend.reset(token)
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    return sum(int(np.size(o)) for o in outs)
+    return sum(int(np.prod(b.shape(o), dtype=np.int64)) if b.is_array(o) else int(np.size(o)) for o in outs)

@@ -40,6 +40,10 @@ class Node:
     extra_positions: tuple = ()  # a call's operand positions, in the order of its sub-programs' inputs
     index: dict = field(default_factory=dict)  # position -> value id, for traced operands that carry no
     # derivative (an index, a predicate): what the value, not the derivative, depends on (jaxprs)
+    targets: object = None  # a scatter's front-end: () -> (anywhere, surely), where each update element lands
+    # (arrays of the updates' shape, 1 + the flat index of the operand element, 0: dropped; ``anywhere`` one
+    # row per way the index mode may place it, ``surely`` the elements certainly written or None), or None
+    # when the indices are computed from the input
 
     def shape(self, pos):
         return tuple(np.shape(self.args[pos])) if not hasattr(self.args[pos], "shape") else tuple(

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ._rules import einsum_spec, lane_axes, neg_axes, reduce_axes, rule_for
+from ._rules import einsum_spec, lane_axes, neg_axes, op_name, reduce_axes, rule_for
 
 
 class Mixed:
@@ -114,7 +114,7 @@ def _walk(program, env, batch):
         bad = [s for s in ins.values() if isinstance(s, Mixed)] or [s for s in ins.values() if isinstance(s, Unknown)]
         if bad:
             out = bad[0]
-            if isinstance(out, Mixed) and node.name.startswith("lax.") and rule_for(node.name).kind == "zero":
+            if isinstance(out, Mixed) and rule_for(node.name).kind == "zero" and rule_for(node.name).extra.get("in_value"):
                 # (stop_gradient(mean(x, 0)), argmax over the batch: rows coupled in value, not in derivative)
                 out = Unknown(f"{_name(node)}{_where(node)} of a value that mixes rows ({out.describe()}): no "
                               f"derivative flows through it, but the value of every row depends on the others")
@@ -209,7 +209,7 @@ def _loop(node, ins, idx, batch):
     n_out = len(node.outs)
     name = _name(node)
     body = node.inner[0]
-    scan = node.name == "lax.scan"
+    scan = op_name(node.name) == "scan"
     if scan:
         nc, ncar = node.params["num_consts"], node.params["num_carry"]
         first, shift = nc, 0
@@ -303,7 +303,7 @@ def _taint(program, current, carried):
 
 
 def _name(node):
-    return node.name.split(".", 1)[1] if node.name.startswith(("lax.", "aten.", "tf.")) else node.name
+    return op_name(node.name)
 
 
 _KEEP_BLOCKS = frozenset({"elementwise", "reduce", "scan", "lane", "take", "matmul"})
@@ -336,7 +336,7 @@ def _apply_rows(node, ins, batch):
     kind = rule.kind
     n_out = len(node.outs)
     if kind == "zero":  # a jaxpr's rows must hold in value too (JAX evaluates a proved f one row at a time)
-        return _zero(node, ins, batch) if node.name.startswith("lax.") else [None] * n_out
+        return _zero(node, ins, batch) if rule.extra.get("in_value") else [None] * n_out
     if kind == "loop":
         return _loop(node, ins, {}, batch)
     if kind == "scatter":
@@ -549,12 +549,11 @@ def _dynamic(node, ins):
 
 def _scatter(node, ins, batch):
     """A jaxpr scatter with known indices: each output element gathers the rows of the operand element
-    it keeps and of the updates landing on it (see :func:`._sets.scatter_targets`); rows combined:
+    it keeps and of the updates landing on it (``Node.targets``, the front-end's); rows combined:
     MIXED. Indices computed in the program: rows stay apart when the operand alone carries them and
     the updates are FREE... which cannot be told from here in general: the proof gives up."""
-    from ._sets import scatter_targets
     name = _name(node)
-    targets = scatter_targets(node)
+    targets = node.targets() if node.targets is not None else None
     if targets is None:
         dn = node.params["dimension_numbers"]
         op_shape = node.shape(0)

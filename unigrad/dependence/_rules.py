@@ -1,5 +1,5 @@
-"""The rule table: for each primitive (the tape's names and JAX's), its class of dependence, which
-answers in both abstract domains.
+"""The rule table: for each primitive (the tape's; a framework's, registered by its front-end with
+:func:`register_rules` under a prefix), its class of dependence, which answers in both abstract domains.
 
 * Element index sets (:mod:`._sets`): which inputs each element of a value depends on, a boolean
   ``scipy.sparse`` matrix (elements x inputs), and for Hessians the pairs of inputs that interact
@@ -71,106 +71,46 @@ _put("solve", Rule("core", "nonlinear", core_in=2, core_out=None))
 _put("slogdet cholesky eigh eig svd qr pinv", Rule("core", "nonlinear", core_in=2, core_out=1))
 _put("scatter_add put_along_add", Rule("linear_probe", "linear"))
 
-# JAX's primitives (jaxpr), under "lax."
-_put("neg add_any sub convert_element_type copy copy_p real_ imag_ reduce_precision select_n clamp max min "
-     "add_jaxvals abs", Rule("elementwise", "linear"), "lax.")
-_put("add", Rule("elementwise", "linear"), "lax.")
-_put("mul", Rule("elementwise", "bilinear"), "lax.")
-_put("div", Rule("elementwise", "divide"), "lax.")
-_put("exp exp2 log log1p expm1 sqrt rsqrt cbrt sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh "
-     "logistic integer_pow pow atan2 erf erfc erf_inv lgamma digamma square tan",
-     Rule("elementwise", "nonlinear"), "lax.")
-_put("sign floor ceil round is_finite eq ne lt le gt ge and or not xor iota argmax argmin stop_gradient "
-     "shift_left shift_right_logical shift_right_arithmetic population_count nextafter rem_int random_bits "
-     "random_seed random_wrap random_unwrap threefry2x32", Rule("zero"), "lax.")
-_put("reshape transpose broadcast_in_dim squeeze expand_dims slice dynamic_slice concatenate pad rev gather tile "
-     "dynamic_update_slice", Rule("structural"), "lax.")
-_put("reduce_sum reduce_max reduce_min", Rule("reduce", "linear"), "lax.")
-_put("reduce_prod", Rule("reduce", "nonlinear"), "lax.")
-_put("cumsum cummax cummin", Rule("scan", "linear"), "lax.")
-_put("cumprod cumlogsumexp", Rule("scan", "nonlinear"), "lax.")
-_put("sort", Rule("lane", "linear"), "lax.")
-_put("dot_general", Rule("einsum", "bilinear"), "lax.")
-_put("pjit closed_call core_call custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr remat remat2 checkpoint "
-     "custom_lin jit", Rule("call"), "lax.")
-_put("scan while", Rule("loop"), "lax.")
-_put("scan_index scan_stack", Rule("structural"), "lax.")  # an unrolled scan's slices and stacked outputs
-_put("scatter scatter-add scatter_add scatter-sub scatter_sub scatter-min scatter_min scatter-max scatter_max",
-     Rule("scatter", "linear"), "lax.")
-_put("scatter-mul scatter_mul", Rule("scatter", "nonlinear"), "lax.")
-_put("cond", Rule("call", branches=True), "lax.")
-
-# ATen operations (a torch.fx graph, see ._fx), under "aten."
-_put("add sub rsub neg clone _to_copy alias lift_fresh_copy where clamp clamp_min clamp_max abs maximum minimum "
-     "masked_fill remainder fmod positive conj real imag", Rule("elementwise", "linear"), "aten.")
-_put("mul", Rule("elementwise", "bilinear"), "aten.")
-_put("div", Rule("elementwise", "divide"), "aten.")
-_put("tanh exp exp2 log log2 log10 log1p expm1 sqrt rsqrt sin cos tan asin acos atan sinh cosh asinh acosh atanh "
-     "sigmoid relu gelu silu softplus elu leaky_relu hardtanh erf erfc reciprocal pow atan2 logit square xlogy "
-     "mish hardsigmoid hardswish threshold", Rule("elementwise", "nonlinear"), "aten.")
-_put("eq ne lt le gt ge sign floor ceil round trunc logical_and logical_or logical_not logical_xor bitwise_and "
-     "bitwise_or bitwise_not bitwise_xor isnan isinf isfinite ones_like zeros_like full_like empty_like "
-     "scalar_tensor arange full zeros ones empty new_zeros new_ones new_full new_empty argmax argmin detach "
-     "_local_scalar_dense rand rand_like randn randn_like randint bernoulli", Rule("zero"), "aten.")
-_put("reshape permute_dims t transpose expand unsqueeze squeeze select slice cat stack flip roll index "
-     "index_select narrow repeat constant_pad_nd diagonal", Rule("structural"), "aten.")
-_put("sum mean amax amin nll_loss_reduced", Rule("reduce", "linear"), "aten.")
-_put("prod logsumexp var std norm linalg_vector_norm", Rule("reduce", "nonlinear"), "aten.")
-_put("cumsum", Rule("scan", "linear"), "aten.")
-_put("cumprod logcumsumexp", Rule("scan", "nonlinear"), "aten.")
-_put("_softmax _log_softmax native_layer_norm", Rule("lane", "nonlinear"), "aten.")
-_put("mm bmm", Rule("matmul", "bilinear"), "aten.")
-_put("gather nll_loss_forward", Rule("take", "linear"), "aten.")
-_put("convolution max_pool1d max_pool2d max_pool3d max_pool1d_with_indices max_pool2d_with_indices "
-     "max_pool3d_with_indices avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d _adaptive_avg_pool2d "
-     "_adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d native_group_norm native_batch_norm_eval "
-     "reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d "
-     "upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d _upsample_nearest_exact2d "
-     "upsample_linear1d upsample_bilinear2d upsample_bicubic2d upsample_trilinear3d",
-     Rule("per_sample", "nonlinear", rows=(0,)), "aten.")  # (each over the axes after the first two only)
-_put("embedding", Rule("per_sample", "linear", rows=()), "aten.")  # a lookup in its weight (never a row)
-_put("_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_attention_math "
-     "_scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention",
-     Rule("per_sample", "nonlinear", rows=(0, 1, 2)), "aten.")  # queries, keys, values: (B, heads, T, d)
-_put("native_batch_norm_training", Rule("lane", "nonlinear"), "aten.")  # statistics over the batch
-
-# TensorFlow graph operations (a FuncGraph, see ._tfgraph), under "tf." with TensorFlow's op type names
-_put("AddV2 Add AddN Sub Neg BiasAdd Cast Select SelectV2 Maximum Minimum Abs ClipByValue Real Imag Conj FloorMod "
-     "Relu Relu6 LeakyRelu", Rule("elementwise", "linear"), "tf.")
-_put("Mul MulNoNan", Rule("elementwise", "bilinear"), "tf.")
-_put("RealDiv Div DivNoNan", Rule("elementwise", "divide"), "tf.")
-_put("Tanh Sigmoid Exp Expm1 Log Log1p Sqrt Rsqrt Square SquaredDifference Pow Reciprocal Inv Sin Cos Tan Asin "
-     "Acos Atan Atan2 Sinh Cosh Asinh Acosh Atanh Softplus Softsign Elu Selu Gelu Erf Erfc Xlogy Xdivy Xlog1py "
-     "Lgamma Digamma CrossEntropyOperands", Rule("elementwise", "nonlinear"), "tf.")
-_put("Less LessEqual Greater GreaterEqual Equal NotEqual LogicalAnd LogicalOr LogicalNot IsNan IsInf IsFinite "
-     "Sign Floor Ceil Round Rint FloorDiv TruncateDiv Shape ShapeN Size Rank ZerosLike OnesLike ArgMax ArgMin "
-     "StopGradient PreventGradient OneHot Range Cast.integer RandomUniform RandomStandardNormal "
-     "StatelessRandomUniformV2 StatelessRandomNormalV2", Rule("zero"), "tf.")
-_put("Reshape Transpose ConjugateTranspose ExpandDims Squeeze ConcatV2 Concat Pack Unpack StridedSlice Slice "
-     "GatherV2 GatherNd Tile Pad PadV2 MirrorPad ReverseV2 Roll BroadcastTo Split SplitV Fill MatrixDiagPartV3 "
-     "MatrixBandPart", Rule("structural"), "tf.")
-_put("GatherV2.indexed", Rule("gather", "linear"), "tf.")
-_put("Sum Mean Max Min CrossEntropyLoss", Rule("reduce", "linear"), "tf.")
-_put("Prod EuclideanNorm", Rule("reduce", "nonlinear"), "tf.")
-_put("Cumsum", Rule("scan", "linear"), "tf.")
-_put("Cumprod CumulativeLogsumexp", Rule("scan", "nonlinear"), "tf.")
-_put("Softmax LogSoftmax SparseSoftmaxCrossEntropyWithLogits SoftmaxCrossEntropyWithLogits", Rule("lane", "nonlinear"),
-     "tf.")
-_put("TopKV2 FFT IFFT RFFT IRFFT FFT2D IFFT2D RFFT2D IRFFT2D", Rule("lane", "linear"), "tf.")
-_put("Complex ComplexAbs", Rule("elementwise", "nonlinear"), "tf.")
-_put("MatMul BatchMatMul BatchMatMulV2 BatchMatMulV3 Einsum", Rule("einsum", "bilinear"), "tf.")
-
 _UNKNOWN = Rule("unknown", "nonlinear")
+
+#: The prefixes front-ends registered rules under (``register_rules``): prefix -> whether its names are exact
+#: (no variadic suffix to strip: TensorFlow's op types end in digits, MatMul, BatchMatMulV2).
+PREFIXES: dict = {}
+
+
+def register_rules(prefix: str, rules, *, exact: bool = False) -> None:
+    """Add a front-end's operations to the rule table, under ``prefix`` (``"lax."``, ``"aten."``, ``"tf."``; a
+    plugin's own): ``rules`` maps a space-separated string of operation names to the :class:`Rule` they all
+    follow (``{"add sub neg": Rule("elementwise", "linear")}``). A front-end names its program's nodes
+    ``prefix + name``; an operation without a rule is ``unknown`` (dense, a reason given: sound). ``exact``:
+    names are looked up as they are (the tape's variadic primitives, ``concat2``, otherwise lose their digits).
+    Registering again replaces the entries given."""
+    if not (isinstance(prefix, str) and prefix.endswith(".")):
+        raise ValueError(f"register_rules: prefix must be a string ending in '.'; got {prefix!r}")
+    for names, rule in dict(rules).items():
+        if not isinstance(rule, Rule):
+            raise TypeError(f"register_rules: {names!r} must map to a Rule; got {type(rule).__name__}")
+        _put(names, rule, prefix)
+    PREFIXES[prefix] = exact
 
 
 def rule_for(name: str) -> Rule:
+    """The rule of the operation ``name`` (a tape primitive, or a front-end's ``prefix.name``); ``unknown``
+    where there is none."""
     r = TABLE.get(name)
-    if r is None and name.startswith("tf."):  # TensorFlow's op types are exact names (MatMul, BatchMatMulV2)
-        return _UNKNOWN
     if r is None:
+        prefix, dot, _ = name.partition(".")
+        if dot and PREFIXES.get(prefix + "."):  # exact names
+            return _UNKNOWN
         base = name.rstrip("0123456789")  # the tape's variadic primitives: concat2, einsum3
         r = TABLE.get(base, _UNKNOWN)
     return r
+
+
+def op_name(name: str) -> str:
+    """``name`` without a registered front-end's prefix (``lax.scan`` -> ``scan``)."""
+    prefix, dot, rest = name.partition(".")
+    return rest if dot and prefix + "." in PREFIXES else name
 
 
 # ------------------------------------------------------------------------------ shared helpers

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ._rules import codes, einsum_spec, lane_axes, reduce_axes, rule_for
+from ._rules import codes, einsum_spec, lane_axes, op_name, reduce_axes, rule_for
 
 _PAIR_LIMIT = 20_000_000  # pairs a rule may enumerate before it answers a (sound) superset instead
 _FIXED_POINT = 100  # passes over a loop's body before its carries are widened to everything they may reach
@@ -49,39 +49,6 @@ def _or(parts, rows, n):
     for p in parts:
         out = p if out is None else out + p
     return empty(rows, n) if out is None else out.astype(bool)
-
-
-def scatter_targets(node):
-    """Where each update element of a jaxpr scatter lands: ``(anywhere, surely)``, arrays of the
-    updates' shape holding 1 + the flat index of the operand element (0: dropped). ``anywhere`` covers
-    every way the index mode may place it; ``surely`` (None if unknown) the elements certainly written.
-    None when the indices are computed from the input."""
-    import jax
-    import jax.numpy as jnp
-
-    idx = node.args[1]
-    if type(idx).__name__ == "Aval":
-        return None
-    dn = node.params["dimension_numbers"]
-    op_shape, up_shape = node.shape(0), node.shape(2)
-    window = iter([up_shape[d] for d in dn.update_window_dims])
-    batching = tuple(getattr(dn, "operand_batching_dims", ()))
-    sizes = tuple(1 if d in dn.inserted_window_dims or d in batching else next(window) for d in range(len(op_shape)))
-    gdn = jax.lax.GatherDimensionNumbers(
-        offset_dims=tuple(dn.update_window_dims), collapsed_slice_dims=tuple(dn.inserted_window_dims),
-        start_index_map=tuple(dn.scatter_dims_to_operand_dims), operand_batching_dims=batching,
-        start_indices_batching_dims=tuple(getattr(dn, "scatter_indices_batching_dims", ())))
-    mode = jax.lax.GatherScatterMode.from_any(node.params.get("mode"))
-    modes = {jax.lax.GatherScatterMode.CLIP: ("clip",), jax.lax.GatherScatterMode.FILL_OR_DROP: ("fill",)}.get(
-        mode, ("clip", "fill"))  # an index promised in bounds: either, to be safe
-    got = []
-    with jax.ensure_compile_time_eval():
-        for m in modes:
-            g = jax.lax.gather(jnp.asarray(codes(op_shape), dtype=jnp.int32), jnp.asarray(np.asarray(idx)), gdn,
-                               sizes, mode=m, fill_value=0)
-            got.append(np.asarray(g, dtype=np.int64).reshape(up_shape))
-    anywhere = np.stack([g.ravel() for g in got])  # (ways, updates)
-    return anywhere, (got[0] if len(got) == 1 or np.array_equal(got[0], got[1]) else None)
 
 
 class SetInterpreter:
@@ -173,12 +140,12 @@ class SetInterpreter:
 
     def _structural(self, node, ins, rule):
         unknown = [pos for pos, a in enumerate(node.args) if pos not in node.data and type(a).__name__ == "Aval"]
-        if unknown and node.name in ("lax.dynamic_slice", "lax.dynamic_update_slice"):
+        if unknown and op_name(node.name) in ("dynamic_slice", "dynamic_update_slice"):
             return self._dynamic(node, ins)
         if unknown:  # a gather (or other move) by indices computed from the input: any element may be read
             self.widen(f"{node.name} with indices computed from the input" + (f" at {node.site}" if node.site
                        else "") + ": each of its output elements may read any element its window may cover")
-            got = self._gather_anywhere(node, ins) if node.name == "lax.gather" and set(ins) == {0} else None
+            got = self._gather_anywhere(node, ins) if op_name(node.name) == "gather" and set(ins) == {0} else None
             return [got if got is not None else self._spread(node, ins, node.out_shapes[0])]
         args = list(node.args)
         offset, stack = 1, []
@@ -228,7 +195,7 @@ class SetInterpreter:
         """dynamic_slice / dynamic_update_slice with start indices computed from the input: the union
         over every start the clamping allows, one axis at a time (a Kronecker product of bands)."""
         sp = _sp()
-        update = node.name == "lax.dynamic_update_slice"
+        update = op_name(node.name) == "dynamic_update_slice"
         self.widen(f"{node.name} with start indices computed from the input" + (f" at {node.site}" if node.site
                    else "") + ": every start it may take counts")
         big = node.shape(0)
@@ -259,14 +226,14 @@ class SetInterpreter:
         read from a gather of element codes with the scatter's own indices (its transpose); indices
         computed from the input: every update may land anywhere."""
         size = math.prod(node.shape(0))
-        targets = scatter_targets(node)
+        targets = node.targets() if node.targets is not None else None
         parts = []
         if targets is None:
             self.widen(f"{node.name} with indices computed from the input" + (f" at {node.site}" if node.site
                        else "") + ": each update may land on any element")
         if 0 in ins:
             m = ins[0]
-            if node.name == "lax.scatter" and targets is not None and targets[1] is not None:
+            if op_name(node.name) == "scatter" and targets is not None and targets[1] is not None:
                 keep = np.ones(size, dtype=bool)
                 keep[targets[1][targets[1] > 0] - 1] = False  # surely overwritten by an update
                 on = np.nonzero(keep)[0]
@@ -290,7 +257,7 @@ class SetInterpreter:
         every iteration's sets are within it, whatever the trip count. At the cap: everything the
         loop's operands depend on."""
         body = node.inner[0]
-        scan = node.name == "lax.scan"
+        scan = op_name(node.name) == "scan"
         if scan:
             nc, ncar, length = node.params["num_consts"], node.params["num_carry"], node.params["length"]
             first = nc  # first carry position

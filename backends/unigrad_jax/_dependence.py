@@ -20,9 +20,45 @@ id; a ``custom_vjp_call`` (its ``bwd`` is Python that no jaxpr shows) is one nod
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import numpy as np
 
-from ._program import Node, Program
+from unigrad.dependence import Node, Program, Rule, codes, register_rules
+
+# The jaxpr's primitives, under "lax.": the class of dependence of each (unigrad.dependence's rule kinds). A
+# zero-derivative primitive's rows must hold in value too (``in_value``: JAX evaluates a proved f one row at
+# a time), so its rows are tracked where other engines' need not be.
+register_rules("lax.", [
+    ("neg add_any sub convert_element_type copy copy_p real_ imag_ reduce_precision select_n clamp max min "
+         "add_jaxvals abs", Rule("elementwise", "linear")),
+    ("add", Rule("elementwise", "linear")),
+    ("mul", Rule("elementwise", "bilinear")),
+    ("div", Rule("elementwise", "divide")),
+    ("exp exp2 log log1p expm1 sqrt rsqrt cbrt sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh "
+         "logistic integer_pow pow atan2 erf erfc erf_inv lgamma digamma square tan",
+         Rule("elementwise", "nonlinear")),
+    ("sign floor ceil round is_finite eq ne lt le gt ge and or not xor iota argmax argmin stop_gradient "
+         "shift_left shift_right_logical shift_right_arithmetic population_count nextafter rem_int random_bits "
+         "random_seed random_wrap random_unwrap threefry2x32", Rule("zero", in_value=True)),
+    ("reshape transpose broadcast_in_dim squeeze expand_dims slice dynamic_slice concatenate pad rev gather tile "
+         "dynamic_update_slice", Rule("structural")),
+    ("reduce_sum reduce_max reduce_min", Rule("reduce", "linear")),
+    ("reduce_prod", Rule("reduce", "nonlinear")),
+    ("cumsum cummax cummin", Rule("scan", "linear")),
+    ("cumprod cumlogsumexp", Rule("scan", "nonlinear")),
+    ("sort", Rule("lane", "linear")),
+    ("dot_general", Rule("einsum", "bilinear")),
+    ("pjit closed_call core_call custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr remat remat2 checkpoint "
+         "custom_lin jit", Rule("call")),
+    ("scan while", Rule("loop")),
+    ("scan_index scan_stack", Rule("structural")),  # an unrolled scan's slices and stacked outputs
+    ("scatter scatter-add scatter_add scatter-sub scatter_sub scatter-min scatter_min scatter-max scatter_max",
+         Rule("scatter", "linear")),
+    ("scatter-mul scatter_mul", Rule("scatter", "nonlinear")),
+    ("cond", Rule("call", branches=True)),
+])
 
 # operand positions that are data (the rest are indices or predicates: no derivative flows through them)
 _DATA = {
@@ -158,9 +194,12 @@ class _Builder:
         traced = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i in data}
         index = {i: k for i, (k, _) in enumerate(atoms) if k is not None and i not in data}
         outs = [self.key(v, env) for v in eqn.outvars]
-        self.nodes.append(Node("lax." + name, _binder(eqn.primitive), [v for _, v in atoms], traced,
-                               dict(eqn.params), outs, [tuple(v.aval.shape) for v in eqn.outvars],
-                               site=_site(eqn), prim=eqn.primitive, data=data, index=index))
+        node = Node("lax." + name, _binder(eqn.primitive), [v for _, v in atoms], traced, dict(eqn.params), outs,
+                    [tuple(v.aval.shape) for v in eqn.outvars], site=_site(eqn), prim=eqn.primitive, data=data,
+                    index=index)
+        if name.startswith("scatter"):  # where its updates land, computed when the analysis asks
+            node.targets = functools.partial(_scatter_targets, node)
+        self.nodes.append(node)
 
     def _inline(self, inner, atoms, eqn, env):
         sub, consts = inner
@@ -512,3 +551,35 @@ def _site(eqn):
         return source_info_util.summarize(eqn.source_info)
     except Exception:
         return None
+
+
+def _scatter_targets(node):
+    """Where each update element of a jaxpr scatter lands: ``(anywhere, surely)``, arrays of the
+    updates' shape holding 1 + the flat index of the operand element (0: dropped). ``anywhere`` covers
+    every way the index mode may place it; ``surely`` (None if unknown) the elements certainly written.
+    None when the indices are computed from the input."""
+    import jax.numpy as jnp
+
+    idx = node.args[1]
+    if type(idx).__name__ == "Aval":
+        return None
+    dn = node.params["dimension_numbers"]
+    op_shape, up_shape = node.shape(0), node.shape(2)
+    window = iter([up_shape[d] for d in dn.update_window_dims])
+    batching = tuple(getattr(dn, "operand_batching_dims", ()))
+    sizes = tuple(1 if d in dn.inserted_window_dims or d in batching else next(window) for d in range(len(op_shape)))
+    gdn = jax.lax.GatherDimensionNumbers(
+        offset_dims=tuple(dn.update_window_dims), collapsed_slice_dims=tuple(dn.inserted_window_dims),
+        start_index_map=tuple(dn.scatter_dims_to_operand_dims), operand_batching_dims=batching,
+        start_indices_batching_dims=tuple(getattr(dn, "scatter_indices_batching_dims", ())))
+    mode = jax.lax.GatherScatterMode.from_any(node.params.get("mode"))
+    modes = {jax.lax.GatherScatterMode.CLIP: ("clip",), jax.lax.GatherScatterMode.FILL_OR_DROP: ("fill",)}.get(
+        mode, ("clip", "fill"))  # an index promised in bounds: either, to be safe
+    got = []
+    with jax.ensure_compile_time_eval():
+        for m in modes:
+            g = jax.lax.gather(jnp.asarray(codes(op_shape), dtype=jnp.int32), jnp.asarray(np.asarray(idx)), gdn,
+                               sizes, mode=m, fill_value=0)
+            got.append(np.asarray(g, dtype=np.int64).reshape(up_shape))
+    anywhere = np.stack([g.ravel() for g in got])  # (ways, updates)
+    return anywhere, (got[0] if len(got) == 1 or np.array_equal(got[0], got[1]) else None)

@@ -24,8 +24,43 @@ import operator
 
 import numpy as np
 
-from ._program import Node, Program
-from ._rules import rule_for
+from unigrad.dependence import Node, Program, Rule, register_rules, rule_for
+
+# ATen operations (a torch.fx graph), under "aten.": the class of dependence of each.
+register_rules("aten.", [
+    ("add sub rsub neg clone _to_copy alias lift_fresh_copy where clamp clamp_min clamp_max abs maximum minimum "
+         "masked_fill remainder fmod positive conj real imag", Rule("elementwise", "linear")),
+    ("mul", Rule("elementwise", "bilinear")),
+    ("div", Rule("elementwise", "divide")),
+    ("tanh exp exp2 log log2 log10 log1p expm1 sqrt rsqrt sin cos tan asin acos atan sinh cosh asinh acosh atanh "
+         "sigmoid relu gelu silu softplus elu leaky_relu hardtanh erf erfc reciprocal pow atan2 logit square xlogy "
+         "mish hardsigmoid hardswish threshold", Rule("elementwise", "nonlinear")),
+    ("eq ne lt le gt ge sign floor ceil round trunc logical_and logical_or logical_not logical_xor bitwise_and "
+         "bitwise_or bitwise_not bitwise_xor isnan isinf isfinite ones_like zeros_like full_like empty_like "
+         "scalar_tensor arange full zeros ones empty new_zeros new_ones new_full new_empty argmax argmin detach "
+         "_local_scalar_dense rand rand_like randn randn_like randint bernoulli", Rule("zero")),
+    ("reshape permute_dims t transpose expand unsqueeze squeeze select slice cat stack flip roll index "
+         "index_select narrow repeat constant_pad_nd diagonal", Rule("structural")),
+    ("sum mean amax amin nll_loss_reduced", Rule("reduce", "linear")),
+    ("prod logsumexp var std norm linalg_vector_norm", Rule("reduce", "nonlinear")),
+    ("cumsum", Rule("scan", "linear")),
+    ("cumprod logcumsumexp", Rule("scan", "nonlinear")),
+    ("_softmax _log_softmax native_layer_norm", Rule("lane", "nonlinear")),
+    ("mm bmm", Rule("matmul", "bilinear")),
+    ("gather nll_loss_forward", Rule("take", "linear")),
+    ("convolution max_pool1d max_pool2d max_pool3d max_pool1d_with_indices max_pool2d_with_indices "
+         "max_pool3d_with_indices avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d _adaptive_avg_pool2d "
+         "_adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d native_group_norm native_batch_norm_eval "
+         "reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d "
+         "upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d _upsample_nearest_exact2d "
+         "upsample_linear1d upsample_bilinear2d upsample_bicubic2d upsample_trilinear3d",
+         Rule("per_sample", "nonlinear", rows=(0,))),  # (each over the axes after the first two only)
+    ("embedding", Rule("per_sample", "linear", rows=())),  # a lookup in its weight (never a row)
+    ("_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_attention_math "
+         "_scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention",
+         Rule("per_sample", "nonlinear", rows=(0, 1, 2))),  # queries, keys, values: (B, heads, T, d)
+    ("native_batch_norm_training", Rule("lane", "nonlinear")),  # statistics over the batch
+])
 
 
 class Aval:

@@ -30,7 +30,35 @@ import os
 
 import numpy as np
 
-from ._program import Node, Program
+from unigrad.dependence import Node, Program, Rule, register_rules
+
+# TensorFlow graph operations (a FuncGraph), under "tf." with TensorFlow's op type names, which are exact
+# (MatMul, BatchMatMulV2: no variadic suffix).
+register_rules("tf.", [
+    ("AddV2 Add AddN Sub Neg BiasAdd Cast Select SelectV2 Maximum Minimum Abs ClipByValue Real Imag Conj FloorMod "
+         "Relu Relu6 LeakyRelu", Rule("elementwise", "linear")),
+    ("Mul MulNoNan", Rule("elementwise", "bilinear")),
+    ("RealDiv Div DivNoNan", Rule("elementwise", "divide")),
+    ("Tanh Sigmoid Exp Expm1 Log Log1p Sqrt Rsqrt Square SquaredDifference Pow Reciprocal Inv Sin Cos Tan Asin "
+         "Acos Atan Atan2 Sinh Cosh Asinh Acosh Atanh Softplus Softsign Elu Selu Gelu Erf Erfc Xlogy Xdivy Xlog1py "
+         "Lgamma Digamma CrossEntropyOperands", Rule("elementwise", "nonlinear")),
+    ("Less LessEqual Greater GreaterEqual Equal NotEqual LogicalAnd LogicalOr LogicalNot IsNan IsInf IsFinite "
+         "Sign Floor Ceil Round Rint FloorDiv TruncateDiv Shape ShapeN Size Rank ZerosLike OnesLike ArgMax ArgMin "
+         "StopGradient PreventGradient OneHot Range Cast.integer RandomUniform RandomStandardNormal "
+         "StatelessRandomUniformV2 StatelessRandomNormalV2", Rule("zero")),
+    ("Reshape Transpose ConjugateTranspose ExpandDims Squeeze ConcatV2 Concat Pack Unpack StridedSlice Slice "
+         "GatherV2 GatherNd Tile Pad PadV2 MirrorPad ReverseV2 Roll BroadcastTo Split SplitV Fill MatrixDiagPartV3 "
+         "MatrixBandPart", Rule("structural")),
+    ("GatherV2.indexed", Rule("gather", "linear")),
+    ("Sum Mean Max Min CrossEntropyLoss", Rule("reduce", "linear")),
+    ("Prod EuclideanNorm", Rule("reduce", "nonlinear")),
+    ("Cumsum", Rule("scan", "linear")),
+    ("Cumprod CumulativeLogsumexp", Rule("scan", "nonlinear")),
+    ("Softmax LogSoftmax SparseSoftmaxCrossEntropyWithLogits SoftmaxCrossEntropyWithLogits", Rule("lane", "nonlinear")),
+    ("TopKV2 FFT IFFT RFFT IRFFT FFT2D IFFT2D RFFT2D IRFFT2D", Rule("lane", "linear")),
+    ("Complex ComplexAbs", Rule("elementwise", "nonlinear")),
+    ("MatMul BatchMatMul BatchMatMulV2 BatchMatMulV3 Einsum", Rule("einsum", "bilinear")),
+], exact=True)
 
 _FOLD_LIMIT = 1 << 16  # elements: larger results computed from constants alone stay unknown (FREE)
 
@@ -210,7 +238,7 @@ def _nodes(op, ins, outs, out_shapes, vids, known, shape_of, new):
         params = {"axis": axis, "batch_dims": batch_dims, "index_rank": len(avals[1].shape)}
         return [Node("tf.GatherV2.indexed", None, avals, {0: traced[0]} if 0 in traced else {}, params, outs,
                      out_shapes, data=frozenset({0}))]
-    from ._rules import rule_for
+    from unigrad.dependence import rule_for
     if rule_for(name).kind == "structural":
         data = _structural_data(op)
         t = {k: v for k, v in traced.items() if k in data}

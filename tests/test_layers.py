@@ -123,3 +123,22 @@ def test_the_checks_catch_an_import_that_points_up():
     graph = import_graph()
     graph["unigrad._call"] = graph["unigrad._call"] | {"unigrad"}
     assert cycles(graph)
+
+
+def test_backends_import_only_unigrads_public_api():
+    """The first-party adapters import what a third-party plugin can: no private module of unigrad
+    (``unigrad._call``, ``unigrad.dependence._rules``...), at module level or inside a function."""
+    backends = ROOT.parent / "backends"
+    offenders = []
+    for path in sorted(backends.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "unigrad" and any(p.startswith("_") for p in parts[1:]):
+                    offenders.append(f"{path.relative_to(backends)}:{node.lineno} {name}")
+    assert not offenders, f"backends importing unigrad's private modules: {offenders}"

@@ -423,3 +423,28 @@ def row_verdict(program, ndim, batch):
     if kind == "mixed":
         return "mixed: " + detail.describe()
     return kind if kind == "row" else f"unknown: {detail}"
+
+
+FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow")
+
+
+def framework_imports(path):
+    """``[(line, module)]``: where ``path`` imports a framework -- import statements anywhere (functions
+    included), ``__import__`` / ``importlib.import_module`` of one, and ``sys.modules[...]`` lookups of one."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+                "__import__", "import_module") and node.args and isinstance(node.args[0], ast.Constant):
+            names = [str(node.args[0].value)]
+        elif (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+              and ast.unparse(node.value).endswith("modules")):
+            names = [str(node.slice.value)]
+        found += [(node.lineno, n) for n in names if n.partition(".")[0] in FRAMEWORKS]
+    return found

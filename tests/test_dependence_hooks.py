@@ -6,7 +6,6 @@ importing every one of them loads none."""
 
 from __future__ import annotations
 
-import ast
 import json
 import pathlib
 import pkgutil
@@ -20,7 +19,7 @@ import pytest
 import unigrad
 from unigrad.dependence import Node, Program, Rule, SparsityWarning, register_rules
 
-from conftest import skip_unless
+from conftest import framework_imports, skip_unless
 
 FRAMEWORKS = ("torch", "jax", "tensorflow")
 ROOT = pathlib.Path(unigrad.__file__).parent
@@ -125,25 +124,6 @@ def test_a_plugin_front_end_gives_patterns_and_row_proofs(register_backend, op):
 
 # ------------------------------------------------------------------------------ the core names no framework
 
-def _framework_imports(path):
-    """``(line, module)`` of every import of torch, jax or tensorflow in ``path``: ``import x``, ``from x import``,
-    ``__import__("x")``, ``importlib.import_module("x")``, at any depth."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        elif isinstance(node, ast.Call) and isinstance(node.args[:1] and node.args[0], ast.Constant):
-            fn = node.func
-            called = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
-            if called in ("__import__", "import_module"):
-                names = [str(node.args[0].value)]
-        found += [(node.lineno, n) for n in names if n.partition(".")[0] in FRAMEWORKS]
-    return found
-
-
 #: unigrad.testing measures the frameworks themselves (their own relu at a kink, torch's global no-grad mode):
 #: it imports them inside the functions that do, never when it is imported (the next test)
 VALIDATION = ROOT / "testing"
@@ -151,15 +131,16 @@ VALIDATION = ROOT / "testing"
 
 def test_no_core_module_imports_a_framework():
     offenders = {str(p.relative_to(ROOT.parent)): found for p in sorted(ROOT.rglob("*.py"))
-                 if VALIDATION not in p.parents and (found := _framework_imports(p))}
+                 if VALIDATION not in p.parents and (found := framework_imports(p))}
     assert not offenders, f"framework imports in the core (they belong in backends/): {offenders}"
 
 
 def test_the_scan_catches_each_form(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("import torch\nfrom jax import numpy\n\ndef f():\n    import tensorflow as tf\n"
-                      "    __import__('torch.nn')\n    importlib.import_module('jax')\n")
-    assert [m for _, m in _framework_imports(sample)] == ["torch", "jax", "tensorflow", "torch.nn", "jax"]
+    sample.write_text("import sys\nimport torch\nfrom jax import numpy\n\ndef f():\n    import tensorflow as tf\n"
+                      "    __import__('torch.nn')\n    importlib.import_module('jax')\n    return sys.modules['torch']\n")
+    assert sorted(m for _, m in framework_imports(sample)) == ["jax", "jax", "tensorflow", "torch", "torch",
+                                                                 "torch.nn"]
 
 
 def test_importing_every_core_module_loads_no_framework():

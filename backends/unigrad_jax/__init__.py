@@ -487,14 +487,9 @@ class JaxBackend(Backend):
         """``f``'s jaxpr in ``unigrad.dependence``'s form (``_dependence``): JAX-native code's sparsity patterns;
         loops with a known trip count unrolled where small."""
         from ._dependence import from_closed_jaxpr
+        from ._proof import closed_jaxpr
 
-        def outputs(*p):
-            result = f(*p)
-            return tuple(result[0]) if has_aux else tuple(result)
-
-        specs = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in primals]
-        with _x64(f, primals):
-            closed = jax.make_jaxpr(outputs)(*specs)
+        _, closed = closed_jaxpr(f, tuple(primals), has_aux)
         return from_closed_jaxpr(closed, unroll=True, unknown={id(a) for a in unknown})
 
     def batch_rows(self, f, primals, *, has_aux=False):

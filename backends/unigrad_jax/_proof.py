@@ -15,10 +15,9 @@ from __future__ import annotations
 import jax
 
 
-def batch_rows(backend, f, primals, has_aux):
-    from unigrad.dependence import prove_rows
-    from ._dependence import from_closed_jaxpr
-
+def closed_jaxpr(f, primals, has_aux):
+    """``(outputs, closed)``: ``f`` with its aux left out, and its jaxpr at the primals' shapes and dtypes (in
+    the call's 64-bit scope)."""
     from . import _x64
 
     def outputs(*p):
@@ -27,7 +26,17 @@ def batch_rows(backend, f, primals, has_aux):
 
     specs = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in primals]
     with _x64(f, primals):
-        closed = jax.make_jaxpr(outputs)(*specs)
+        return outputs, jax.make_jaxpr(outputs)(*specs)
+
+
+def batch_rows(backend, f, primals, has_aux):
+    from unigrad.dependence import prove_rows
+    from ._dependence import from_closed_jaxpr
+
+    from . import _x64
+
+    outputs, closed = closed_jaxpr(f, primals, has_aux)
+    with _x64(f, primals):
         # the arrays f is given but not differentiated (its closure_arrays) are constants of the jaxpr whose
         # values change from call to call: the proof, kept per signature, must hold for any of them
         unknown = {id(a) for a in getattr(f, "closure_arrays", ())}

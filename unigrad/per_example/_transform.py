@@ -221,8 +221,8 @@ class _PerExample:
         x.max() > 1``; it reads values, ``x.numpy()``): then every parameter is materialised, eagerly."""
         b, found = call.backend, {}
         kernel = _program_kernel(reader, batch, self.norms, self.fname, found, self.analyses)
-        if self.programs is not None and b.capabilities.compile:
-            programs, decision = self.programs, None
+        if self.programs is not None and b.capabilities.compile:  # ("rows": never the materialised program's key)
+            programs, decision = self.programs, "rows"
         elif b.traces_batched_jacobian:
             if call.program_key is None or self.untraceable.lookup(call) is not None:
                 return None

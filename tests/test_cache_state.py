@@ -409,3 +409,31 @@ def test_docs_say_what_each_cache_is_keyed_on():
     section = text.split("## What unigrad keeps between calls", 1)[1].split("\n## ", 1)[0]
     missing = sorted({k.name for k in _caches.kinds() if k.name not in section})
     assert not missing, f"docs/conventions.md does not say what these are keyed on: {missing}"
+
+
+# ------------------------------------------------- a custom rule that mixes rows at some values only
+
+@unigrad.custom_jvp
+def _sometimes_mixing(x):
+    return x * 1.0
+
+
+@_sometimes_mixing.defjvp
+def _sometimes_mixing_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    xp = unigrad.namespace(x)
+    mix = xp.where(xp.max(x) > 10, 1.0, 0.0)  # the rule mixes rows only where some value is above 10
+    return _sometimes_mixing(x), t + mix * xp.flip(t, axis=0)
+
+
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_once_keeps_no_verdict_for_f_with_a_custom_rule(bk):
+    """A custom rule is opaque to every proof: its probe's verdict is never kept for the signature under
+    check_independence='once', so values where the rule mixes rows are refused on a later call (they gave
+    the per-example blocks of the sum trick, wrong by the mixed entries)."""
+    bj = unigrad.batched_jacobian(_sometimes_mixing, backend=bk)
+    small = unigrad.asarray(np.ones((4, 3)), backend=bk)
+    np.testing.assert_allclose(unigrad.to_numpy(bj(small)), np.broadcast_to(np.eye(3), (4, 3, 3)))
+    with pytest.raises(ValueError, match="not independent"):
+        bj(unigrad.asarray(np.full((4, 3), 20.0), backend=bk))
+    np.testing.assert_allclose(unigrad.to_numpy(bj(small)), np.broadcast_to(np.eye(3), (4, 3, 3)))

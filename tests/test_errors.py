@@ -222,3 +222,22 @@ def test_a_closed_over_numpy_array_on_torch_says_what_to_do():
     # passed as an argument, it is converted
     np.testing.assert_allclose(unigrad.to_numpy(unigrad.grad(lambda w, d: unigrad.namespace(w).sum(d * w),
                                                              backend="torch")(np.ones(3), data)), data)
+
+
+@pytest.mark.parametrize("bk", ["numpy", "torch", "jax", "tensorflow"])
+def test_batched_jacobian_with_respect_to_parameters_points_to_per_example_grad(bk):
+    """An argument without the batch axis (shared parameters) differentiated by batched_jacobian: on the tape the
+    output's batch size gives it away, on torch, JAX and TensorFlow the proof that their product mixes 'rows' of
+    the parameters; every backend's error says where per-example gradients are."""
+    if bk != "numpy":
+        pytest.importorskip(bk)
+
+    def layer(w, x):
+        xp = unigrad.namespace(w, x)
+        return xp.tanh(x @ w)
+
+    with pytest.raises(ValueError, match=r"unigrad\.per_example_grad\(f, argnums=\.\.\., batch_argnum=\.\.\.\)"):
+        unigrad.batched_jacobian(layer, argnums=0, backend=bk)(np.ones((3, 2)), np.ones((4, 3)))
+    with pytest.raises(ValueError) as mixed:  # rows truly mixed, every array batched alike: no such hint
+        unigrad.batched_jacobian(lambda x: x - unigrad.namespace(x).mean(x, axis=0), backend=bk)(np.ones((4, 3)))
+    assert "unigrad.per_example_grad" not in str(mixed.value)

@@ -177,7 +177,9 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         if check_independence != "never" and batch >= 2:
             verdict, detail, recorded, provable = prove_independence(call, batch, has_aux, argnums, proofs)
             if verdict == "mixed":
-                raise _mixed_error(detail)
+                b = call.backend  # arrays f is given with another leading size: the differentiated are parameters?
+                other = any(b.is_array(a) and len(b.shape(a)) and b.shape(a)[0] != batch for a in call.dynamic)
+                raise _mixed_error(detail, _parameter_hint(argnums) if other else "")
             per_example = True if separable else (verdict == "row" and provable)  # (provable: True or a marker)
         if verdict != "row" and check_independence != "never":
             if check_independence == "always" or settled.lookup(call) is None:
@@ -246,23 +248,26 @@ def _with_parameter_hint(run, f, argnums, repeats):
             text = str(exc)
             if not text.startswith("batched_jacobian:") or not any(k in text for k in _BATCH_AXIS_ERRORS):
                 raise
-            raise ValueError(
-                f"{text}. batched_jacobian differentiates batched arguments (argnums={argnums!r}): every one needs "
-                f"the examples on axis 0. For per-example gradients with respect to parameters shared by all "
-                f"examples, use unigrad.per_example_grad(f, argnums=..., batch_argnum=...) (f returning one loss "
-                f"per example), or unigrad.vmap(unigrad.grad(loss), in_axes=(None, 0)) with the loss of one "
-                f"example") from None
+            raise ValueError(f"{text}. {_parameter_hint(argnums)}") from None
 
     _wraps(batched_jacobian_f, f, "batched_jacobian")
     return batched_jacobian_f
 
 
-def _mixed_error(detail):
+def _parameter_hint(argnums) -> str:
+    """What to use for per-example gradients with respect to parameters (an argument without a batch axis)."""
+    return (f"batched_jacobian differentiates batched arguments (argnums={argnums!r}): every one needs the examples "
+            f"on axis 0. For per-example gradients with respect to parameters shared by all examples, use "
+            f"unigrad.per_example_grad(f, argnums=..., batch_argnum=...) (f returning one loss per example), or "
+            f"unigrad.vmap(unigrad.grad(loss), in_axes=(None, 0)) with the loss of one example")
+
+
+def _mixed_error(detail, hint=""):
     error = ValueError(
         f"batched_jacobian: the rows of f are not independent: {detail.describe()} mixes the examples of the "
         f"batch; per-example Jacobians would be wrong. Use jacobian() for the full Jacobian (does f normalise "
         f"over the batch, e.g. batch norm or x - x.mean(0)?), or pass check_independence='never' if this is "
-        f"intended")
+        f"intended" + (f". {hint}" if hint else ""))
     error.dependent_rows = True
     return error
 

@@ -60,9 +60,21 @@ def _check_search_ranks_the_public_api_first(index_path):
     Backend.batched_jacobian: the API page's search boost is above the contract page's."""
     import json
 
-    boosts = {d["location"]: d.get("boost", 1) for d in json.loads(index_path.read_text())["docs"]}
+    index = json.loads(index_path.read_text())
+    boosts = {d["location"]: d.get("boost", 1) for d in index["docs"]}
     public, contract = boosts["api/#unigrad.batched_jacobian"], boosts["api-backend/#unigrad.Backend.batched_jacobian"]
     assert public > 1 > contract, (public, contract)
+    # The page's search splits words with the index's separator (a JavaScript pattern this one is also
+    # a Python pattern for): the query must be one of the words of the entry's title, not a piece of
+    # "unigrad.batched_jacobian(f:"
+    separator = re.compile(index["config"]["separator"])
+
+    def words(text):
+        return {w.lower() for w in separator.split(re.sub(r"<[^>]+>", " ", text)) if w}
+
+    title = next(d["title"] for d in index["docs"] if d["location"] == "api/#unigrad.batched_jacobian")
+    assert words("batched_jacobian") == {"batched_jacobian"}
+    assert {"batched_jacobian", "unigrad", "argnums"} <= words(title), sorted(words(title))[:20]
 
 
 def _nav_pages():

@@ -200,3 +200,33 @@ def test_the_models_page_shows_the_tested_example():
     assert len(blocks) >= 10
     for block in blocks:
         assert block in example or textwrap.dedent(block) in example, block
+
+
+def _contract_rows():
+    """The members of backend.py's contract table, each with its status (``required``/``optional``)."""
+    doc = importlib.import_module("unigrad.backend").__doc__
+    table = doc[doc.index("The whole contract, one table"):]
+    rows = {}
+    for line in table.splitlines():
+        match = re.match(r"^(``.+?``(?:.*?``.+?``)*)\s+(required|optional)(?:\s|$)", line)
+        if match:
+            for name in re.findall(r"``(\w+)", match.group(1)):
+                rows[name] = match.group(2)
+    return rows
+
+
+def test_the_plugin_guide_and_the_contract_agree():
+    """docs/plugins.md's "Required" table names exactly the members backend.py's table calls required
+    (the abstract methods, the name and the array modules), and names every optional member somewhere."""
+    rows = _contract_rows()
+    required = {name for name, status in rows.items() if status == "required"}
+    assert set(unigrad.Backend.__abstractmethods__) <= required
+    assert set(unigrad.Backend.__abstractmethods__) | {"name", "array_modules"} == required, required
+    guide = (DOCS / "plugins.md").read_text()
+    block = guide[guide.index("Required:"):guide.index("Keep the `has_aux=False` defaults")]
+    first_cells = re.findall(r"^\| (`[^|]+)\|", block, flags=re.M)  # "`to_numpy(x)`, `is_array(x)` "
+    in_guide = {name for cell in first_cells for name in re.findall(r"`(\w+)", cell)}
+    assert in_guide == required, (sorted(in_guide), sorted(required))
+    missing = sorted(name for name in rows if f"`{name}" not in guide)
+    assert not missing, f"docs/plugins.md never names {missing}"
+    assert "unigrad._custom" not in guide  # the contract's types are public: unigrad.backend.Rule

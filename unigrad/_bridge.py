@@ -1,7 +1,7 @@
 """``unigrad.bridge``: a function written for one backend, called as one differentiable operation from another.
 
 ``bridge(f, backend="torch")`` called inside a transform on backend B (JAX, say) is a custom rule on
-B (``unigrad._custom.Rule``, applied with ``Backend.apply_rule``) whose every callable runs on the
+B (``unigrad.backend.Rule``, applied with ``Backend.apply_rule``) whose every callable runs on the
 inner backend A:
 
 * ``fun``: the arguments are handed to A (DLPack where both sides speak it: no copy where the

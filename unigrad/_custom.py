@@ -18,7 +18,6 @@ import contextlib
 import contextvars
 import functools
 import inspect
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -26,7 +25,7 @@ import optree
 
 from . import _registry
 from ._dtypes import INEXACT
-from .backend import Backend
+from .backend import Backend, Rule  # noqa: F401  (Rule: unigrad.backend's, re-exported here)
 from .backend import unsupported_rules as _unsupported
 
 __all__ = ["custom_vjp", "custom_jvp", "stop_gradient", "Rule"]
@@ -52,45 +51,6 @@ def _note(fun):
     seen = _SEEN.get()
     if seen is not None:
         seen.append(_name(fun))
-
-
-@dataclass(frozen=True, eq=False)
-class Rule:
-    """A custom derivative as data: flat callables on tuples of one backend's arrays.
-
-    Attributes:
-      name: the function's name, for error messages.
-      fun: ``fun(*arrays) -> tuple of outputs`` (None: the outputs of ``fwd``).
-      fwd: ``fwd(*arrays) -> (outputs, residuals)``, both tuples of arrays (None with ``jvp`` only).
-      bwd: ``bwd(residuals, cotangents) -> tuple`` with one cotangent per array, each of the array's
-        shape and dtype (zeros, never None). ``cotangents``: one per output (None may stand for zeros).
-        Linear in ``cotangents``.
-      jvp: ``jvp(primals, tangents) -> (outputs, tangents_out)``; ``tangents``: one per array (None may
-        stand for zeros); linear in ``tangents``.
-
-    At least one of the pairs (``fwd``, ``bwd``) and ``jvp`` is given; both may be. Every callable
-    may be called with the backend's traced values, any number of times, and is differentiable code.
-    """
-
-    name: str
-    fun: Callable | None = None
-    fwd: Callable | None = None
-    bwd: Callable | None = None
-    jvp: Callable | None = None
-
-    def __post_init__(self):
-        if (self.fwd is None) != (self.bwd is None):
-            raise ValueError(f"Rule {self.name!r}: fwd and bwd are given together")
-        if self.bwd is None and self.jvp is None:
-            raise ValueError(f"Rule {self.name!r}: give fwd and bwd, or jvp, or both")
-        if self.fun is None and self.fwd is None:
-            raise ValueError(f"Rule {self.name!r}: fun is needed when only jvp is given")
-
-    def primal(self, *arrays):
-        """The outputs (a tuple), computed by ``fun`` (else ``fwd``)."""
-        if self.fun is not None:
-            return tuple(self.fun(*arrays))
-        return tuple(self.fwd(*arrays)[0])
 
 
 def backend_for(leaves):

@@ -27,6 +27,8 @@ method                     status    default / note
 =========================  ========  =====================================================
 ``name``                   required  class attribute; the registry sets it to the name the
                                      backend was registered under
+``array_modules``          required  class attribute: top-level modules of its array types (how
+                                     unigrad picks the backend from inputs without importing)
 ``namespace()``            required  the Array API namespace of the backend's arrays
 ``asarray(x, dtype, device)`` required  NumPy arrays, Python scalars, own arrays
 ``to_numpy(x)``            required
@@ -54,7 +56,7 @@ method                     status    default / note
 ``per_example_rows``       optional  None: per-example gradients from ``f``'s program (else materialised)
 ``hessian`` / ``hvp``      optional  forward over reverse
 ``compile(fn)``            optional  ``fn`` itself (``capabilities.compile`` False)
-``apply_rule(rule, arrays)``  optional  a custom derivative (``unigrad._custom.Rule``); declare
+``apply_rule(rule, arrays)``  optional  a custom derivative (:class:`Rule`); declare
                                      ``capabilities.custom_rules``. Default: a clear error
 ``checkpoint(f, primals)`` optional  ``f(*primals)``; with ``custom_rules`` (not overridden): a rule
                                      keeping only ``primals`` whose ``bwd`` re-runs ``vjp``
@@ -83,7 +85,7 @@ from typing import Callable, Sequence
 
 from ._dtypes import dtype_name
 
-__all__ = ["Backend", "Capabilities", "TracedValueError", "chunks", "fft_norm", "uses_traced_value"]
+__all__ = ["Backend", "Capabilities", "Rule", "TracedValueError", "chunks", "fft_norm", "uses_traced_value"]
 
 
 @dataclass(frozen=True)
@@ -453,7 +455,7 @@ class Backend(abc.ABC):
         return fn
 
     def apply_rule(self, rule, arrays):
-        """Apply a custom derivative rule (``unigrad._custom.Rule``: flat callables ``fun``, ``fwd``/``bwd``
+        """Apply a custom derivative rule (:class:`Rule`: flat callables ``fun``, ``fwd``/``bwd``
         and/or ``jvp``) to ``arrays`` (own arrays, traced or not); returns the tuple of outputs, whose
         derivatives in every mode and at every order are the rule's (the missing mode is the transpose of
         the given one). Declare ``capabilities.custom_rules`` when implemented. There is no generic
@@ -649,6 +651,47 @@ class Backend(abc.ABC):
                 offset += size
             jac.append(tuple(blocks))
         return tuple(jac)
+
+
+@dataclass(frozen=True, eq=False)
+class Rule:
+    """A custom derivative as data: flat callables on tuples of one backend's arrays, what
+    :meth:`Backend.apply_rule` receives (``unigrad.custom_vjp``, ``custom_jvp``, ``checkpoint``, the bridge
+    and ``stop_gradient`` build them; a backend maps one to its engine's own custom-derivative mechanism).
+
+    Attributes:
+      name: the function's name, for error messages.
+      fun: ``fun(*arrays) -> tuple of outputs`` (None: the outputs of ``fwd``).
+      fwd: ``fwd(*arrays) -> (outputs, residuals)``, both tuples of arrays (None with ``jvp`` only).
+      bwd: ``bwd(residuals, cotangents) -> tuple`` with one cotangent per array, each of the array's
+        shape and dtype (zeros, never None). ``cotangents``: one per output (None may stand for zeros).
+        Linear in ``cotangents``.
+      jvp: ``jvp(primals, tangents) -> (outputs, tangents_out)``; ``tangents``: one per array (None may
+        stand for zeros); linear in ``tangents``.
+
+    At least one of the pairs (``fwd``, ``bwd``) and ``jvp`` is given; both may be. Every callable
+    may be called with the backend's traced values, any number of times, and is differentiable code.
+    """
+
+    name: str
+    fun: Callable | None = None
+    fwd: Callable | None = None
+    bwd: Callable | None = None
+    jvp: Callable | None = None
+
+    def __post_init__(self):
+        if (self.fwd is None) != (self.bwd is None):
+            raise ValueError(f"Rule {self.name!r}: fwd and bwd are given together")
+        if self.bwd is None and self.jvp is None:
+            raise ValueError(f"Rule {self.name!r}: give fwd and bwd, or jvp, or both")
+        if self.fun is None and self.fwd is None:
+            raise ValueError(f"Rule {self.name!r}: fun is needed when only jvp is given")
+
+    def primal(self, *arrays):
+        """The outputs (a tuple), computed by ``fun`` (else ``fwd``)."""
+        if self.fun is not None:
+            return tuple(self.fun(*arrays))
+        return tuple(self.fwd(*arrays)[0])
 
 
 def unsupported_rules(b, name):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import skip_unless
+from conftest import make_broken_backend, skip_unless
 
 import unigrad
 from unigrad._cli import main
@@ -310,39 +310,39 @@ def test_the_benchmark_modules_compute_their_ratios_through_the_runners_helper()
     assert runner.bench_batched_jacobian.ratio is runner.ratio_with_rounds
 
 
-def test_check_conformance_prints_the_table_and_exits_by_the_verdict(monkeypatch):
-    from unigrad.testing import conformance
+def test_check_conformance_runs_the_suite_pytest_runs():
+    # the very tests of pytest --pyargs unigrad.testing.conformance, as a table of rules; exit 0
+    code, text = run(["check", "--conformance", "numpy", "-k", "test_op and (sin or matmul) or unused_input"])
+    assert code == 0, text
+    lines = text.splitlines()
+    assert lines[0].startswith("unigrad conformance: backend 'numpy'") and "--unigrad-backends=numpy" in lines[0]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[3:] if line and not line.startswith(" ")}
+    assert int(rows["test_op"][0]) >= 3 and rows["test_unused_input_gets_zeros"] == ["1"], text
+    assert lines[-1].startswith("overall: PASS")
 
-    seen = []
 
-    def coverage_report(name):
-        seen.append(name)
-        return f"rule table of {name}", name == "numpy"
-
-    monkeypatch.setattr(conformance, "coverage_report", coverage_report, raising=False)
-    code, text = run(["check", "--conformance", "numpy"])
-    assert code == 0 and text.strip() == "rule table of numpy"
-    register = unigrad.register_backend
-    from unigrad.tape import NumpyBackend
-
-    register("failing_plugin", NumpyBackend, replace=True)
-    try:
-        code, text = run(["check", "--conformance", "failing_plugin"])
-    finally:
-        unigrad.unregister_backend("failing_plugin")
-    assert code == 1 and "rule table of failing_plugin" in text
-    assert seen == ["numpy", "failing_plugin"]
+def test_check_conformance_fails_a_broken_backend_as_pytest_does(register_backend):
+    # before: the CLI ran the per-op table only and said PASS where pytest failed the backend
+    cls = make_broken_backend("where_broadcast")
+    name = register_backend(cls.name, cls)
+    code, text = run(["check", "--conformance", name, "-k", "test_op and (where or sin)"])
+    assert code == 1, text
+    assert f"test_op[{name}-where]:" in text and f"test_op[{name}-sin]" not in text, text
+    assert text.rstrip().splitlines()[-1].startswith("overall: FAIL (")
+    code, text = run(["check", "--conformance", name, "-k", "no_such_test"])
+    assert code == 1 and "no test ran" in text  # nothing collected is not a pass
 
 
 @pytest.mark.parametrize("argv, message", [
     (["check", "--conformance", "pytorch"], "did you mean 'torch'?"),
     (["check", "--conformance", "numpy", "x.py:f"], "not both"),
     (["check"], "the function to check is missing"),
+    (["check", "x.py:f", "-k", "sin"], "use it with --conformance"),
 ])
 def test_check_conformance_usage_errors(monkeypatch, capsys, argv, message):
-    from unigrad.testing import conformance
+    from unigrad.testing import _suite
 
-    monkeypatch.setattr(conformance, "coverage_report", lambda name: pytest.fail("must not run"), raising=False)
+    monkeypatch.setattr(_suite, "run", lambda *a: pytest.fail("must not run"))
     code, _ = run(argv)
     assert code == 2 and message in capsys.readouterr().err
 

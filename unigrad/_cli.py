@@ -4,8 +4,9 @@
 ``unigrad check FILE.py:FUNC``         FUNC's value and derivatives on every installed backend, against
 ``unigrad check MODULE:FUNC``          each other and finite differences; exit status 0 when they
                                        agree (or differ only by a convention at a kink), 1 when not
-``unigrad check --conformance NAME``   the conformance suite's coverage table for backend NAME; exit 0
-                                       when every rule passed, 1 when not
+``unigrad check --conformance NAME``   the conformance suite (the tests pytest runs with
+                                       ``--unigrad-backends=NAME``) as a table of rules; exit 0 when every
+                                       test passed (skips allowed), 1 when not; ``-k EXPR`` selects tests
 ``unigrad bench``                      the benchmark suite (benchmarks/run.py beside the installed package:
                                        a source checkout; never a file of the current directory)
 
@@ -298,7 +299,9 @@ def cmd_check(args, out) -> int:
     if args.conformance is not None:
         if args.target is not None:
             raise UsageError("pass either MODULE:FUNC or --conformance NAME, not both")
-        return cmd_conformance(args.conformance, out)
+        return cmd_conformance(args.conformance, out, args.k)
+    if args.k is not None:
+        raise UsageError("-k selects tests of the conformance suite: use it with --conformance NAME")
     if args.target is None:
         raise UsageError("the function to check is missing: MODULE:FUNC or path/to/file.py:FUNC "
                          "(or --conformance NAME for a backend)")
@@ -339,13 +342,16 @@ def cmd_check(args, out) -> int:
     return EXIT_INCONCLUSIVE if report.verdict == INCONCLUSIVE else EXIT_DISAGREE
 
 
-def cmd_conformance(name: str, out) -> int:
-    """The conformance suite's coverage table for one backend: 0 when every rule passed, 1 when not."""
+def cmd_conformance(name: str, out, select: str | None = None) -> int:
+    """The conformance suite for one backend, run by pytest in this process (the same tests as
+    ``pytest --pyargs unigrad.testing.conformance --unigrad-backends=NAME``), as a table: 0 when every
+    test passed, 1 when not."""
     _check_backend_names([name], "--conformance")
     _load_backends([name])
-    from .testing import conformance
+    from .testing import _suite
 
-    table, ok = conformance.coverage_report(name)
+    out.flush()
+    table, ok = _suite.run(name, select)
     print(table, file=out)
     return EXIT_OK if ok else EXIT_DISAGREE
 
@@ -392,8 +398,11 @@ def _parser():
                     "differences cannot decide at this point (no backend is wrong there: try other inputs).")
     check.add_argument("target", nargs="?", help="MODULE:FUNC or path/to/file.py:FUNC")
     check.add_argument("--conformance", metavar="NAME",
-                       help="instead of a function: run the conformance suite against backend NAME and print "
-                            "which rules it passes (exit 0 when all pass, 1 when not)")
+                       help="instead of a function: run the conformance suite against backend NAME (the tests "
+                            "pytest runs with --unigrad-backends=NAME) and print a table of its rules (exit 0 "
+                            "when every test passes, 1 when not)")
+    check.add_argument("-k", metavar="EXPR", help="with --conformance: only the tests matching this pytest -k "
+                                                  "expression (e.g. 'test_op and sin')")
     check.add_argument("--shapes", nargs="+", metavar="SHAPE",
                        help="one random normal input per shape, e.g. --shapes 3,4 4 (() for 0-d)")
     check.add_argument("--inputs", metavar="BUILDER",

@@ -14,7 +14,7 @@ _NAMES: dict = {}  # dtype object -> canonical name; numpy's dtype.name alone co
 
 
 def dtype_name(dtype) -> str:
-    """Canonical name of a NumPy, torch, JAX or TensorFlow dtype ("float32", "int64", "bool"...)."""
+    """Canonical name of a NumPy, torch, JAX, TensorFlow or MLX dtype ("float32", "int64", "bool"...)."""
     try:
         return _NAMES[dtype]
     except (KeyError, TypeError):
@@ -29,10 +29,10 @@ def dtype_name(dtype) -> str:
 
 def _dtype_name(dtype) -> str:
     name = getattr(dtype, "name", None)
-    if not isinstance(name, str):  # torch.dtype has no .name; its str is "torch.float32"
-        name = str(dtype)
-    if name.startswith("torch."):
-        name = name[6:]
+    if not isinstance(name, str):  # torch's and MLX's dtypes have no .name; their str is "torch.float32",
+        name = str(dtype)          # "mlx.core.float64": the name after the module path
+        if name.replace(".", "").replace("_", "").isalnum():
+            name = name.rsplit(".", 1)[-1]
     return {"double": "float64", "float": "float32", "half": "float16", "cfloat": "complex64",
             "cdouble": "complex128", "bool_": "bool", "long": "int64", "int": "int32"}.get(name, name)
 

@@ -1,0 +1,187 @@
+"""``unigrad_mlx``: a unigrad backend over Apple MLX, built on unigrad's public contract only.
+
+unigrad hands a backend *flat* functions (``f(*primals) -> tuple of arrays``) and flat tuples of its
+own arrays; the core does pytrees, ``argnums``, ``has_aux``, conversions and every error. MLX has
+the transforms themselves: ``mx.vjp`` and ``mx.jvp`` (true forward mode), ``mx.vmap``,
+``mx.compile`` and ``mx.custom_function``, and they nest to any order. What this module adds:
+
+* ``mx.vjp`` takes the cotangents together with the primals (there is no pullback to keep), so
+  ``vjp`` evaluates ``f`` once for the outputs and ``vjp_fn`` runs ``mx.vjp`` at the primals for each
+  call (MLX is lazy: the outputs' forward pass runs only when they are read).
+* Complex numbers: MLX's VJP is the conjugate of unigrad's convention (JAX's); ``vjp_fn`` conjugates
+  the cotangents in and the result out, so complex64 gets unigrad's answers. (MLX has no complex128,
+  so the backend does not declare ``complex``: see ``MlxBackend.capabilities``.)
+* MLX turns a NumPy float64 array into float32 unless told otherwise; ``asarray`` keeps the dtype.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import numpy as np
+
+import unigrad
+from unigrad.backend import TracedValueError, chunks
+
+from . import _linalg, _namespace, _rules
+
+# xp.linalg: built from the namespace's functions, so _linalg imports _namespace and the package joins
+# them here (the namespace importing _linalg back would make the two a circle of imports).
+_namespace.linalg = _linalg
+
+__all__ = ["MlxBackend"]
+__version__ = "0.1.0"
+
+# MLX's graph transforms keep per-process state in C++ (the trace of a transform in progress); two
+# threads differentiating at once gave wrong results in our runs (test_threads_give_exact_results).
+# One re-entrant lock makes this backend's transforms take turns; nested transforms re-enter it.
+_LOCK = threading.RLock()
+
+
+def _conj(x):
+    return mx.conj(x) if x.dtype == mx.complex64 else x
+
+
+def _like(value, reference):
+    """``value`` with ``reference``'s dtype (a gradient has its primal's dtype)."""
+    if value.dtype == reference.dtype:
+        return value
+    return _namespace.astype(value, reference.dtype)
+
+
+def _outputs(f, has_aux):
+    """``f`` returning only its outputs, as the list MLX's transforms want, and the list its aux lands in."""
+    aux_out = []
+
+    def traced(*primals):
+        result = f(*primals)
+        outputs, aux = result if has_aux else (result, None)
+        if has_aux:
+            aux_out.append(tuple(mx.stop_gradient(a) if isinstance(a, mx.array) else a for a in aux))
+        return list(outputs)
+
+    return traced, aux_out
+
+
+class MlxBackend(unigrad.Backend):
+    """Apple MLX: reverse and forward mode, vmap, compile and custom rules, to any order, on the CPU."""
+
+    # The name users select it by; unigrad's registry knows the backend by its entry-point name
+    # (pyproject.toml): keep the two equal.
+    name = "mlx"
+    array_modules = ("mlx",)
+    # complex: MLX has complex64 only, and unigrad's complex capability is complex at the precision of
+    # the backend's float dtypes (complex128 beside float64). float64: MLX computes float64 on the CPU
+    # only (its GPUs have none); this plugin computes on the CPU.
+    capabilities = unigrad.Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
+                                        complex=False, float64=True, custom_rules=True)
+    # An mx.array can be written in place (x[...] = v), so the core hands vjp copies.
+    mutable_arrays = True
+
+    def namespace(self):
+        return _namespace
+
+    def version(self):
+        from importlib.metadata import version
+
+        return version("mlx")
+
+    def asarray(self, x, dtype=None, device=None):
+        return _namespace.asarray(x, dtype=dtype, device=device)
+
+    def to_numpy(self, x):
+        return np.array(x, copy=True) if isinstance(x, mx.array) else np.asarray(x)
+
+    def is_array(self, x):
+        return isinstance(x, mx.array)
+
+    def devices(self):
+        return ("cpu",)
+
+    def device(self, x):
+        return "cpu"
+
+    def copy(self, x):
+        return mx.array(x)
+
+    def stop_gradient(self, x):
+        return mx.stop_gradient(x)
+
+    def apply_rule(self, rule, arrays):
+        """A ``mx.custom_function`` made for this call, whose ``vjp`` and ``jvp`` call the rule (``_rules``)."""
+        return _rules.apply_rule(rule, arrays)
+
+    # ------------------------------------------------------------------ transforms
+
+    def vjp(self, f, primals, *, has_aux=False):
+        primals = tuple(primals)
+        traced, aux_out = _outputs(f, has_aux)
+        with _LOCK:
+            outputs = tuple(traced(*primals))
+
+        def vjp_fn(cotangents):
+            cts = [_conj(c) for c in cotangents]
+            with _LOCK:
+                _, grads = mx.vjp(traced, list(primals), cts)
+            return tuple(_like(_conj(g), p) for g, p in zip(grads, primals))
+
+        return outputs, vjp_fn, (aux_out[0] if has_aux else None)
+
+    def jvp(self, f, primals, tangents, *, has_aux=False):
+        traced, aux_out = _outputs(f, has_aux)
+        with _LOCK:
+            outputs, tangents_out = mx.jvp(traced, list(primals), list(tangents))
+        tangents_out = tuple(_like(t, o) for t, o in zip(tangents_out, outputs))
+        return tuple(outputs), tangents_out, (aux_out[-1] if has_aux else None)
+
+    def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
+        in_axes = tuple(in_axes)
+
+        def run(*args):
+            return tuple(f(*args))
+
+        mapped = mx.vmap(run, in_axes=in_axes, out_axes=out_axes)
+        if chunk_size is None:
+            def whole(*args):
+                with _LOCK:
+                    return mapped(*args)
+            return whole
+
+        def chunked(*args):
+            sizes = {a.shape[ax] for a, ax in zip(args, in_axes) if ax is not None}
+            if len(sizes) != 1:
+                raise ValueError(f"vmap: mapped axes must all have one size; got sizes {sorted(sizes)}")
+            (size,) = sizes
+            pieces = []
+            with _LOCK:
+                for start, stop in chunks(size, chunk_size) or [(0, 0)]:
+                    part = [a if ax is None else _slice(a, ax, start, stop) for a, ax in zip(args, in_axes)]
+                    pieces.append(mapped(*part))
+            if len(pieces) == 1:
+                return pieces[0]
+            return tuple(mx.concatenate([p[k] for p in pieces], axis=out_axes) for k in range(len(pieces[0])))
+
+        return chunked
+
+    def compile(self, fn, weak_scalars=()):
+        # mx.compile traces fn once per signature (shapes, dtypes); Python numbers among the arguments
+        # are constants of the program (MLX compiles again for a new value: the answer stays right).
+        compiled = mx.compile(fn)
+
+        def run(*args):
+            try:
+                with _LOCK:
+                    return compiled(*args)
+            except ValueError as exc:
+                if "eval" in str(exc) and ("compile" in str(exc) or "transformations" in str(exc)):
+                    raise TracedValueError(f"f reads the value of an array traced by mx.compile: {exc}") from exc
+                raise
+
+        return run
+
+
+def _slice(a, axis, start, stop):
+    index = [slice(None)] * a.ndim
+    index[axis] = slice(start, stop)
+    return a[tuple(index)]

@@ -1,0 +1,370 @@
+"""The Array API namespace of the ``mlx`` backend, over ``mlx.core``.
+
+Portable functions call ``xp = unigrad.namespace(x)``; inside this backend's transforms ``x`` is an
+``mlx.core.array`` and ``xp`` is this module. MLX names most functions as the standard does
+(``permute_dims``, ``concat``, ``astype``, ``vecdot``, ``unstack``...) and differentiates them in
+both modes, so most names below are ``mlx.core``'s own. The rest differ from the standard in a
+keyword (``device=`` where MLX has ``stream=``, ``correction`` for ``ddof``, ``min``/``max`` for
+``a_min``/``a_max``, ``descending``, ``include_initial``), in a default (creation functions and
+``asarray`` of a NumPy float64 array give float32 in MLX; here a NumPy array keeps its dtype), or are
+missing (``hypot``, ``copysign``) and are written from differentiable MLX functions. ``linalg`` is
+:mod:`._linalg`.
+
+MLX computes on the stream it is given, else the default device's; its arrays carry no device.
+This namespace takes ``device=`` as the standard asks and accepts the CPU (``"cpu"``, ``mx.cpu``,
+``mx.Device(mx.cpu)``), the only device of this plugin (see ``MlxBackend.devices``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+
+import mlx.core as mx
+import numpy as np
+
+# Same name, same meaning in MLX and the Array API standard (for the arguments the standard gives).
+_SHARED = [
+    "abs", "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cos", "cosh", "exp", "expm1", "log",
+    "log1p", "log2", "log10", "sqrt", "square", "negative", "positive", "floor", "ceil", "trunc", "sin",
+    "sinh", "tan", "tanh", "real", "imag", "conj", "isnan", "isinf", "isfinite", "add", "subtract", "multiply",
+    "divide", "maximum", "minimum", "logaddexp", "remainder", "equal", "not_equal", "less", "less_equal",
+    "greater", "greater_equal", "logical_and", "logical_or", "logical_not", "logical_xor", "floor_divide",
+    "all", "any", "sum", "prod", "mean", "max", "min", "argmax", "argmin", "reshape", "stack", "expand_dims",
+    "squeeze", "matmul", "tensordot", "moveaxis", "matrix_transpose", "permute_dims", "flip",
+    "broadcast_arrays", "broadcast_to", "unstack", "take_along_axis", "sigmoid", "logsumexp", "erf",
+]
+globals().update({name: getattr(mx, name) for name in _SHARED})
+pow = mx.power  # noqa: A001 (the standard's name)
+# (so in this module ``sum``, ``max``, ``min``, ``abs``, ``round``, ``all``, ``any``, ``pow`` and ``bool``
+# are the standard's, not Python's builtins: the code below says ``builtins.max`` where it means Python's)
+
+# The dtypes: MLX's own (what ``x.dtype`` compares equal to). MLX has no complex128.
+bool = mx.bool_  # noqa: A001 (the standard's name)
+int8, int16, int32, int64 = mx.int8, mx.int16, mx.int32, mx.int64
+uint8, uint16, uint32, uint64 = mx.uint8, mx.uint16, mx.uint32, mx.uint64
+float16, bfloat16, float32, float64, complex64 = mx.float16, mx.bfloat16, mx.float32, mx.float64, mx.complex64
+e, pi, inf, nan = math.e, math.pi, math.inf, math.nan
+newaxis = None
+
+_FROM_NUMPY = {np.dtype(np.bool_): mx.bool_, np.dtype(np.int8): mx.int8, np.dtype(np.int16): mx.int16,
+               np.dtype(np.int32): mx.int32, np.dtype(np.int64): mx.int64, np.dtype(np.uint8): mx.uint8,
+               np.dtype(np.uint16): mx.uint16, np.dtype(np.uint32): mx.uint32, np.dtype(np.uint64): mx.uint64,
+               np.dtype(np.float16): mx.float16, np.dtype(np.float32): mx.float32,
+               np.dtype(np.float64): mx.float64, np.dtype(np.complex64): mx.complex64}
+_BY_NAME = {"bool": mx.bool_, "int8": mx.int8, "int16": mx.int16, "int32": mx.int32, "int64": mx.int64,
+            "uint8": mx.uint8, "uint16": mx.uint16, "uint32": mx.uint32, "uint64": mx.uint64,
+            "float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32, "float64": mx.float64,
+            "complex64": mx.complex64}
+
+
+def dtype_of(dtype):
+    """An MLX dtype from an MLX dtype, a canonical name (``"float64"``) or a NumPy dtype; a TypeError
+    naming what MLX lacks (complex128)."""
+    if dtype is None or isinstance(dtype, mx.Dtype):
+        return dtype
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise TypeError(f"the mlx backend has no {name} arrays (MLX's complex type is complex64 only); "
+                        f"got dtype {dtype!r}") from None
+
+
+def _stream(device):
+    """The standard's ``device=`` as MLX's ``stream=``: the CPU, this plugin's one device."""
+    if device is None:
+        return None
+    if device in ("cpu", mx.cpu) or (isinstance(device, mx.Device) and device.type == mx.cpu):
+        return mx.cpu
+    raise ValueError(f"device: the mlx backend computes on 'cpu' only; got {device!r}")
+
+
+# ------------------------------------------------------------------ creation
+
+
+def asarray(obj, /, *, dtype=None, device=None, copy=None):
+    _stream(device)
+    dtype = dtype_of(dtype)
+    if isinstance(obj, mx.array):
+        out = obj if dtype is None or obj.dtype == dtype else obj.astype(dtype)
+        return mx.array(out) if copy and out is obj else out
+    if dtype is None:
+        if isinstance(obj, (np.ndarray, np.generic)):
+            data = np.asarray(obj)
+        elif hasattr(obj, "__dlpack__") or hasattr(obj, "__array__"):
+            data = np.asarray(obj)  # another framework's CPU array
+        else:
+            return mx.array(obj)  # Python scalars and lists: MLX's defaults (float32, int32)
+        if data.dtype.kind == "c" and data.dtype != np.complex64:
+            dtype_of(data.dtype)  # complex128: the TypeError
+        dtype = _FROM_NUMPY.get(data.dtype)
+        if dtype is None:
+            raise TypeError(f"asarray: the mlx backend has no {data.dtype} arrays")
+        return mx.array(data, dtype=dtype)
+    return mx.array(np.asarray(obj) if hasattr(obj, "__array__") else obj, dtype=dtype)
+
+
+def zeros(shape, *, dtype=None, device=None):
+    return mx.zeros(shape, dtype=dtype_of(dtype) or mx.float32, stream=_stream(device))
+
+
+def ones(shape, *, dtype=None, device=None):
+    return mx.ones(shape, dtype=dtype_of(dtype) or mx.float32, stream=_stream(device))
+
+
+def empty(shape, *, dtype=None, device=None):
+    return zeros(shape, dtype=dtype, device=device)
+
+
+def full(shape, fill_value, *, dtype=None, device=None):
+    return mx.full(shape, fill_value, dtype=dtype_of(dtype), stream=_stream(device))
+
+
+def zeros_like(x, /, *, dtype=None, device=None):
+    return mx.zeros(x.shape, dtype=dtype_of(dtype) or x.dtype, stream=_stream(device))
+
+
+def ones_like(x, /, *, dtype=None, device=None):
+    return mx.ones(x.shape, dtype=dtype_of(dtype) or x.dtype, stream=_stream(device))
+
+
+def empty_like(x, /, *, dtype=None, device=None):
+    return zeros_like(x, dtype=dtype, device=device)
+
+
+def full_like(x, /, fill_value, *, dtype=None, device=None):
+    return mx.full(x.shape, fill_value, dtype=dtype_of(dtype) or x.dtype, stream=_stream(device))
+
+
+def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
+    return mx.eye(n_rows, n_cols, k, dtype=dtype_of(dtype) or mx.float32, stream=_stream(device))
+
+
+def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
+    if stop is None:
+        start, stop = 0, start
+    return mx.arange(start, stop, step, dtype=dtype_of(dtype), stream=_stream(device))
+
+
+def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
+    return mx.linspace(start, stop, num, dtype=dtype_of(dtype) or mx.float32, stream=_stream(device)) if endpoint \
+        else mx.linspace(start, stop, num + 1, dtype=dtype_of(dtype) or mx.float32, stream=_stream(device))[:-1]
+
+
+def tril(x, /, *, k=0):
+    return mx.tril(x, k)
+
+
+def triu(x, /, *, k=0):
+    return mx.triu(x, k)
+
+
+# ------------------------------------------------------------------ data types
+
+
+def astype(x, dtype, /, *, copy=True, device=None):
+    _stream(device)
+    dtype = dtype_of(dtype)
+    if x.dtype == mx.complex64 and dtype != mx.complex64:
+        x = mx.real(x)  # complex -> real keeps the real part
+    if x.dtype == dtype:
+        return x * 1 if copy and dtype != mx.bool_ else x
+    return mx.astype(x, dtype)
+
+
+def result_type(*arrays_and_dtypes):
+    return mx.result_type(*(a if isinstance(a, (mx.array, mx.Dtype)) else dtype_of(a) for a in arrays_and_dtypes))
+
+
+def can_cast(from_, to, /):
+    return np.can_cast(np.dtype(str(dtype_of(from_ if isinstance(from_, mx.Dtype) else from_.dtype)).split(".")[-1]),
+                       np.dtype(str(dtype_of(to)).split(".")[-1]))
+
+
+def isdtype(dtype, kind):
+    return mx.isdtype(dtype, kind)
+
+
+def finfo(type_, /):
+    return mx.finfo(type_ if isinstance(type_, mx.Dtype) else type_.dtype)
+
+
+def iinfo(type_, /):
+    return mx.iinfo(type_ if isinstance(type_, mx.Dtype) else type_.dtype)
+
+
+# ------------------------------------------------------------------ elementwise
+
+
+def round(x, /):  # noqa: A001 (the standard's name)
+    return mx.round(x)
+
+
+def sign(x, /):
+    if x.dtype == mx.complex64:  # the standard's x / |x| (0 at 0)
+        a = mx.abs(x)
+        return mx.where(a == 0, mx.zeros_like(x), x / mx.where(a == 0, mx.ones_like(a), a))
+    return mx.sign(x)
+
+
+def clip(x, /, min=None, max=None):  # noqa: A002 (the standard's names)
+    if min is None and max is None:
+        return x * 1  # a new array, as the standard asks
+    out = x
+    # unigrad's rule (docs/conventions.md): the derivative passes at the bounds; a bound that is itself
+    # differentiated takes it where its value was taken
+    if min is not None:
+        out = mx.where(out < min, min, out)
+    if max is not None:
+        out = mx.where(out > max, max, out)
+    return out.astype(x.dtype) if out.dtype != x.dtype else out
+
+
+def where(condition, x1, x2, /):
+    return mx.where(condition, x1, x2)
+
+
+def hypot(x1, x2, /):
+    # sqrt(x1^2 + x2^2), scaled so that neither square overflows; derivative x_i / hypot
+    big = mx.maximum(mx.abs(x1), mx.abs(x2))
+    safe = mx.where(big == 0, mx.ones_like(big), mx.stop_gradient(big))
+    return safe * mx.sqrt((x1 / safe) ** 2 + (x2 / safe) ** 2)
+
+
+def copysign(x1, x2, /):
+    # |x1| with x2's sign: x1 times +-1, a constant (no derivative with respect to x2)
+    flip_sign = mx.where(_signbit(x1) == _signbit(x2), 1, -1)
+    return x1 * mx.stop_gradient(flip_sign).astype(mx.result_type(x1, x2))
+
+
+def _signbit(x):
+    return mx.logical_or(x < 0, mx.logical_and(x == 0, (1 / mx.where(x == 0, x, mx.ones_like(x))) < 0))
+
+
+def signbit(x, /):
+    return _signbit(x)
+
+
+def reciprocal(x, /):
+    return 1 / x
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def std(x, /, *, axis=None, correction=0.0, keepdims=False):
+    return mx.sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
+
+
+def var(x, /, *, axis=None, correction=0.0, keepdims=False):
+    axes = _axes(axis, x.ndim)
+    n = math.prod(x.shape[a] for a in axes)
+    d = x - mx.mean(x, axis=axes, keepdims=True)
+    return mx.sum(mx.real(d * mx.conj(d)) if d.dtype == mx.complex64 else d * d, axis=axes,
+                  keepdims=keepdims) / (n - correction)
+
+
+def _axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    return tuple(a % ndim for a in ((axis,) if isinstance(axis, int) else axis))
+
+
+def _cumulative_input(name, x, axis, dtype):
+    """The standard's rules for a cumulative function's ``axis`` (required beyond 1-D) and ``dtype``."""
+    if axis is None:
+        if x.ndim != 1:
+            raise ValueError(f"{name}: axis is required for an x of {x.ndim} dimensions")
+        axis = 0
+    return (x if dtype is None else astype(x, dtype)), axis % builtins.max(x.ndim, 1)
+
+
+def _with_initial(out, x, axis, value):
+    shape = list(x.shape)
+    shape[axis] = 1
+    return mx.concatenate([mx.full(shape, value, dtype=out.dtype), out], axis=axis)
+
+
+def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
+    x, axis = _cumulative_input("cumulative_sum", x, axis, dtype)
+    out = mx.cumsum(x, axis=axis)
+    return _with_initial(out, x, axis, 0) if include_initial else out
+
+
+def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
+    x, axis = _cumulative_input("cumulative_prod", x, axis, dtype)
+    out = mx.cumprod(x, axis=axis)
+    return _with_initial(out, x, axis, 1) if include_initial else out
+
+
+# ------------------------------------------------------------------ manipulation
+
+
+def concat(arrays, /, *, axis=0):
+    if axis is None:
+        return mx.concatenate([mx.reshape(a, (-1,)) for a in arrays], axis=0)
+    return mx.concatenate(list(arrays), axis=axis)
+
+
+def repeat(x, repeats, /, *, axis=None):
+    if axis is None:
+        x, axis = mx.reshape(x, (-1,)), 0
+    if isinstance(repeats, int):
+        return mx.repeat(x, repeats, axis=axis)
+    counts = np.asarray(repeats).reshape(-1)  # an array of counts: a gather (a concrete value)
+    index = np.repeat(np.arange(x.shape[axis]), counts if counts.size > 1 else int(counts[0]))
+    return mx.take(x, mx.array(index, dtype=mx.int32), axis=axis)
+
+
+def roll(x, /, shift, *, axis=None):
+    return mx.roll(x, shift, axis) if axis is not None else mx.roll(x, shift)
+
+
+def tile(x, repetitions, /):
+    return mx.tile(x, list(repetitions))
+
+
+def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
+    if prepend is not None or append is not None:
+        x = concat([a for a in (prepend, x, append) if a is not None], axis=axis)
+    return mx.diff(x, n, axis)
+
+
+def take(x, indices, /, *, axis=None):
+    if axis is None:
+        if x.ndim != 1:
+            raise ValueError(f"take: axis is required for an x of {x.ndim} dimensions (shape {x.shape})")
+        axis = 0
+    return mx.take(x, indices, axis=axis)
+
+
+def sort(x, /, *, axis=-1, descending=False, stable=True):
+    # by the order argsort gives (a gather, differentiable both ways); descending and stable: argsort of
+    # the negated values keeps equal elements in their order
+    order = mx.argsort(-mx.stop_gradient(x) if descending else mx.stop_gradient(x), axis=axis)
+    return mx.take_along_axis(x, order, axis=axis)
+
+
+def argsort(x, /, *, axis=-1, descending=False, stable=True):
+    return mx.argsort(-x if descending else x, axis=axis)
+
+
+def vecdot(x1, x2, /, *, axis=-1):
+    return mx.sum(mx.conj(x1) * x2 if x1.dtype == mx.complex64 else x1 * x2, axis=axis)
+
+
+def nonzero(x, /):
+    return tuple(mx.array(i) for i in np.nonzero(np.asarray(x)))
+
+
+def searchsorted(x1, x2, /, *, side="left", sorter=None):
+    return mx.array(np.searchsorted(np.asarray(x1), np.asarray(x2), side=side, sorter=sorter))
+
+
+def unique_values(x, /):
+    return mx.array(np.unique(np.asarray(x)))
+
+
+def count_nonzero(x, /, *, axis=None, keepdims=False):
+    return mx.sum(x != 0, axis=axis, keepdims=keepdims)

@@ -1,0 +1,61 @@
+"""Custom derivative rules (``unigrad.custom_vjp``, ``custom_jvp``, ``checkpoint``) on MLX: one
+``mx.custom_function`` per call, whose ``vjp`` and ``jvp`` call the rule.
+
+The missing mode is the transpose of the given one (``bwd`` is linear in its cotangents, a JVP rule in
+its tangents): a VJP from the JVP rule is ``mx.vjp`` of ``t -> jvp(primals, t)``, a JVP from ``bwd`` is
+``mx.vjp`` of ``g -> bwd(residuals, g)``. MLX treats what a custom function closes over as constants,
+so the residuals are recomputed from the primals inside each rule (``fwd`` again): they then carry the
+derivatives of outer transforms (second order).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+__all__ = ["apply_rule"]
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _conj(x):
+    return mx.conj(x) if x.dtype == mx.complex64 else x
+
+
+def apply_rule(rule, arrays):
+    arrays = tuple(arrays)
+    n = len(arrays)
+
+    def residuals(primals):
+        return tuple(rule.fwd(*primals)[1])
+
+    @mx.custom_function
+    def apply(*xs):
+        return tuple(rule.primal(*xs))
+
+    @apply.vjp
+    def apply_vjp(primals, cotangents, outputs):
+        primals, outputs = _tuple(primals), _tuple(outputs)
+        cotangents = [mx.zeros_like(o) if c is None else c for c, o in zip(_tuple(cotangents), outputs)]
+        if rule.bwd is not None:
+            # MLX's cotangents follow its (conjugate) complex convention, the rule's unigrad's
+            cts = tuple(_conj(c) for c in rule.bwd(residuals(primals), tuple(_conj(c) for c in cotangents)))
+        else:
+            zeros = [mx.zeros_like(p) for p in primals]
+            _, cts = mx.vjp(lambda *t: list(_tuple(rule.jvp(primals, tuple(t))[1])), zeros, cotangents)
+        return tuple(cts) if n > 1 else cts[0]
+
+    @apply.jvp
+    def apply_jvp(primals, tangents):
+        primals = _tuple(primals)
+        tangents = tuple(mx.zeros_like(p) if t is None else t for t, p in zip(_tuple(tangents), primals))
+        if rule.jvp is not None:
+            return tuple(_tuple(rule.jvp(primals, tangents)[1]))
+        # the transpose of bwd (unigrad's convention: no conjugation), from MLX's conjugating vjp
+        res = residuals(primals)
+        zeros = [mx.zeros_like(o) for o in rule.primal(*primals)]
+        _, out = mx.vjp(lambda *g: list(_tuple(rule.bwd(res, tuple(g)))), zeros, [_conj(t) for t in tangents])
+        return tuple(_conj(o) for o in out)
+
+    return tuple(apply(*arrays))

@@ -9,9 +9,9 @@ the transforms themselves: ``mx.vjp`` and ``mx.jvp`` (true forward mode), ``mx.v
   ``vjp`` evaluates ``f`` once for the outputs and ``vjp_fn`` runs ``mx.vjp`` at the primals for each
   call (MLX is lazy: the outputs' forward pass runs only when they are read).
 * Complex numbers: MLX's VJP is the conjugate of unigrad's convention (JAX's); ``vjp_fn`` conjugates
-  the cotangents in and the result out, so complex64 gets unigrad's answers. (MLX has no complex128,
-  so the backend does not declare ``complex``: see ``MlxBackend.capabilities``.)
-* MLX turns a NumPy float64 array into float32 unless told otherwise; ``asarray`` keeps the dtype.
+  the cotangents in and the result out, so complex64 gets unigrad's answers.
+* float64: MLX computes some float64 functions at float32 accuracy, so the backend does not declare
+  ``float64`` and converts float64 inputs to float32, as ``mx.array`` does (see ``MlxBackend.capabilities``).
 """
 
 from __future__ import annotations
@@ -71,11 +71,12 @@ class MlxBackend(unigrad.Backend):
     # (pyproject.toml): keep the two equal.
     name = "mlx"
     array_modules = ("mlx",)
-    # complex: MLX has complex64 only, and unigrad's complex capability is complex at the precision of
-    # the backend's float dtypes (complex128 beside float64). float64: MLX computes float64 on the CPU
-    # only (its GPUs have none); this plugin computes on the CPU.
+    # float64 False: MLX holds float64 arrays on the CPU (its GPUs have none), but its CPU kernels compute
+    # sin, cos, exp and erf of float64 at float32 accuracy (relative errors 5e-8 to 2e-7, measured in
+    # tests/test_mlx.py), so float64 is not "computed in float64". As MLX itself does, asarray turns
+    # NumPy float64 into float32 (and complex128 into complex64, MLX's only complex type).
     capabilities = unigrad.Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
-                                        complex=False, float64=True, custom_rules=True)
+                                        complex=True, float64=False, custom_rules=True)
     # An mx.array can be written in place (x[...] = v), so the core hands vjp copies.
     mutable_arrays = True
 
@@ -91,7 +92,17 @@ class MlxBackend(unigrad.Backend):
         return _namespace.asarray(x, dtype=dtype, device=device)
 
     def to_numpy(self, x):
-        return np.array(x, copy=True) if isinstance(x, mx.array) else np.asarray(x)
+        """A NumPy copy of ``x`` (bfloat16 as ``ml_dtypes.bfloat16`` where available, else float32: NumPy
+        has no bfloat16 of its own)."""
+        if not isinstance(x, mx.array):
+            return np.asarray(x)
+        if x.dtype == mx.bfloat16:
+            try:
+                import ml_dtypes
+            except ImportError:
+                return np.array(x.astype(mx.float32))
+            return np.array(x.view(mx.uint16)).view(ml_dtypes.bfloat16)
+        return np.array(x, copy=True)
 
     def is_array(self, x):
         return isinstance(x, mx.array)

@@ -51,7 +51,8 @@ _FROM_NUMPY = {np.dtype(np.bool_): mx.bool_, np.dtype(np.int8): mx.int8, np.dtyp
                np.dtype(np.int32): mx.int32, np.dtype(np.int64): mx.int64, np.dtype(np.uint8): mx.uint8,
                np.dtype(np.uint16): mx.uint16, np.dtype(np.uint32): mx.uint32, np.dtype(np.uint64): mx.uint64,
                np.dtype(np.float16): mx.float16, np.dtype(np.float32): mx.float32,
-               np.dtype(np.float64): mx.float64, np.dtype(np.complex64): mx.complex64}
+               np.dtype(np.float64): mx.float32, np.dtype(np.complex64): mx.complex64,
+               np.dtype(np.complex128): mx.complex64}  # (MLX's rule: 64-bit floats arrive as 32-bit)
 _BY_NAME = {"bool": mx.bool_, "int8": mx.int8, "int16": mx.int16, "int32": mx.int32, "int64": mx.int64,
             "uint8": mx.uint8, "uint16": mx.uint16, "uint32": mx.uint32, "uint64": mx.uint64,
             "float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32, "float64": mx.float64,
@@ -84,24 +85,26 @@ def _stream(device):
 
 
 def asarray(obj, /, *, dtype=None, device=None, copy=None):
+    """An ``mx.array``. Without ``dtype``, MLX's rule: a NumPy (or other framework's) float64 array becomes
+    float32 and complex128 complex64 (``mx.array`` does the same), Python floats float32; other dtypes are
+    kept. An explicit ``dtype="float64"`` gives MLX's float64."""
     _stream(device)
     dtype = dtype_of(dtype)
     if isinstance(obj, mx.array):
         out = obj if dtype is None or obj.dtype == dtype else obj.astype(dtype)
         return mx.array(out) if copy and out is obj else out
     if dtype is None:
-        if isinstance(obj, (np.ndarray, np.generic)):
-            data = np.asarray(obj)
-        elif hasattr(obj, "__dlpack__") or hasattr(obj, "__array__"):
-            data = np.asarray(obj)  # another framework's CPU array
-        else:
-            return mx.array(obj)  # Python scalars and lists: MLX's defaults (float32, int32)
-        if data.dtype.kind == "c" and data.dtype != np.complex64:
-            dtype_of(data.dtype)  # complex128: the TypeError
+        if not isinstance(obj, (np.ndarray, np.generic)) and not hasattr(obj, "__array__"):
+            return mx.array(obj)  # Python scalars and lists: MLX's defaults (float32, int32, complex64)
+        data = np.asarray(obj)  # NumPy, or another framework's CPU array
+        if data.dtype.name == "bfloat16":  # ml_dtypes.bfloat16 (JAX's, torch's to_numpy): MLX's bits
+            return mx.array(np.ascontiguousarray(data).view(np.uint16)).view(mx.bfloat16)
         dtype = _FROM_NUMPY.get(data.dtype)
         if dtype is None:
             raise TypeError(f"asarray: the mlx backend has no {data.dtype} arrays")
         return mx.array(data, dtype=dtype)
+    if dtype == mx.bfloat16 and isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.name == "bfloat16":
+        return mx.array(np.ascontiguousarray(obj).view(np.uint16)).view(mx.bfloat16)
     return mx.array(np.asarray(obj) if hasattr(obj, "__array__") else obj, dtype=dtype)
 
 

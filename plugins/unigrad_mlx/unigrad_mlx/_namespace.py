@@ -96,16 +96,22 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None):
     if dtype is None:
         if not isinstance(obj, (np.ndarray, np.generic)) and not hasattr(obj, "__array__"):
             return mx.array(obj)  # Python scalars and lists: MLX's defaults (float32, int32, complex64)
-        data = np.asarray(obj)  # NumPy, or another framework's CPU array
+        data = _contiguous(obj)  # NumPy, or another framework's CPU array
         if data.dtype.name == "bfloat16":  # ml_dtypes.bfloat16 (JAX's, torch's to_numpy): MLX's bits
-            return mx.array(np.ascontiguousarray(data).view(np.uint16)).view(mx.bfloat16)
+            return mx.array(data.view(np.uint16)).view(mx.bfloat16)
         dtype = _FROM_NUMPY.get(data.dtype)
         if dtype is None:
             raise TypeError(f"asarray: the mlx backend has no {data.dtype} arrays")
         return mx.array(data, dtype=dtype)
     if dtype == mx.bfloat16 and isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.name == "bfloat16":
-        return mx.array(np.ascontiguousarray(obj).view(np.uint16)).view(mx.bfloat16)
-    return mx.array(np.asarray(obj) if hasattr(obj, "__array__") else obj, dtype=dtype)
+        return mx.array(_contiguous(obj).view(np.uint16)).view(mx.bfloat16)
+    return mx.array(_contiguous(obj) if hasattr(obj, "__array__") else obj, dtype=dtype)
+
+
+def _contiguous(obj):
+    """A C-contiguous NumPy array of ``obj``, 0-d kept (MLX takes no negative strides)."""
+    data = np.asarray(obj)
+    return data if data.flags.c_contiguous else data.copy(order="C")
 
 
 def zeros(shape, *, dtype=None, device=None):

@@ -187,6 +187,17 @@ class ProgramCase:
     def __iter__(self):
         return iter((self.program, self.inputs))
 
+    def in_single_precision(self) -> "ProgramCase":
+        """The same program at float32 (complex64) inputs: what a backend that declares no float64 is
+        checked at (it would compute float64 inputs in float32). Itself where no input is 64-bit."""
+        single = {"float64": "float32", "complex128": "complex64"}
+        if not any(d in single for _, _, d in self.program.inputs):
+            return self
+        program = Program([(n, shape, single.get(d, d)) for n, shape, d in self.program.inputs],
+                          self.program.lines, self.program.outputs)
+        return ProgramCase(program, [np.asarray(x).astype(single.get(np.asarray(x).dtype.name, np.asarray(x).dtype))
+                                     for x in self.inputs])
+
     def __repr__(self):
         np_repr = np.array2string
         lines = [self.program.source(), ""]
@@ -286,12 +297,11 @@ def check_program_across(case, backends: Sequence[str], *, order: int = 1, seed:
 
             reject()
         raise
-    dtypes = [np.asarray(x).dtype.name for x in inputs]
-    tol = max(PAIRWISE_TOLERANCES.get(d, 1e-8) for d in dtypes)
     tangents = _random_directions([(np.shape(x), np.iscomplexobj(x)) for x in inputs], seed, 0)
 
-    def measure(name):
+    def measure(name, program, inputs):
         b = _registry.get_backend(name)
+        dtypes = [np.asarray(x).dtype.name for x in inputs]
         xs = [b.asarray(np.asarray(x)) for x in inputs]
         ts = [b.asarray(t, dtype=d) for t, d in zip(tangents, dtypes)]
 
@@ -310,18 +320,25 @@ def check_program_across(case, backends: Sequence[str], *, order: int = 1, seed:
             got["second"] = [np.asarray(b.to_numpy(s)) for s in _api.jvp(vjp_of, tuple(xs), tuple(ts), backend=b)[1]]
         return got
 
-    reference = measure("numpy")
+    references = {}  # the tape's measurements, at each precision a backend is checked at
     is_complex = any(np.iscomplexobj(x) for x in inputs)
     for name in backends:
-        if name == "numpy" or (is_complex and not _registry.get_backend(name).capabilities.complex):
+        b = _registry.get_backend(name)
+        if name == "numpy" or (is_complex and not b.capabilities.complex):
             continue
+        # a backend that declares no float64 is checked at float32, against the tape at float32
+        single = not b.capabilities.float64
+        program_b, inputs_b = ProgramCase(*case).in_single_precision() if single else case
+        tol = max(PAIRWISE_TOLERANCES.get(np.asarray(x).dtype.name, 1e-8) for x in inputs_b)
+        if single not in references:
+            references[single] = measure("numpy", program_b, inputs_b)
         try:
-            got = measure(name)
-            agree = all(_pairwise_error(got[q], reference[q]) <= tol for q in got)
+            got = measure(name, program_b, inputs_b)
+            agree = all(_pairwise_error(got[q], references[single][q]) <= tol for q in got)
         except Exception:  # noqa: BLE001 -- the full comparison reports what raised
             agree = False
         if not agree:
-            assert_backends_agree(program, inputs, backends=["numpy", name], argnums=argnums, order=order,
+            assert_backends_agree(program_b, inputs_b, backends=["numpy", name], argnums=argnums, order=order,
                                   seed=seed, reference="numpy", repeats=0)
 
 
@@ -330,7 +347,8 @@ def check_programs_across(cases, backends: Sequence[str], *, seed: int = 0, batc
     """Many programs on many backends at once: the bulk form of :func:`check_program_across`.
 
     Each case is checked on the NumPy tape against finite differences (:func:`check_grads`, first
-    order); a case where finite differences are inconclusive is left out (counted, not failed). Then
+    order); a case where finite differences are inconclusive is left out (counted, not failed). A backend
+    that declares no float64 gets the cases at float32 (complex64), compared with the tape's at float32. Then
     for each other backend the cases are run ``batch`` at a time as ONE function of all their inputs
     -- value, JVP and VJP of every program in one call; for the backends in ``compiled_backends``
     (JAX, whose eager operations each compile once per shape), one ``backend.compile`` per batch
@@ -355,24 +373,31 @@ def check_programs_across(cases, backends: Sequence[str], *, seed: int = 0, batc
             inconclusive += 1
             continue
         kept.append(case)
-    reference = [_measure_batch(_registry.get_backend("numpy"), [case], seed, compiled=False)[0] for case in kept]
+    tape = _registry.get_backend("numpy")
+    references = {}  # precision -> the tape's measurements of the kept cases, at that precision
     used = ["numpy"]
     for name in backends:
         if name == "numpy":
             continue
         b = _registry.get_backend(name)
         used.append(name)
-        index = [k for k, case in enumerate(kept) if b.capabilities.complex
+        # a backend that declares no float64 is checked at float32, against the tape at float32
+        single = not b.capabilities.float64
+        cases_b = [ProgramCase(*case).in_single_precision() for case in kept] if single else kept
+        if single not in references:
+            references[single] = [_measure_batch(tape, [case], seed, compiled=False)[0] for case in cases_b]
+        reference = references[single]
+        index = [k for k, case in enumerate(cases_b) if b.capabilities.complex
                  or not any(np.iscomplexobj(x) for x in case.inputs)]
         for start in range(0, len(index), batch):
             chunk = index[start:start + batch]
             try:
-                got = _measure_batch(b, [kept[k] for k in chunk], seed,
+                got = _measure_batch(b, [cases_b[k] for k in chunk], seed,
                                      compiled=b.capabilities.compile and b.name in compiled_backends)
             except Exception:  # noqa: BLE001 -- each program alone finds the one that raises
                 got = [None] * len(chunk)
             for k, measured in zip(chunk, got):
-                program, inputs = kept[k]
+                program, inputs = cases_b[k]
                 dtypes = [np.asarray(x).dtype.name for x in inputs]
                 tol = max(_pairwise_tolerance(d) for d in dtypes)
                 if measured is not None and all(_pairwise_error(measured[q], reference[k][q]) <= tol

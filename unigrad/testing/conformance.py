@@ -21,7 +21,7 @@ import pytest
 
 import unigrad
 from unigrad.finite_differences import jacobian as fd_jacobian
-from unigrad.testing import check_grads
+from unigrad.testing import FiniteDifferencesInconclusive, check_grads
 from unigrad.testing._threads import assert_threads_exact
 
 __all__ = [name for name in dir() if name.startswith("test_")]  # filled at the end
@@ -369,10 +369,15 @@ def test_agrees_with_finite_differences(backend, data):
 
 
 def test_check_grads_second_order(backend, data):
+    """``check_grads`` to second order where declared; finite differences inconclusive at a point make a
+    skip that says where (docs/validation.md), never a failure or a silent pass."""
     order = 2 if _caps(backend).higher_order else 1
     modes = ("fwd", "rev") if _caps(backend).forward_mode else ("rev",)
-    check_grads(smooth, (data["u"], data["v"]), order=order, modes=modes, backend=backend)
-    check_grads(mlp_loss, (data["w"], data["b"], data["x"][:2]), order=order, modes=modes, backend=backend)
+    try:
+        check_grads(smooth, (data["u"], data["v"]), order=order, modes=modes, backend=backend)
+        check_grads(mlp_loss, (data["w"], data["b"], data["x"][:2]), order=order, modes=modes, backend=backend)
+    except FiniteDifferencesInconclusive as exc:
+        pytest.skip(f"{backend}: {exc}")
 
 
 

@@ -30,7 +30,7 @@ _SHARED = [
     "sinh", "tan", "tanh", "real", "imag", "conj", "isnan", "isinf", "isfinite", "add", "subtract", "multiply",
     "divide", "maximum", "minimum", "logaddexp", "remainder", "equal", "not_equal", "less", "less_equal",
     "greater", "greater_equal", "logical_and", "logical_or", "logical_not", "logical_xor", "floor_divide",
-    "all", "any", "sum", "prod", "mean", "max", "min", "argmax", "argmin", "reshape", "stack", "expand_dims",
+    "all", "any", "sum", "mean", "argmax", "argmin", "reshape", "stack", "expand_dims",
     "squeeze", "matmul", "tensordot", "moveaxis", "matrix_transpose", "permute_dims", "flip",
     "broadcast_arrays", "broadcast_to", "unstack", "take_along_axis", "sigmoid", "logsumexp", "erf",
 ]
@@ -57,6 +57,18 @@ _BY_NAME = {"bool": mx.bool_, "int8": mx.int8, "int16": mx.int16, "int32": mx.in
             "uint8": mx.uint8, "uint16": mx.uint16, "uint32": mx.uint32, "uint64": mx.uint64,
             "float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32, "float64": mx.float64,
             "complex64": mx.complex64}
+
+
+def numpy_dtype(dtype):
+    """The NumPy dtype of an MLX dtype (bfloat16: ``ml_dtypes.bfloat16`` where installed, else float32)."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            return np.dtype(np.float32)
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype("bool" if name == "bool_" else name)
 
 
 def dtype_of(dtype):
@@ -303,8 +315,66 @@ def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
 
 def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
     x, axis = _cumulative_input("cumulative_prod", x, axis, dtype)
-    out = mx.cumprod(x, axis=axis)
+    out = _scan_product(x, axis)
     return _with_initial(out, x, axis, 1) if include_initial else out
+
+
+# MLX 0.32 has no JVP for its cumulative product (mx.cumprod), and its prod's VJP is made of cumulative
+# products: so neither has a second derivative, nor cumprod a first in forward mode. The two are written
+# here from products and slices, which MLX differentiates to any order, exactly where inputs are zero too.
+
+def _scan_product(x, axis):
+    """Inclusive cumulative product along ``axis`` in ceil(log2 n) rounds of products (Hillis-Steele):
+    round k multiplies each element by the one 2**k before it."""
+    n = x.shape[axis] if x.ndim else 1
+    if x.ndim == 0 or n <= 1:
+        return x
+    out, shift = x, 1
+    while shift < n:
+        lead = [slice(None)] * x.ndim
+        lead[axis] = slice(0, n - shift)
+        ones_shape = list(x.shape)
+        ones_shape[axis] = shift
+        out = out * mx.concatenate([mx.ones(ones_shape, dtype=x.dtype), out[tuple(lead)]], axis=axis)
+        shift *= 2
+    return out
+
+
+def prod(x, /, *, axis=None, dtype=None, keepdims=False):
+    """The product over ``axis`` as a tree of pairwise products of halves (ceil(log2 n) rounds)."""
+    if dtype is not None:
+        x = astype(x, dtype)
+    axes = _axes(axis, x.ndim)
+    if not axes:
+        return x
+    kept = [d for d in range(x.ndim) if d not in axes]
+    moved = mx.transpose(x, kept + list(axes)) if x.ndim else x
+    lead = [x.shape[d] for d in kept]
+    flat = mx.reshape(moved, (*lead, math.prod(x.shape[a] for a in axes)))
+    while flat.shape[-1] > 1:
+        if flat.shape[-1] % 2:
+            flat = mx.concatenate([flat, mx.ones((*lead, 1), dtype=flat.dtype)], axis=-1)
+        flat = flat[..., 0::2] * flat[..., 1::2]
+    out = mx.reshape(flat, lead) if flat.shape[-1] == 1 else mx.ones(lead, dtype=x.dtype)
+    if keepdims:
+        out = mx.reshape(out, [1 if d in axes else x.shape[d] for d in range(x.ndim)])
+    return out
+
+
+def _extremum(name, reduce):
+    def extremum(x, /, *, axis=None, keepdims=False):
+        axes = _axes(axis, x.ndim)
+        shape = [1 if d in axes else x.shape[d] for d in range(x.ndim)]
+        if x.size == 0 and math.prod(shape) == 0 and not builtins.any(x.shape[a] == 0 for a in axes):
+            # an empty result: MLX's derivative (argmax) refuses an empty input, so a sum stands in
+            return mx.sum(x, axis=axes, keepdims=keepdims)
+        return reduce(x, axis=axes, keepdims=keepdims)
+    extremum.__name__ = name
+    return extremum
+
+
+max = _extremum("max", mx.max)  # noqa: A001 (the standard's names)
+min = _extremum("min", mx.min)  # noqa: A001
 
 
 # ------------------------------------------------------------------ manipulation

@@ -64,6 +64,23 @@ def _outputs(f, has_aux):
     return traced, aux_out
 
 
+def _join(arrays):
+    """Arrays as one flat array (each flattened, in order; their common dtype)."""
+    if len(arrays) == 1:
+        return arrays[0]
+    return mx.concatenate([mx.reshape(a, (-1,)) for a in arrays]) if arrays else mx.zeros((0,))
+
+
+def _joined(traced):
+    """``traced`` with its outputs as ONE array (:func:`_join`). ``mx.vjp`` of several outputs that are one
+    array in MLX's graph (``f`` returning ``y`` twice; ``mx.sum`` of a 0-d ``y`` is ``y``) keeps only one of
+    their cotangents (MLX 0.32.4: ``vjp(lambda x: [s, s], [x], [1, 10])`` gives 1, not 11): a wrong answer.
+    Joined, each output is its own slice of a concatenation, whose VJP adds them up as it should."""
+    def joined(*primals):
+        return [_join(traced(*primals))]
+    return joined
+
+
 class MlxBackend(unigrad.Backend):
     """Apple MLX: reverse and forward mode, vmap, compile and custom rules, to any order, on the CPU."""
 
@@ -96,6 +113,11 @@ class MlxBackend(unigrad.Backend):
         has no bfloat16 of its own)."""
         if not isinstance(x, mx.array):
             return np.asarray(x)
+        if x.size == 0:
+            # nothing to read, so nothing is evaluated: MLX 0.32.4's CPU kernels, run on some graphs of
+            # zero-size arrays (derivatives broadcast into an empty shape), died of a floating-point
+            # exception or spun without end in our runs of the conformance suite's random programs
+            return np.zeros(x.shape, dtype=_namespace.numpy_dtype(x.dtype))
         if x.dtype == mx.bfloat16:
             try:
                 import ml_dtypes
@@ -123,6 +145,15 @@ class MlxBackend(unigrad.Backend):
         """A ``mx.custom_function`` made for this call, whose ``vjp`` and ``jvp`` call the rule (``_rules``)."""
         return _rules.apply_rule(rule, arrays)
 
+    def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
+        """``f``'s program read from ``mx.export_function`` in ``unigrad.dependence``'s form (``_dependence``):
+        for code written with ``mlx.core`` itself, proofs of independent rows for ``batched_jacobian``
+        and sparsity patterns for ``jacobian_sparsity`` / ``sparse_jacobian``."""
+        from ._dependence import export_program
+
+        with _LOCK:
+            return export_program(f, tuple(primals), has_aux=has_aux, unknown=unknown)
+
     # ------------------------------------------------------------------ transforms
 
     def vjp(self, f, primals, *, has_aux=False):
@@ -134,7 +165,7 @@ class MlxBackend(unigrad.Backend):
         def vjp_fn(cotangents):
             cts = [_conj(c) for c in cotangents]
             with _LOCK:
-                _, grads = mx.vjp(traced, list(primals), cts)
+                _, grads = mx.vjp(_joined(traced), list(primals), [_join(cts)])
             return tuple(_like(_conj(g), p) for g, p in zip(grads, primals))
 
         return outputs, vjp_fn, (aux_out[0] if has_aux else None)

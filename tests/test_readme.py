@@ -24,7 +24,9 @@ def test_quick_start_has_two_commands_and_ci_runs_the_second():
     assert "unigrad check" in commands[0] and "pytest" in commands[1]
     # the test command installs the worked plugin, so CI runs the conformance suite on it
     assert "-e plugins/unigrad_autograd" in commands[1]
-    assert (README.parent / "plugins" / "unigrad_autograd" / "pyproject.toml").is_file()
+    assert "plugins/unigrad_mlx[cpu]" in commands[1]  # and on the fifth engine, MLX
+    for plugin in ("unigrad_autograd", "unigrad_mlx"):
+        assert (README.parent / "plugins" / plugin / "pyproject.toml").is_file()
     ci = (README.parent / ".ci" / "run").read_text()
     assert "README.md" in ci and "sed -n 2p" in ci
 

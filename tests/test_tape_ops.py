@@ -351,6 +351,8 @@ TABLE = [
     E("linalg.solve", lambda xp, a, b: xp.linalg.solve(a, b), ((2, 3, 3), (2, 3, 2)), ("well", "real"),
       batched=True, complex=True),
     E("linalg.solve-vector", lambda xp, a, b: xp.linalg.solve(a, b), ((3, 3), (3,)), ("well", "real"), complex=True),
+    # a stack of matrices and one vector: (2, 3), as NumPy 2 and the standard give (the traced path gave (6,))
+    E("linalg.solve-stack-vector", lambda xp, a, b: xp.linalg.solve(a, b), ((2, 3, 3), (3,)), ("well", "real")),
     E("linalg.svd-reconstruct", _recon_svd, ((2, 4, 3),), batched=True, **NONHOLO),
     E("linalg.svd-reconstruct-wide", _recon_svd, ((3, 4),), **NONHOLO),
     E("linalg.svd-U-projector", _uproj, ((4, 2),), **NONHOLO),

@@ -99,8 +99,9 @@ def solve(x1, x2, /):
     x1, x2 = _square(x1, "solve"), xp._arr(x2)
     if not (xp._is_traced(x1) or xp._is_traced(x2)):
         return np.linalg.solve(x1, x2)
-    if _ndim(x2) == 1:
-        return xp.reshape(P.solve(x1, xp.reshape(x2, (-1, 1))), (-1,))
+    if _ndim(x2) == 1:  # (..., M, 1) solved, then the last axis dropped: shape x1.shape[:-2] + (M,)
+        out = P.solve(x1, xp.reshape(x2, (-1, 1)))
+        return xp.reshape(out, tuple(out.shape[:-1]))
     return P.solve(x1, x2)
 
 

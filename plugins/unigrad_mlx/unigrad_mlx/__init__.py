@@ -59,7 +59,9 @@ def _outputs(f, has_aux):
         outputs, aux = result if has_aux else (result, None)
         if has_aux:
             aux_out.append(tuple(mx.stop_gradient(a) if isinstance(a, mx.array) else a for a in aux))
-        return list(outputs)
+        # a zero-size output as a constant: MLX's transforms do not walk back from it (the namespace's
+        # _constant_if_empty says why; its derivative is empty whatever it was computed from)
+        return [_namespace._constant_if_empty(o) for o in outputs]
 
     return traced, aux_out
 

@@ -447,3 +447,36 @@ def unique_values(x, /):
 
 def count_nonzero(x, /, *, axis=None, keepdims=False):
     return mx.sum(x != 0, axis=axis, keepdims=keepdims)
+
+
+# ------------------------------------------------------------------ zero-size results cut from the graph
+# MLX 0.32.4's CPU reduction kernel, run on a zero-size input whose result is not empty (as the VJP of a
+# broadcast into an empty shape makes it), died of a floating-point exception or spun without end in our
+# runs (now and then: it depends on the buffers it is handed). A zero-size array carries no derivative to
+# anything, so every function here returns a zero-size result as a constant of its shape and dtype: MLX's
+# transforms then never reduce an empty array. (Python operators on mx.array, ``a + b``, are MLX's own.)
+
+def _constant_if_empty(out):
+    if isinstance(out, mx.array):
+        return mx.zeros(out.shape, dtype=out.dtype) if out.size == 0 else out
+    if isinstance(out, tuple):
+        items = [_constant_if_empty(o) for o in out]
+        return type(out)(*items) if hasattr(out, "_fields") else tuple(items)
+    return out
+
+
+def _cut_empty(fn):
+    def cut(*args, **kwargs):
+        return _constant_if_empty(fn(*args, **kwargs))
+    cut.__name__ = cut.__qualname__ = getattr(fn, "__name__", "function")
+    cut.__doc__ = getattr(fn, "__doc__", None)
+    cut.__wrapped__ = fn
+    return cut
+
+
+_NOT_CUT = frozenset({"dtype_of", "numpy_dtype", "result_type", "can_cast", "isdtype", "finfo", "iinfo"})
+for _name, _value in list(globals().items()):
+    if (not _name.startswith("_") and _name not in _NOT_CUT and callable(_value)
+            and not isinstance(_value, (type, mx.Dtype))):
+        globals()[_name] = _cut_empty(_value)
+del _name, _value

@@ -144,3 +144,16 @@ def test_a_zero_size_result_is_read_without_evaluating_it():
     empty = mx.zeros((1, 0)) + mx.array(0.5)
     out = MLX.to_numpy(empty)
     assert out.shape == (1, 0) and out.dtype == np.float32
+
+
+def test_complex_inputs_are_refused_not_answered():
+    # MLX's complex VJPs follow no one convention (mx.power's is the conjugate of mx.multiply's), so the
+    # plugin declares complex=False, and the core refuses complex inputs for a backend that does (before:
+    # jacrev(lambda z: z ** 2) on mlx gave conj(2 z))
+    assert not MLX.capabilities.complex
+    z = np.array([1 + 1j, 2 - 0.5j], dtype=np.complex64)
+    for transform in (unigrad.jacrev, unigrad.jacfwd, unigrad.grad):
+        with pytest.raises(TypeError, match=r"argument 0 has dtype complex64.*mlx backend does not differentiate "
+                                            r"complex"):
+            transform(lambda z: z ** 2 if transform is not unigrad.grad else unigrad.namespace(z).real(z * z)[0],
+                      backend="mlx")(z)

@@ -85,6 +85,12 @@ def make_plan(b: Backend, device, args, leaves, treedef, argnums, fname, weak=()
             raise TypeError(
                 f"{fname}: {names[k]} has dtype {name}; only floating-point or complex inputs can be "
                 f"differentiated (cast it, e.g. to float64, or leave it out of argnums)")
+        if name.startswith("complex") and not b.capabilities.complex:
+            # a backend that does not declare complex gives no derivatives of it, never unchecked ones
+            names = names or _diff_names(args, which, argnums is None)
+            raise TypeError(
+                f"{fname}: {names[k]} has dtype {name}, and the {b.name} backend does not differentiate complex "
+                f"numbers (capabilities.complex is False); use a backend that does (numpy, torch, jax, tensorflow)")
         dtypes.append(name)
     weak_dynamic = []
     for a in rest:

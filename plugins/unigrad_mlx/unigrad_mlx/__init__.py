@@ -8,8 +8,11 @@ the transforms themselves: ``mx.vjp`` and ``mx.jvp`` (true forward mode), ``mx.v
 * ``mx.vjp`` takes the cotangents together with the primals (there is no pullback to keep), so
   ``vjp`` evaluates ``f`` once for the outputs and ``vjp_fn`` runs ``mx.vjp`` at the primals for each
   call (MLX is lazy: the outputs' forward pass runs only when they are read).
-* Complex numbers: MLX's VJP is the conjugate of unigrad's convention (JAX's); ``vjp_fn`` conjugates
-  the cotangents in and the result out, so complex64 gets unigrad's answers.
+* Complex numbers are not declared: MLX 0.32's VJPs of complex functions follow no one convention
+  (``mx.multiply``, ``mx.exp``, ``mx.sin``... give the conjugate of unigrad's (JAX's), ``mx.power`` and the
+  ``**`` operator give unigrad's own), so no conjugation at the boundary can make them all right, and
+  ``z ** 2`` reaches MLX directly. unigrad refuses complex inputs on this backend rather than answer
+  wrongly. (The conjugation below keeps real results unchanged and is what the other primitives need.)
 * float64: MLX computes some float64 functions at float32 accuracy, so the backend does not declare
   ``float64`` and converts float64 inputs to float32, as ``mx.array`` does (see ``MlxBackend.capabilities``).
 """
@@ -94,8 +97,9 @@ class MlxBackend(unigrad.Backend):
     # sin, cos, exp and erf of float64 at float32 accuracy (relative errors 5e-8 to 2e-7, measured in
     # tests/test_mlx.py), so float64 is not "computed in float64". As MLX itself does, asarray turns
     # NumPy float64 into float32 (and complex128 into complex64, MLX's only complex type).
+    # complex False: MLX's complex VJPs disagree with each other on the convention (see the module's text).
     capabilities = unigrad.Capabilities(forward_mode=True, vmap=True, compile=True, higher_order=True,
-                                        complex=True, float64=False, custom_rules=True)
+                                        complex=False, float64=False, custom_rules=True)
     # An mx.array can be written in place (x[...] = v), so the core hands vjp copies.
     mutable_arrays = True
 

@@ -57,7 +57,7 @@ def rule():
 # the cells docs/conventions.md shows as "rev A / fwd B")
 ALONE = {
     "x ** y at a negative base": (lambda z: z[:1] ** z[1:], [-2.0, 2.0], [[-4.0, NAN]],
-                                  {b: [[NAN, NAN]] for b in ("torch", "jax", "autograd")}),
+                                  {b: [[NAN, NAN]] for b in ("torch", "jax", "autograd", "mlx")}),
     "sqrt at 0": (lambda z: unigrad.namespace(z).sqrt(z), [0.0], [[INF]], {}),
     "the where trap": (lambda z: unigrad.namespace(z).where(z > 0, unigrad.namespace(z).log(z), 0.0 * z), [0.0],
                        [[NAN]], {b: [[0.0]] for b in ("numpy", "torch", "jax", "tensorflow", "autograd")}),

@@ -199,7 +199,7 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         "  forward mode cannot follow, the table shows `rev A / fwd B`:",
         "  - the `where` trap below, on every backend: a reverse-mode trap (forward mode selects the tangent",
         "    of the branch taken, so it gives 0);",
-        "  - a Jacobian column of `x ** y` on torch, JAX and autograd (their own JVP of `pow`): a forward",
+        "  - a Jacobian column of `x ** y` on torch, JAX, autograd and MLX (their own JVP of `pow`): a forward",
         "    pass multiplies the *other* input's derivative (NaN at a negative base, inf at `0 ** 0.5`) by",
         "    its zero tangent, and gets NaN where reverse mode, which gives each input its own cotangent,",
         "    gets a number. The tape and TensorFlow add a zero tangent's term as 0 (a select, never a",

@@ -28,14 +28,13 @@ _SHARED = [
     "abs", "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cos", "cosh", "exp", "expm1", "log",
     "log1p", "log2", "log10", "sqrt", "square", "negative", "positive", "floor", "ceil", "trunc", "sin",
     "sinh", "tan", "tanh", "real", "imag", "conj", "isnan", "isinf", "isfinite", "add", "subtract", "multiply",
-    "divide", "maximum", "minimum", "logaddexp", "remainder", "equal", "not_equal", "less", "less_equal",
+    "divide", "logaddexp", "remainder", "equal", "not_equal", "less", "less_equal",
     "greater", "greater_equal", "logical_and", "logical_or", "logical_not", "logical_xor", "floor_divide",
     "all", "any", "sum", "mean", "argmax", "argmin", "reshape", "stack", "expand_dims",
     "squeeze", "matmul", "tensordot", "moveaxis", "matrix_transpose", "permute_dims", "flip",
     "broadcast_arrays", "broadcast_to", "unstack", "take_along_axis", "sigmoid", "logsumexp", "erf",
 ]
 globals().update({name: getattr(mx, name) for name in _SHARED})
-pow = mx.power  # noqa: A001 (the standard's name)
 # (so in this module ``sum``, ``max``, ``min``, ``abs``, ``round``, ``all``, ``any``, ``pow`` and ``bool``
 # are the standard's, not Python's builtins: the code below says ``builtins.max`` where it means Python's)
 
@@ -240,6 +239,37 @@ def clip(x, /, min=None, max=None):  # noqa: A002 (the standard's names)
     if max is not None:
         out = mx.where(out > max, max, out)
     return out.astype(x.dtype) if out.dtype != x.dtype else out
+
+
+def _is_float(x):
+    return isinstance(x, builtins.float) or (isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.inexact))
+
+
+def _tie_rule(name, pick):
+    """maximum / minimum with unigrad's rule at a tie (docs/conventions.md): half the derivative to each
+    operand (MLX's own gives all of it to one). The value at a tie is x1 * 0.5 + x2 * 0.5 (no overflow)."""
+    def extremum(x1, x2, /):
+        if not (_is_float(x1) or _is_float(x2)):
+            return pick(x1, x2)
+        first = (x1 > x2) if pick is mx.maximum else (x1 < x2)
+        second = (x1 < x2) if pick is mx.maximum else (x1 > x2)
+        return mx.where(first, x1, mx.where(second, x2, x1 * 0.5 + x2 * 0.5))
+    extremum.__name__ = name
+    return extremum
+
+
+maximum = _tie_rule("maximum", mx.maximum)
+minimum = _tie_rule("minimum", mx.minimum)
+
+
+def pow(x1, x2, /):  # noqa: A001 (the standard's name)
+    """x1 ** x2; where x2 is 0 the derivative with respect to x1 is 0 (unigrad's rule; MLX's own is
+    0 * x1 ** -1, NaN at x1 = 0), with respect to x2 it is log(x1) * x1 ** x2 as ever."""
+    if isinstance(x2, (builtins.int, builtins.float)) and not isinstance(x2, builtins.bool):
+        return mx.power(mx.stop_gradient(x1) if x2 == 0 else x1, x2)
+    if isinstance(x2, mx.array) and isinstance(x1, mx.array):
+        x1 = mx.where(x2 == 0, mx.stop_gradient(x1), x1)
+    return mx.power(x1, x2)
 
 
 def where(condition, x1, x2, /):

@@ -25,7 +25,7 @@ import functools
 import jax
 import numpy as np
 
-from unigrad.dependence import Node, Program, Rule, codes, register_rules
+from unigrad.dependence import Aval, Node, Program, Rule, codes, register_rules
 
 # The jaxpr's primitives, under "lax.": the class of dependence of each (unigrad.dependence's rule kinds). A
 # zero-derivative primitive's rows must hold in value too (``in_value``: JAX evaluates a proved f one row at
@@ -74,13 +74,6 @@ _OPAQUE = ("custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
 _CUSTOM_DEPTH = 4  # custom_jvp rules expanded inside custom_jvp rules (a rule calling its own function)
 _UNROLL = 4000  # equations an unrolled loop may add to an index-set program (beyond: one loop node)
 
-
-class Aval:
-    """A value known only by its shape and dtype (an input-dependent value of the jaxpr)."""
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
 
 
 def jaxpr_program(f, args, unroll=True, order=2):

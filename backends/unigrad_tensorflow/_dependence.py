@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from unigrad.dependence import Node, Program, Rule, register_rules
+from unigrad.dependence import Aval, Node, Program, Rule, register_rules
 
 # TensorFlow graph operations (a FuncGraph), under "tf." with TensorFlow's op type names, which are exact
 # (MatMul, BatchMatMulV2: no variadic suffix).
@@ -70,13 +70,6 @@ _LAST_TWO = frozenset({"FFT2D", "IFFT2D", "RFFT2D", "IRFFT2D"})
 _NOT_DATA = {"Select": (0,), "SelectV2": (0,)}  # operand positions without a derivative
 _STRUCTURAL_DATA = {"GatherV2": ("params",), "GatherNd": ("params",), "Fill": ("value",)}  # data operands by name (others: type T)
 
-
-class Aval:
-    """A value known only by its shape and dtype. (The name is what the structural rules look for.)"""
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
 
 
 def graph_program(ops, inputs, outputs, ids=None, nodes_of=None) -> Program:

@@ -24,7 +24,7 @@ import operator
 
 import numpy as np
 
-from unigrad.dependence import Node, Program, Rule, register_rules, rule_for
+from unigrad.dependence import Aval, Node, Program, Rule, register_rules, rule_for
 
 # ATen operations (a torch.fx graph), under "aten.": the class of dependence of each.
 register_rules("aten.", [
@@ -62,13 +62,6 @@ register_rules("aten.", [
     ("native_batch_norm_training", Rule("lane", "nonlinear")),  # statistics over the batch
 ])
 
-
-class Aval:
-    """A value known only by its shape and dtype. (The name is what the structural rules look for.)"""
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
 
 
 _RENAME = {"view": "reshape", "_unsafe_view": "reshape", "reshape": "reshape", "permute": "permute_dims",

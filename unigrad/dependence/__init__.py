@@ -23,14 +23,14 @@ import warnings
 
 import numpy as np
 
-from ._program import Node, Program, from_tape, nearby, same_structure, trace_tape, user_site  # noqa: F401
+from ._program import Aval, Node, Program, from_tape, nearby, same_structure, trace_tape, user_site  # noqa: F401
 from ._rows import Mixed, Unknown, prove_rows  # noqa: F401
 from ._rules import Rule, codes, op_name, register_rules, rule_for  # noqa: F401
 from ._sets import SetInterpreter
 
 # The analysis (jacobian_sparsity, hessian_sparsity, prove_rows) and what a backend's front-end builds its
 # program from (Program, Node, Rule, register_rules, rule_for, codes, Mixed, Unknown: docs/plugins.md).
-__all__ = ["jacobian_sparsity", "hessian_sparsity", "SparsityWarning", "prove_rows", "Program", "Node", "Rule",
+__all__ = ["jacobian_sparsity", "hessian_sparsity", "SparsityWarning", "prove_rows", "Program", "Node", "Aval", "Rule",
            "register_rules", "rule_for", "op_name", "codes", "Mixed", "Unknown"]
 
 

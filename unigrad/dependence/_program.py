@@ -50,6 +50,15 @@ class Node:
             self.args[pos].shape)
 
 
+class Aval:
+    """A value a front-end knows only by its shape and dtype: an argument of a :class:`Node` that depends on
+    the inputs, or a constant whose value must not be read. (The rules look for the name ``Aval``.)"""
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
 @dataclass
 class Program:
     inputs: list  # value ids

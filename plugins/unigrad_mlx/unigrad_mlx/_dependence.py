@@ -30,7 +30,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from unigrad.dependence import Node, Program, Rule, register_rules
+from unigrad.dependence import Aval, Node, Program, Rule, register_rules
 
 register_rules("mlx.", [
     ("Add Subtract Negative Abs Maximum Minimum Select Full Copy Real Imag Conjugate Remainder "
@@ -59,13 +59,6 @@ _NOT_DATA = {"Select": (0,)}  # operand positions that carry no derivative
 _INDEXED = frozenset({"Gather", "GatherAxis"})  # structural with index operands after the first
 _FOLD_LIMIT = 1 << 16  # elements: larger values computed from constants alone are not kept
 
-
-class Aval:
-    """A value known only by its shape and dtype. (The name is what the structural rules look for.)"""
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
 
 
 def export_program(f, primals, *, has_aux=False, unknown=()) -> Program:

@@ -53,7 +53,8 @@ def main():
         else:
             diff = max(float(np.max(np.abs(grads[k] - reference[k]))) for k in grads)
             line += f"  (max |difference| from the first backend: {diff:.1e})"
-            assert diff < 1e-12, (name, diff)
+            # float64 agrees to rounding; a backend that computes no float64 (MLX) gets float32's accuracy
+            assert diff < (1e-12 if unigrad.get_backend(name).capabilities.float64 else 1e-5), (name, diff)
         print(line)
 
 

@@ -67,8 +67,9 @@ def main():
         chunked = unigrad.to_numpy(per_example_jacobians(x, w, backend=name, chunk_size=1))  # one sweep at a time
         error = float(np.max(np.abs(jac - want)))
         print(f"{name:>10}: per-example Jacobians {jac.shape} (B, m, n); max |error| vs hand-written: {error:.1e}")
-        assert jac.shape == want.shape and error < 1e-12, (name, error)
-        np.testing.assert_allclose(chunked, jac, rtol=1e-14, atol=1e-15)
+        single = not unigrad.get_backend(name).capabilities.float64  # MLX: float32's accuracy
+        assert jac.shape == want.shape and error < (1e-5 if single else 1e-12), (name, error)
+        np.testing.assert_allclose(chunked, jac, rtol=1e-6 if single else 1e-14, atol=1e-7 if single else 1e-15)
 
 
 if __name__ == "__main__":

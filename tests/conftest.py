@@ -86,6 +86,30 @@ def pytest_collection_modifyitems(config, items):
         slow = getattr(getattr(item, "module", None), "SLOW_CASES", ())
         if item.name in slow:
             item.add_marker(pytest.mark.slow)
+        if getattr(item, "originalname", None) in getattr(getattr(item, "module", None), "FLOAT64_TESTS", ()):
+            name = _backend_of(item)
+            if name is not None and not _computes_float64(name):
+                item.add_marker(pytest.mark.skip(
+                    reason=f"{name} computes no float64 (capabilities.float64 False), and this test holds float64 "
+                           f"results to float64's tolerances; the conformance suite checks {name} at float32"))
+
+
+def _backend_of(item):
+    """The backend name a parametrised case runs on (the ``backend`` fixture's, or a ``name`` parameter)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for key in ("unigrad_backend", "backend", "name"):
+        if isinstance(params.get(key), str):
+            return params[key]
+    return None
+
+
+def _computes_float64(name):
+    import unigrad
+
+    try:
+        return unigrad.get_backend(name).capabilities.float64
+    except Exception:  # not a backend (a parameter that happens to be called name): nothing to skip
+        return True
 
 
 def pytest_report_header(config):

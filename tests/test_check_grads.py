@@ -255,10 +255,16 @@ def exp_sin_program(x0):
 def test_exp_sin_program_at_the_reported_point(unigrad_backends):
     x0 = np.array([0.047286498801026866, 1.8018547853037412])  # was "JVP 3.26536 against FD 3.26528"
     check_grads(exp_sin_program, (x0,), order=2)
-    for name in unigrad_backends:
+    for name in _float64(unigrad_backends):
         check_grads(exp_sin_program, (x0,), order=1, backend=name)
     report = compare(exp_sin_program, (x0,), backends=unigrad_backends, repeats=0)
     assert report.verdict == "agree", report
+
+
+def _float64(names):
+    """The backends that compute float64: these points (a tie 1.6e-5 apart, a jump 3.3e-4 away) are
+    float64's; at float32 the finite-difference step spans them (MLX computes no float64)."""
+    return [n for n in names if unigrad.get_backend(n).capabilities.float64]
 
 
 def minimum(x):
@@ -280,7 +286,7 @@ def remainder(x):
 ], ids=["min_near_tie", "sort_near_tie", "mod_near_jump"])
 def test_kink_or_jump_inside_the_old_step_is_not_a_false_alarm(f, x, unigrad_backends):
     check_grads(f, (x,), order=2 if f is not remainder else 1)
-    for name in unigrad_backends:
+    for name in _float64(unigrad_backends):
         check_grads(f, (x,), order=1, backend=name)
 
 

@@ -15,6 +15,9 @@ import pytest
 
 import unigrad
 
+# complex128 inputs: skipped on a backend that computes no float64 (conftest)
+FLOAT64_TESTS = ("test_auto_mode_of_a_complex_input_is_the_reverse_one_whatever_the_shapes",)
+
 
 def _np(x):
     return np.asarray(unigrad.to_numpy(x))

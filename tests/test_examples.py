@@ -39,6 +39,10 @@ SLOW_CASES = {"test_example_on_each_backend[jax-brusselator_newton.py]",
               "test_example_on_each_backend[tensorflow-brusselator_newton.py]"}
 
 
+# the examples check their float64 answers to float64's accuracy: skipped on a backend that computes no float64
+FLOAT64_TESTS = ("test_example_on_each_backend",)
+
+
 @pytest.mark.parametrize("script", PER_BACKEND)
 def test_example_on_each_backend(script, backend, capsys):
     _main(script)(backend)
@@ -51,10 +55,15 @@ def test_example_on_every_installed_backend(script, capsys):
     lines = capsys.readouterr().out.splitlines()
     installed = [name for name, info in unigrad.backends().items() if info["available"]]
     assert [line.split(":")[0].strip() for line in lines] == sorted(installed, key=lambda n: n != "numpy")
-    if script == "per_example_jacobian.py":
-        assert all("(6, 3, 4)" in line and float(line.rsplit(":", 1)[1]) < 1e-12 for line in lines)
-    else:
-        assert all("loss = 0.6134800918" in line for line in lines)
+    single = {n for n in installed if not unigrad.get_backend(n).capabilities.float64}  # float32's accuracy
+    for line in lines:
+        name = line.split(":")[0].strip()
+        if script == "per_example_jacobian.py":
+            assert "(6, 3, 4)" in line and float(line.rsplit(":", 1)[1]) < (1e-5 if name in single else 1e-12)
+        elif name in single:
+            assert abs(float(line.split("loss = ")[1].split()[0]) - 0.6134800918) < 1e-5, line
+        else:
+            assert "loss = 0.6134800918" in line
 
 
 def test_torch_model_in_a_jax_loss_trains_and_checks(capsys):

@@ -12,7 +12,9 @@ the transforms themselves: ``mx.vjp`` and ``mx.jvp`` (true forward mode), ``mx.v
   (``mx.multiply``, ``mx.exp``, ``mx.sin``... give the conjugate of unigrad's (JAX's), ``mx.power`` and the
   ``**`` operator give unigrad's own), so no conjugation at the boundary can make them all right, and
   ``z ** 2`` reaches MLX directly. unigrad refuses complex inputs on this backend rather than answer
-  wrongly. (The conjugation below keeps real results unchanged and is what the other primitives need.)
+  wrongly. Complex values *inside* ``f`` (real in, real out) still reach MLX: the conjugation below is
+  what its primitives need, and the namespace's ``pow`` has rules of its own; MLX's ``**`` operator on a
+  complex ``mx.array`` keeps MLX's defect (a wrong gradient: write ``xp.pow``).
 * float64: MLX computes some float64 functions at float32 accuracy, so the backend does not declare
   ``float64`` and converts float64 inputs to float32, as ``mx.array`` does (see ``MlxBackend.capabilities``).
 """

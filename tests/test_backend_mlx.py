@@ -184,3 +184,133 @@ def test_the_complex_power_operator_inside_f():
     x = np.array([1.0, 2.0], dtype=np.float32)
     np.testing.assert_allclose(_np(unigrad.grad(f, backend="mlx")(mx.array(x))),
                                np.asarray(unigrad.grad(f)(x.astype(np.float64))), rtol=2e-5, atol=1e-5)
+
+
+# Ties everywhere: along every axis and over several axes at once (dyadic values: exact in float32)
+TIES = np.array([[[1.0, 2.0, 2.0], [2.0, 0.5, 2.0]], [[-1.0, -1.0, 3.0], [3.0, -1.0, 0.25]]])
+
+
+def _reductions_at_ties(x):
+    xp = unigrad.namespace(x)
+    parts = [xp.max(x, axis=(0, 2), keepdims=True) * x, xp.min(x, axis=1) ** 2, xp.max(x * x),
+             xp.min(x, axis=(-2, -1)), xp.max(x, axis=0), xp.linalg.vector_norm(x, axis=-1, ord=float("inf")),
+             xp.linalg.vector_norm(x, axis=1, ord=-float("inf")), xp.linalg.matrix_norm(x, ord=1),
+             xp.linalg.matrix_norm(x, ord=-float("inf"))]
+    return xp.concat([xp.reshape(p, (-1,)) for p in parts])
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_max_and_min_split_a_tie_in_forward_mode_as_in_reverse(compile):
+    # docs/conventions.md: max([1, 1, 0]) has derivative [.5, .5, 0] in both modes; MLX's own JVP of a
+    # max / min reduction gave all of it to one element ([1, 0, 0]) while its VJP split
+    def f(x):
+        return unigrad.namespace(x).max(x)
+
+    x = np.array([2.0, 2.0, 0.5], np.float32)
+    for transform in (unigrad.jacfwd, unigrad.jacrev, unigrad.grad):
+        assert _np(transform(f, backend="mlx", compile=compile)(x)).tolist() == [0.5, 0.5, 0.0]
+    _, t = unigrad.jvp(f, (x,), (np.array([1.0, 3.0, 5.0], np.float32),), backend="mlx")
+    assert float(_np(t)) == 2.0  # (1 + 3) / 2
+    for transform in (unigrad.jacfwd, unigrad.jacrev):
+        want = np.asarray(transform(_reductions_at_ties, backend="numpy")(TIES))
+        got = _np(transform(_reductions_at_ties, backend="mlx", compile=compile)(TIES.astype(np.float32)))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=transform.__name__)
+
+
+def test_max_and_min_ties_to_second_order_and_batched():
+    def g(x):
+        xp = unigrad.namespace(x)
+        y = _reductions_at_ties(x)
+        return xp.sum(y * xp.sin(y))
+
+    x32 = TIES.astype(np.float32)
+    want = np.asarray(unigrad.hessian(g, backend="numpy")(TIES))
+    for outer, inner in ((unigrad.jacfwd, unigrad.jacfwd), (unigrad.jacfwd, unigrad.jacrev),
+                         (unigrad.jacrev, unigrad.jacfwd)):
+        got = _np(outer(inner(g), backend="mlx")(x32))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{outer.__name__}({inner.__name__})")
+
+    def rows(x):  # row-wise: per-example blocks, ties in rows 0, 2 and 3
+        return unigrad.namespace(x).max(x, axis=-1) * x[..., 0]
+
+    b = TIES.reshape(4, 3)
+    for mode in ("fwd", "rev"):
+        np.testing.assert_array_equal(_np(unigrad.batched_jacobian(rows, mode=mode, backend="mlx")(b.astype(np.float32))),
+                                      unigrad.batched_jacobian(rows, mode=mode, backend="numpy")(b))
+
+
+def test_max_and_min_values_are_mlxs_own_bit_for_bit():
+    # the tie rule adds a term that is +0 in value: -0.0, infinities and NaN come out as MLX's reduction has them
+    xp = unigrad.namespace(mx.array(0.0))
+    for a in ([-0.0, -0.0], [np.inf, 1.0, np.inf], [-np.inf, -np.inf], [np.nan, 1.0], [1 / 3, 1 / 3, 1 / 3, 0.1],
+              [3e38, 3e38, -3e38]):
+        a = mx.array(np.array(a, np.float32))
+        for ours, theirs in ((xp.max, mx.max), (xp.min, mx.min)):
+            got, want = np.asarray(ours(a)), np.asarray(theirs(a))
+            assert np.array_equal(got, want, equal_nan=True) and np.signbit(got) == np.signbit(want), (a, got, want)
+    grad = unigrad.grad(lambda x: unigrad.namespace(x).max(x), backend="mlx")
+    fwd = unigrad.jacfwd(lambda x: unigrad.namespace(x).max(x), backend="mlx")
+    for transform in (grad, fwd):  # a tie at infinity splits too (no NaN), and a zero derivative is +0
+        got = _np(transform(np.array([np.inf, np.inf, 0.5], np.float32)))
+        assert got.tolist() == [0.5, 0.5, 0.0] and not np.signbit(got).any()
+
+
+def _indexed_by_own_order(x):
+    xp = unigrad.namespace(x)
+    first = xp.take(x[0], xp.argsort(x[0])) * x[0]
+    rows = xp.take_along_axis(x, xp.argsort(x, axis=1, descending=True), axis=1) * x
+    item = x[1][xp.argmax(x[1])] * x[1] + x[2][xp.argmin(x[2])]
+    by_value = xp.take(x[2], xp.astype(xp.where(x[2] > 0, 1, 0), xp.int32)) * x[2]  # an astype, a where of ints
+    counted = x[0][xp.sum(x[1] > 0)] * x[2]  # a sum of comparisons
+    return xp.concat([first, xp.reshape(rows, (-1,)), item, by_value, counted])
+
+
+def test_indices_computed_from_x_carry_no_derivative():
+    # MLX's gather refused to differentiate through indices computed from x in either mode ("[gather]
+    # Cannot calculate VJP with respect to indices"); every other backend returns the Jacobian
+    x = np.array([[0.3, -1.0, 2.0, 0.5], [1.5, -0.25, 0.75, 1.0], [-2.0, 0.5, 1.25, -0.5]])
+    for transform in (unigrad.jacfwd, unigrad.jacrev):
+        want = np.asarray(transform(_indexed_by_own_order, backend="numpy")(x))
+        for compile in (False, True):
+            got = _np(transform(_indexed_by_own_order, backend="mlx", compile=compile)(x.astype(np.float32)))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"{transform.__name__} {compile}")
+    np.testing.assert_allclose(_np(_indexed_by_own_order(mx.array(x.astype(np.float32)))),
+                               _indexed_by_own_order(x), rtol=1e-6)
+
+    def native_index(x):  # indices from MLX's own operators, handed to the namespace's take
+        return unigrad.namespace(x).take(x, (x > 0).astype(mx.int32)) * x
+
+    v = np.array([0.3, -1.0, 2.0], np.float32)  # indices [1, 0, 1]: sum = 2 x0 x1 + x1 x2
+    for transform in (unigrad.grad, unigrad.jacfwd):
+        got = _np(transform(lambda x: unigrad.namespace(x).sum(native_index(x)), backend="mlx")(v))
+        np.testing.assert_allclose(got, [2 * v[1], 2 * v[0] + v[2], v[1]], rtol=1e-6)
+
+
+def test_indices_made_by_mlxs_own_operators_get_an_error_that_says_what_to_write():
+    # x[i] with i from MLX's own operators is MLX's gather, out of the namespace's reach: a clear error
+    def f(x):
+        return x[mx.argsort(x)] * x
+
+    x = np.array([0.3, -1.0, 2.0], np.float32)
+    for transform in (unigrad.jacrev, unigrad.jacfwd):
+        with pytest.raises(ValueError, match=r"indexes with an integer array computed from a differentiated value.*"
+                                             r"xp\.take.*mx\.stop_gradient"):
+            transform(f, backend="mlx")(x)
+    # what it says to write works
+    got = _np(unigrad.jacrev(lambda x: x[mx.stop_gradient(mx.argsort(x))] * x, backend="mlx")(x))
+    np.testing.assert_allclose(got, unigrad.jacrev(lambda x: x[unigrad.namespace(x).argsort(x)] * x,
+                                                   backend="numpy")(x.astype(np.float64)), rtol=1e-6)
+
+
+def test_a_cast_to_integers_carries_no_derivative():
+    # MLX's astype passes the derivative through a cast to int32 and back: grad of int(3 x) * x was
+    # int(3 x) + 3 x ([7, 12] at [1.5, 2]); the tape and JAX give int(3 x) ([4, 6])
+    def f(x):
+        xp = unigrad.namespace(x)
+        return xp.sum(xp.astype(xp.astype(x * 3, "int32"), "float32") * x)
+
+    x = np.array([1.5, 2.0], np.float32)
+    want = unigrad.grad(f, backend="numpy")(x.astype(np.float64))
+    np.testing.assert_array_equal(want, [4.0, 6.0])
+    for transform in (unigrad.grad, unigrad.jacfwd):
+        np.testing.assert_array_equal(_np(transform(f, backend="mlx")(x)), want)

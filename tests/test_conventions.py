@@ -36,14 +36,16 @@ PROMISED = {
     "pow, negative base": ("nan", ["numpy", "torch", "jax", "tensorflow"]),
     # one value in reverse and forward mode (tensorflow's forward mode gave 1 / 0 at ties until the
     # namespace recorded its own JVP)
-    "relu at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
-    "maximum(0, x) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
-    "minimum(x, 0) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
-    "minimum(0, x) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
-    "maximum tie": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
-    "maximum tie, swapped": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
-    "minimum tie": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
-    "minimum tie, swapped": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd"]),
+    "relu at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
+    "maximum(0, x) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
+    "minimum(x, 0) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
+    "minimum(0, x) at 0": ("0.5", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
+    "maximum tie": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
+    "maximum tie, swapped": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
+    "minimum tie": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
+    "minimum tie, swapped": ("0.5, 0.5", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
+    # (mlx's forward mode gave [1, 0, 0] until its namespace's max / min split ties themselves)
+    "max reduction tie": ("[0.5, 0.5, 0]", ["numpy", "torch", "jax", "tensorflow", "autograd", "mlx"]),
     "pow, negative base, both": ("-4, nan", ["numpy", "tensorflow"]),  # torch, JAX, autograd: fwd nan, nan
     "pow, base 0, both": ("inf, 0", ["numpy", "tensorflow"]),
     "max of empty": ("error: ValueError", ["numpy", "torch", "jax"]),

@@ -39,17 +39,20 @@ def kinks(z):
         z[9] ** z[10],                      # 11: base 0
         xp.remainder(z[11], z[12]),         # 12: an exact multiple
         xp.sign(z[13]),                     # 13
+        xp.max(z[4:7]),                     # 14: a reduction's tie (z[6] = 0 is below it)
+        xp.min(-z[4:7]),                    # 15
     ])
 
 
 def rule():
     """The documented derivative of each output (docs/conventions.md, "The rules chosen"): the same in
     reverse and forward mode."""
-    j = np.zeros((14, Z.size))
+    j = np.zeros((16, Z.size))
     j[0, 0] = j[1, 1] = j[2, 2] = j[3, 3] = 0.5
     j[4, 4:6] = j[5, 4:6] = j[6, 4:6] = 0.5
     j[8, 6] = j[9, 7] = 1.0
     j[12, 11:13] = (1.0, 2.0)  # 1 and -floor(2 / -1)
+    j[14, 4:6], j[15, 4:6] = 0.5, -0.5  # a reduction's tie splits, as maximum's (MLX's own JVP: all to one)
     return j  # abs, pow(x, 0.0), 0 ** 2 (both inputs) and sign: 0
 
 

@@ -21,6 +21,7 @@ the transforms themselves: ``mx.vjp`` and ``mx.jvp`` (true forward mode), ``mx.v
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import mlx.core as mx
@@ -86,6 +87,23 @@ def _joined(traced):
     def joined(*primals):
         return [_join(traced(*primals))]
     return joined
+
+
+@contextlib.contextmanager
+def _indices_said_plainly():
+    """MLX's gather and scatter refuse to differentiate through indices that depend on a differentiated
+    value. The namespace's integer results and ``take`` indices carry no derivative, so only indices made
+    by MLX's own operators reach this: the ValueError says what to write instead."""
+    try:
+        yield
+    except ValueError as exc:
+        if "with respect to indices" not in str(exc):
+            raise
+        raise ValueError(
+            "f indexes with an integer array computed from a differentiated value by MLX's own operators "
+            "(x[i], mx.take, x.at[i]); indices carry no derivative, but MLX cannot differentiate through "
+            "them: compute them with the namespace (xp.argsort, xp.astype, ...), index with xp.take / "
+            f"xp.take_along_axis, or write mx.stop_gradient(i). MLX said: {exc}") from exc
 
 
 class MlxBackend(unigrad.Backend):
@@ -171,7 +189,7 @@ class MlxBackend(unigrad.Backend):
 
         def vjp_fn(cotangents):
             cts = [_conj(c) for c in cotangents]
-            with _LOCK:
+            with _LOCK, _indices_said_plainly():
                 _, grads = mx.vjp(_joined(traced), list(primals), [_join(cts)])
             return tuple(_like(_conj(g), p) for g, p in zip(grads, primals))
 
@@ -179,7 +197,7 @@ class MlxBackend(unigrad.Backend):
 
     def jvp(self, f, primals, tangents, *, has_aux=False):
         traced, aux_out = _outputs(f, has_aux)
-        with _LOCK:
+        with _LOCK, _indices_said_plainly():
             outputs, tangents_out = mx.jvp(traced, list(primals), list(tangents))
         tangents_out = tuple(_like(t, o) for t, o in zip(tangents_out, outputs))
         return tuple(outputs), tangents_out, (aux_out[-1] if has_aux else None)

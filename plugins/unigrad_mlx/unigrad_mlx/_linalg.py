@@ -40,10 +40,11 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):  # noqa: A002 (the s
         return mx.where(zero, mx.zeros_like(squares), mx.sqrt(mx.where(zero, mx.ones_like(squares), squares)))
     if ord == 1:
         return mx.sum(a, axis=axes, keepdims=keepdims)
+    # (the namespace's max / min: a tie splits the derivative in both modes, docs/conventions.md)
     if ord == float("inf"):
-        return mx.max(a, axis=axes, keepdims=keepdims)
+        return _xp.max(a, axis=axes, keepdims=keepdims)
     if ord == -float("inf"):
-        return mx.min(a, axis=axes, keepdims=keepdims)
+        return _xp.min(a, axis=axes, keepdims=keepdims)
     if ord == 0:
         return mx.sum(x != 0, axis=axes, keepdims=keepdims).astype(a.dtype)
     return mx.sum(a ** ord, axis=axes, keepdims=keepdims) ** (1.0 / ord)
@@ -171,13 +172,13 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):  # noqa: A002 (the standard
         return vector_norm(x, axis=(-2, -1), keepdims=keepdims)
     if ord in ("nuc", 2, -2):
         s = svdvals(x)
-        out = mx.sum(s, axis=-1) if ord == "nuc" else (mx.max(s, axis=-1) if ord == 2 else mx.min(s, axis=-1))
+        out = mx.sum(s, axis=-1) if ord == "nuc" else (_xp.max(s, axis=-1) if ord == 2 else _xp.min(s, axis=-1))
     elif ord in (1, -1):
         col = mx.sum(mx.abs(x), axis=-2)
-        out = mx.max(col, axis=-1) if ord == 1 else mx.min(col, axis=-1)
+        out = _xp.max(col, axis=-1) if ord == 1 else _xp.min(col, axis=-1)
     elif ord in (float("inf"), -float("inf")):
         row = mx.sum(mx.abs(x), axis=-1)
-        out = mx.max(row, axis=-1) if ord == float("inf") else mx.min(row, axis=-1)
+        out = _xp.max(row, axis=-1) if ord == float("inf") else _xp.min(row, axis=-1)
     else:
         raise ValueError(f"linalg.matrix_norm: ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf; got {ord!r}")
     return out[..., None, None] if keepdims else out

@@ -32,7 +32,7 @@ _SHARED = [
     "greater", "greater_equal", "logical_and", "logical_or", "logical_not", "logical_xor", "floor_divide",
     "all", "any", "sum", "mean", "argmax", "argmin", "reshape", "stack", "expand_dims",
     "squeeze", "matmul", "tensordot", "moveaxis", "matrix_transpose", "permute_dims", "flip",
-    "broadcast_arrays", "broadcast_to", "unstack", "take_along_axis", "sigmoid", "logsumexp", "erf",
+    "broadcast_arrays", "broadcast_to", "unstack", "sigmoid", "logsumexp", "erf",
 ]
 globals().update({name: getattr(mx, name) for name in _SHARED})
 # (so in this module ``sum``, ``max``, ``min``, ``abs``, ``round``, ``all``, ``any``, ``pow`` and ``bool``
@@ -437,9 +437,31 @@ def _extremum(name, reduce):
         if x.size == 0 and math.prod(shape) == 0 and not builtins.any(x.shape[a] == 0 for a in axes):
             # an empty result: MLX's derivative (argmax) refuses an empty input, so a sum stands in
             return mx.sum(x, axis=axes, keepdims=keepdims)
-        return reduce(x, axis=axes, keepdims=keepdims)
+        if not (axes and mx.issubdtype(x.dtype, mx.floating)):
+            return reduce(x, axis=axes, keepdims=keepdims)
+        return _split_ties(x, axes, keepdims, reduce)
     extremum.__name__ = name
     return extremum
+
+
+def _split_ties(x, axes, keepdims, reduce):
+    """max / min over ``axes`` with unigrad's rule at a tie (docs/conventions.md): the derivative split
+    equally among the elements that attain it, in both modes and to any order. MLX's own VJP splits, but
+    its JVP gives all of it to one element (forward mode: [1, 0, 0] for max([1, 1, 0]), reverse [.5, .5, 0]).
+
+    The value is MLX's extremum ``m`` (no derivative of its own) plus a term that is +0 in value and
+    carries the derivative: the sum over the attaining elements of (x - m), times one over their count.
+    It is added as ``m - (0 - d)``: ``m`` exactly (-0.0 too, which ``m + 0`` would make +0.0), and a zero
+    derivative is +0 (two negations). An infinite ``m`` enters ``x - m`` as 0, so ``d`` is that infinity
+    and the sum gives it back. Every operation is an MLX primitive, so vmap, compile and the exported
+    program (the proofs and sparsity patterns) see ordinary reductions."""
+    m = mx.stop_gradient(reduce(x, axis=axes, keepdims=keepdims))
+    kept = m if keepdims else mx.expand_dims(m, axes)
+    attains = mx.stop_gradient(x == kept)  # (none where m is NaN: no derivative there)
+    share = mx.stop_gradient(1 / mx.maximum(mx.sum(attains, axis=axes, keepdims=keepdims), 1).astype(x.dtype))
+    finite = mx.where(mx.isfinite(kept), kept, mx.zeros_like(kept))
+    d = mx.sum(mx.where(attains, x - finite, mx.zeros_like(x)), axis=axes, keepdims=keepdims) * share
+    return m - (0.0 - d)
 
 
 max = _extremum("max", mx.max)  # noqa: A001 (the standard's names)
@@ -479,12 +501,23 @@ def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
     return mx.diff(x, n, axis)
 
 
+def _index(indices):
+    """Indices carry no derivative. MLX's gather refuses to differentiate (either mode) through index
+    arrays computed from a differentiated value ("[gather] Cannot calculate VJP with respect to indices"),
+    so the namespace cuts them: here, and at every integer result of this module (``_cut``)."""
+    return mx.stop_gradient(indices) if isinstance(indices, mx.array) else indices
+
+
 def take(x, indices, /, *, axis=None):
     if axis is None:
         if x.ndim != 1:
             raise ValueError(f"take: axis is required for an x of {x.ndim} dimensions (shape {x.shape})")
         axis = 0
-    return mx.take(x, indices, axis=axis)
+    return mx.take(x, _index(indices), axis=axis)
+
+
+def take_along_axis(x, indices, /, *, axis=-1):
+    return mx.take_along_axis(x, _index(indices), axis=axis)
 
 
 def sort(x, /, *, axis=-1, descending=False, stable=True):
@@ -518,12 +551,17 @@ def count_nonzero(x, /, *, axis=None, keepdims=False):
     return mx.sum(x != 0, axis=axis, keepdims=keepdims)
 
 
-# ------------------------------------------------------------------ zero-size results cut from the graph
-# MLX 0.32.4's CPU reduction kernel, run on a zero-size input whose result is not empty (as the VJP of a
-# broadcast into an empty shape makes it), died of a floating-point exception or spun without end in our
-# runs (now and then: it depends on the buffers it is handed). A zero-size array carries no derivative to
-# anything, so every function here returns a zero-size result as a constant of its shape and dtype: MLX's
-# transforms then never reduce an empty array. (Python operators on mx.array, ``a + b``, are MLX's own.)
+# ------------------------------------------------------------------ results cut from the graph
+# Zero-size results: MLX 0.32.4's CPU reduction kernel, run on a zero-size input whose result is not empty
+# (as the VJP of a broadcast into an empty shape makes it), died of a floating-point exception or spun
+# without end in our runs (now and then: it depends on the buffers it is handed). A zero-size array
+# carries no derivative to anything, so every function here returns a zero-size result as a constant of
+# its shape and dtype: MLX's transforms then never reduce an empty array.
+# Integer and boolean results (argsort, argmax, astype to an integer, where of integers, a sum of
+# comparisons...) carry no derivative either; MLX keeps them in the graph, and its gather and scatter
+# then refuse to differentiate through them as indices, in both modes ("Cannot calculate VJP with respect
+# to indices": x[xp.argsort(x)]). Every function here returns them with the gradient stopped.
+# (Python operators on mx.array, ``a + b``, ``x > 0``, are MLX's own.)
 
 def _constant_if_empty(out):
     if isinstance(out, mx.array):
@@ -534,9 +572,22 @@ def _constant_if_empty(out):
     return out
 
 
-def _cut_empty(fn):
+def _cut_result(out, args):
+    if isinstance(out, mx.array):
+        if out.size == 0:
+            return mx.zeros(out.shape, dtype=out.dtype)
+        if mx.issubdtype(out.dtype, mx.inexact) or builtins.any(out is a for a in args):
+            return out  # (a float carries its derivative; an argument handed back was not computed here)
+        return mx.stop_gradient(out)  # an integer or boolean result
+    if isinstance(out, tuple):
+        items = [_cut_result(o, args) for o in out]
+        return type(out)(*items) if hasattr(out, "_fields") else tuple(items)
+    return out
+
+
+def _cut(fn):
     def cut(*args, **kwargs):
-        return _constant_if_empty(fn(*args, **kwargs))
+        return _cut_result(fn(*args, **kwargs), args)
     cut.__name__ = cut.__qualname__ = getattr(fn, "__name__", "function")
     cut.__doc__ = getattr(fn, "__doc__", None)
     cut.__wrapped__ = fn
@@ -547,5 +598,5 @@ _NOT_CUT = frozenset({"dtype_of", "numpy_dtype", "result_type", "can_cast", "isd
 for _name, _value in list(globals().items()):
     if (not _name.startswith("_") and _name not in _NOT_CUT and callable(_value)
             and not isinstance(_value, (type, mx.Dtype))):
-        globals()[_name] = _cut_empty(_value)
+        globals()[_name] = _cut(_value)
 del _name, _value

@@ -913,3 +913,61 @@ def test_take_accepts_numpy_index_arrays():
     np.testing.assert_array_equal(unigrad.to_numpy(mapped), [[0.0, 2.0], [5.0, 7.0]])
     with pytest.raises(TypeError, match=r"take: indices must be an array of integers.*float64"):
         TORCH.namespace().take(torch.ones(3), np.array([0.0]))
+
+
+# ------------------------------------------------------------------ an f that writes into its argument
+def _doubles_in_place(x):
+    x.mul_(2.0)  # the function as written: x -> (2 x) ** 2
+    return x ** 2
+
+
+def _doubles_a_view_in_place(x):
+    x.view(x.shape).mul_(2.0)  # a write through a view of the argument
+    return x ** 2
+
+
+_WRITES = {
+    "grad": lambda f, x: unigrad.grad(lambda v: f(v).sum(), backend="torch")(x),
+    "grad-recorded": lambda f, x: unigrad.grad(lambda v: f(v).sum(), backend="torch")(x.requires_grad_()).detach(),
+    "value_and_grad": lambda f, x: unigrad.value_and_grad(lambda v: f(v).sum(), backend="torch")(x)[1],
+    "vjp": lambda f, x: unigrad.vjp(f, x, backend="torch")[1](torch.ones_like(x))[0],
+    "jvp": lambda f, x: unigrad.jvp(f, (x,), (torch.ones_like(x),), backend="torch")[1],
+    "jacobian": lambda f, x: unigrad.jacobian(f, backend="torch")(x).sum(0),
+    "jacfwd": lambda f, x: unigrad.jacobian(f, backend="torch", mode="fwd")(x).sum(0),
+    "batched_jacobian": lambda f, x: unigrad.batched_jacobian(f, backend="torch")(x[:, None]).reshape(-1),
+    "batched_jacobian-fwd": lambda f, x: unigrad.batched_jacobian(f, backend="torch", mode="fwd")(
+        x[:, None]).reshape(-1),
+    "hessian": lambda f, x: unigrad.hessian(lambda v: f(v).sum(), backend="torch")(x) @ x.clone(),
+    "hvp": lambda f, x: unigrad.hvp(lambda v: f(v).sum(), (x,), (x.clone(),), backend="torch")[0],
+    "vmap": lambda f, x: unigrad.vmap(f, backend="torch")(x) * 2.0 / x,
+}
+
+
+@pytest.mark.parametrize("transform", list(_WRITES))
+@pytest.mark.parametrize("f", [_doubles_in_place, _doubles_a_view_in_place], ids=["x.mul_", "x.view.mul_"])
+def test_f_that_writes_into_its_argument_is_differentiated_as_written(transform, f):
+    """torch refused the write into a leaf that requires grad (grad, vjp, jacobian...: its raw RuntimeError),
+    while forward mode and vmap wrote through into the caller's tensor. Every transform now differentiates
+    the function as written on copies: the derivative of (2 x) ** 2 is 8 x (the Hessian 8 I), and the
+    caller's tensor keeps its values and its version counter."""
+    x = torch.tensor([0.5, -1.5, 2.0], dtype=torch.float64)
+    kept, version = x.clone(), x._version
+    got = _WRITES[transform](f, x)
+    torch.testing.assert_close(got, 8.0 * kept, rtol=1e-12, atol=1e-12)
+    assert torch.equal(x.detach(), kept) and x._version == version
+
+
+def test_a_write_into_a_closed_over_leaf_of_the_caller_is_still_refused():
+    """The copies are of f's arguments: a tensor of the caller's that requires grad, written in place inside
+    f, gets torch's own error (run once on the argument, once on its copy), never a number."""
+    w = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        w.mul_(2.0)
+        return (w * x).sum()
+
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        unigrad.grad(f, backend="torch")(torch.ones(3, dtype=torch.float64))
+    assert torch.equal(w.detach(), torch.ones(3, dtype=torch.float64)) and len(calls) == 2

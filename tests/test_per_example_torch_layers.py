@@ -331,3 +331,108 @@ def test_in_place_operations_after_layers():
     torch.testing.assert_close(pe_f(params, y)["w"], torch.func.jacrev(through_view)(params, y)["w"],
                                rtol=1e-12, atol=1e-12)
     assert pe_f.paths["argument 0['w']"] == pe.MATERIALISED
+
+
+def _jacobian_rows(model, params, x, batch):
+    """The truth for a model whose losses share batch statistics: rows of the Jacobian of the loss vector with
+    respect to the parameters, one plain torch.autograd backward pass per example (on a copy of the model)."""
+    p = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    out = torch.func.functional_call(model, p, (x,))[:, 0] ** 2
+    each = [torch.autograd.grad(out[i], list(p.values()), retain_graph=True) for i in range(batch)]
+    return {k: torch.stack([e[j] for e in each]) for j, k in enumerate(p)}
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_batch_norm_in_training_mode_with_running_statistics(dims):
+    """BatchNorm in training mode with running statistics (track_running_stats=True, the default): functorch
+    raised its RuntimeError about an in-place write to a captured tensor. Each example's gradient is the
+    gradient of its loss with the batch statistics depending on the whole batch (the Jacobian rows); f runs
+    once, so the running statistics are those of one call of the model in training mode."""
+    import copy
+
+    torch.manual_seed(10)
+    if dims == 1:
+        model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.Tanh(),
+                                    torch.nn.Linear(6, 1))
+        x = torch.randn(B, 5, dtype=DT)
+    else:
+        model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.Tanh(),
+                                    torch.nn.Flatten(), torch.nn.Linear(3 * 2 * 2, 1))
+        x = torch.randn(B, 2, 4, 4, dtype=DT)
+    model = model.to(DT).train()
+    once = copy.deepcopy(model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    want = _jacobian_rows(copy.deepcopy(model), params, x, B)  # (its copy's statistics are not compared)
+    once(x)  # what one call of the model in training mode leaves in the buffers
+
+    def losses(p, x):
+        return torch.func.functional_call(model, p, (x,))[:, 0] ** 2
+
+    rows_f = unigrad.per_example_grad(losses)
+    got = rows_f(params, x)
+    for k in params:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
+    for (name, buf), (_, ref) in zip(model.named_buffers(), once.named_buffers()):
+        torch.testing.assert_close(buf, ref, rtol=0, atol=0, msg=name)
+    last = str(len(model) - 1)
+    assert rows_f.paths[f"argument 0['{last}.weight']"] == pe.DENSE  # after the mixing: one backward pass
+    assert rows_f.paths["argument 0['0.weight']"] == pe.MATERIALISED  # before it: the Jacobian rows
+    norms = unigrad.per_example_grad_norms(losses)(params, x)
+    torch.testing.assert_close(norms, torch.sqrt(sum((g.reshape(B, -1) ** 2).sum(1) for g in want.values())),
+                               rtol=1e-10, atol=0)
+    assert int(model[1].num_batches_tracked) == 2  # one update per call
+
+
+def test_closed_over_write_with_a_backward_that_has_no_batching_rule():
+    """The rows of this forward pass are vectorised over the examples' cotangents; a backward formula that
+    cannot be (it reads a value) gets one backward pass per example, with the same numbers."""
+    counter = torch.zeros((), dtype=DT)
+
+    class Cube(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x ** 3
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            assert float(g.abs().sum()) >= 0.0  # a value read: vmap has no rule for it
+            return 3 * x ** 2 * g
+
+    def losses(w, x):
+        counter.add_(1.0)  # written in place, closed over
+        return Cube.apply(x @ w - (x @ w).mean(0)).sum(1)
+
+    torch.manual_seed(11)
+    w, x = torch.randn(3, 2, dtype=DT), torch.randn(B, 3, dtype=DT)
+    got = unigrad.per_example_grad(losses)(w, x)
+    want = torch.autograd.functional.jacobian(lambda w: (x @ w - (x @ w).mean(0)).pow(3).sum(1), w)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert float(counter) == 1.0
+
+
+def test_batch_norm_in_training_mode_under_torch_func_is_a_clear_error():
+    """Where the transform runs on torch.func (jacobian, vjp: per_example_grad runs such an f on plain
+    autograd), a write into a captured tensor is a TypeError that names the operation and what to do."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).to(DT).train()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x = torch.randn(B, 3, dtype=DT)
+    with pytest.raises(TypeError, match=r"wrote in place \(aten::add_.Tensor\).*running statistics.*model\.eval"):
+        unigrad.jacobian(lambda p: torch.func.functional_call(model, p, (x,)))(params)
+
+
+def test_f_that_writes_into_a_parameter():
+    """torch refused the write into the parameter (a leaf that requires grad); the parameter is materialised,
+    f running on copies: loss_i = (2 w_i) ** 2, its gradient 8 w_i; the caller's tensor unchanged."""
+    def losses(w, x):
+        w.mul_(2.0)
+        return (x @ w) ** 2
+
+    w = torch.tensor([1.0, -2.0, 3.0], dtype=DT)
+    got = unigrad.per_example_grad(losses)(w, torch.eye(3, dtype=DT))
+    torch.testing.assert_close(got, torch.diag(8.0 * w), rtol=1e-12, atol=0)
+    assert w.tolist() == [1.0, -2.0, 3.0]

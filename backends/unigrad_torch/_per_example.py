@@ -21,7 +21,10 @@ torch code (``torch.func.functional_call`` of an ``nn.Module``, ``F.linear``, ``
    ``X_i^T G_i``, as on the other engines; see ``_per_example_layers`` for the other layers.
 
 Parameters the trick does not cover (a use no rule reads, rows mixed after the layer...) are
-materialised with the backend's ``jacrev`` of the losses.
+materialised with the backend's ``jacrev`` of the losses -- except where the recorded forward pass wrote
+into a tensor ``f`` did not make (batch norm's running statistics in training mode, a counter ``f`` closes
+over): ``torch.func`` refuses to run such an ``f`` (it would write again), so their Jacobian rows come from
+this very forward pass (:func:`_rows_of_this_pass`), and ``f`` runs once, as a call of the model would.
 """
 
 from __future__ import annotations
@@ -49,8 +52,15 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
         from ._per_example_record import Recorder
 
         recorder = Recorder(inputs)
-        with recorder:
-            outs = flat_f(*inputs)
+        try:
+            with recorder:
+                outs = flat_f(*inputs)
+        except RuntimeError as exc:
+            from . import _LEAF_WRITE
+
+            if _LEAF_WRITE.search(str(exc)) is None:
+                raise
+            return None  # f writes into a parameter (torch refused it): materialised, the transforms run f on copies
         pe.check_losses(b, outs, batch, fname)
         losses = outs[0]
         key = recorder.key(losses, batch)
@@ -61,13 +71,15 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
                 cache.put(key, analysis)
         fast = analysis.plans
         rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
+        # f wrote into a tensor it closes over: the other parameters' rows from this pass, not a second run
+        this_pass = [k for k in range(n) if k not in fast] if recorder.captured_writes else []
         if fast:
             ys = [recorder.value(ref) for ref in analysis.captures]
             # (a layer output later overwritten in place: G at the value it held, by its gradient edge)
             edges = [recorder.edges.get(ref) for ref in analysis.captures]
             usable = [e is not None or y.requires_grad for y, e in zip(ys, edges)]
             grads = torch.autograd.grad(losses.sum(), [y if e is None else e for y, e, u in zip(ys, edges, usable)
-                                                        if u], allow_unused=True)
+                                                        if u], allow_unused=True, retain_graph=bool(this_pass))
             it = iter(grads)
             gs = [next(it) if u else None for u in usable]
             gs = [torch.zeros_like(y) if g is None else g for g, y in zip(gs, ys)]
@@ -75,13 +87,43 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
 
             for k, uses in fast.items():
                 rows[k], squares[k], paths[k] = parameter_rows(uses, recorder, gs, leaves[k], batch, norms)
+        if this_pass:
+            _rows_of_this_pass(losses, inputs, this_pass, rows, batch)
     losses = losses.detach()
-    slow = [k for k in range(n) if k not in fast]
+    slow = [] if this_pass else [k for k in range(n) if k not in fast]
     if slow:
         pe.materialise(b, flat_f, leaves, slow, rows)
     if not norms:
         return (losses,), tuple(r.detach() for r in rows), paths
     return (losses,), (pe.total_norms(_ops(), squares, rows, batch).detach(),), paths
+
+
+def _rows_of_this_pass(losses, inputs, slow, rows, batch):
+    """The rows of the parameters at positions ``slow``, written into ``rows``: the Jacobian rows of the losses
+    of the forward pass that ran (``d losses[i] / d inputs[k]``, statistics over the batch included), by
+    autograd's backward pass vectorised over the B unit cotangents (``is_grads_batched``), or one backward pass
+    per example where a backward formula has no batching rule. For an ``f`` that wrote into a tensor it closes
+    over (batch norm's running statistics in training mode), which ``torch.func`` would refuse to run again."""
+    import torch
+
+    wanted = [k for k in slow if inputs[k].requires_grad]
+    grads = [None] * len(wanted)
+    if wanted and losses.requires_grad:
+        xs = [inputs[k] for k in wanted]
+        eye = torch.eye(batch, dtype=losses.dtype, device=losses.device)
+        try:
+            grads = torch.autograd.grad(losses, xs, eye, is_grads_batched=True, allow_unused=True,
+                                        retain_graph=True)
+        except (RuntimeError, NotImplementedError):  # no batching rule for a backward formula: B passes
+            each = [torch.autograd.grad(losses[i], xs, allow_unused=True, retain_graph=True) for i in range(batch)]
+            grads = [None if any(e[j] is None for e in each) else torch.stack([e[j] for e in each])
+                     for j in range(len(xs))]
+    found = dict(zip(wanted, grads))
+    for k in slow:
+        g, x = found.get(k), inputs[k]
+        if g is None:
+            g = torch.zeros((batch, *x.shape), dtype=x.dtype, device=x.device)
+        rows[k] = g.conj().resolve_conj() if g.is_complex() else g  # (unigrad's convention: the conjugate)
 
 
 # ---------------------------------------------------------------------------------------------

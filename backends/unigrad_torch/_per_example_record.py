@@ -26,6 +26,8 @@ class Recorder(TorchDispatchMode):
         self.writes = []  # (operation index, storage) of every tensor an operation wrote in place
         self.last_write = {}  # storage -> the index of the last operation that wrote into it
         self.edges = {}  # ref of a value later overwritten in place -> its autograd gradient edge
+        self.captured = set()  # the storages of tensors f did not make (closed over: a module's buffers...)
+        self.captured_writes = []  # the operations that wrote into them (batch norm's running statistics)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -49,6 +51,7 @@ class Recorder(TorchDispatchMode):
                         self.broken = True
                     ref = ("c", len(self.consts))
                     self.consts.append(a)
+                    self.captured.add(_storage(a))
                 if self.last_write and not self.broken:
                     # a value read through another alias (a view, its base) of memory written in place
                     # after that alias was made: the data flow recorded would not be the one that ran
@@ -62,6 +65,8 @@ class Recorder(TorchDispatchMode):
             ptr = _storage(t)
             self.writes.append((k, ptr))
             self.last_write[ptr] = k
+            if ptr in self.captured:  # (a view of it made in f too: the same memory)
+                self.captured_writes.append(func)
         for ref, edge in edges:
             if ref is not None:
                 self.edges.setdefault(ref, edge)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import optree
@@ -68,7 +68,7 @@ def evaluate(f: Callable, *args, backend=None, device=None):
 
 
 
-def namespace(*arrays):
+def namespace(*arrays: Any) -> Any:
     """The Array API namespace for ``arrays`` (NumPy arrays and scalars: the tape's namespace).
 
     Example:
@@ -91,7 +91,7 @@ def namespace(*arrays):
     return _registry.get_backend(owner or _registry.DEFAULT).namespace()
 
 
-def asarray(x, backend=None, dtype=None, device=None):
+def asarray(x: Any, backend=None, dtype=None, device=None) -> Any:
     """``x`` as an array of ``backend`` (default: by selection order), dtype kept unless given.
 
     Args:
@@ -109,7 +109,7 @@ def asarray(x, backend=None, dtype=None, device=None):
     return b.asarray(x, dtype=dtype, device=device)
 
 
-def to_numpy(x) -> np.ndarray:
+def to_numpy(x: Any) -> Any:
     """A NumPy array with the values of any backend's array (or a pytree of them)."""
     def one(v):
         if isinstance(v, np.ndarray):
@@ -121,7 +121,7 @@ def to_numpy(x) -> np.ndarray:
     return optree.tree_map(one, x)
 
 
-def to_native(x):
+def to_native(x: Any) -> Any:
     """The framework's own array for any backend's array (or a pytree of them); other values unchanged.
 
     On TensorFlow, ``unigrad.namespace``'s functions return ``unigrad_tensorflow.Array`` s (tensors with

@@ -18,7 +18,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import optree
@@ -425,7 +425,7 @@ class custom_jvp(_CustomFunction):
         return call.apply(Rule(call.name, fun=call.flat_fun, jvp=call.flat_jvp))
 
 
-def stop_gradient(x):
+def stop_gradient(x: Any) -> Any:
     """``x`` with a zero derivative, at every order and in both modes, on every backend.
 
     Args:

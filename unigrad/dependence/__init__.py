@@ -20,6 +20,7 @@ is never smaller than the truth at any input.
 from __future__ import annotations
 
 import warnings
+from typing import Any, Callable
 
 import numpy as np
 
@@ -133,7 +134,7 @@ def _input_sets(program):
     return env, n
 
 
-def jacobian_sparsity(f, *args, argnums=0, backend=None):
+def jacobian_sparsity(f: Callable, *args: Any, argnums=0, backend=None) -> Any:
     """The sparsity pattern of ``f``'s Jacobian, detected from its traced program.
 
     Portable ``f`` (``xp = unigrad.namespace(x)``) is traced once on the NumPy tape whatever backend
@@ -166,7 +167,7 @@ def jacobian_sparsity(f, *args, argnums=0, backend=None):
     return _pattern(f, args, argnums, backend, "jacobian_sparsity", hessian=False)
 
 
-def hessian_sparsity(f, *args, argnums=0, backend=None):
+def hessian_sparsity(f: Callable, *args: Any, argnums=0, backend=None) -> Any:
     """The sparsity pattern of the Hessian of a scalar ``f``: which pairs of inputs interact non-linearly.
 
     Detected as :func:`jacobian_sparsity` is (the tape, or a jaxpr), tracking for every operation

@@ -3,6 +3,8 @@ the dense one on the same input, and a pattern against the dense Jacobian's non-
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import numpy as np
 import optree
 
@@ -68,8 +70,8 @@ def _compare(name, got, want, dtype, rtol):
                              f"(tolerance {rtol:g} x {scale:g})")
 
 
-def check_sparse_jacobian(f, args, *, argnums=0, sparsity=None, mode="auto", backend=None, compile=False,
-                          rtol=None):
+def check_sparse_jacobian(f: Callable, args: Sequence, *, argnums=0, sparsity=None, mode="auto", backend=None,
+                          compile=False, rtol=None) -> np.ndarray:
     """Assert that ``sparse_jacobian(f, ...)(*args)`` equals the dense ``jacobian`` at ``args``.
 
     Args:
@@ -106,7 +108,8 @@ def check_sparse_jacobian(f, args, *, argnums=0, sparsity=None, mode="auto", bac
     return want
 
 
-def check_sparse_hessian(f, args, *, argnums=0, sparsity=None, backend=None, compile=False, rtol=None):
+def check_sparse_hessian(f: Callable, args: Sequence, *, argnums=0, sparsity=None, backend=None, compile=False,
+                         rtol=None) -> np.ndarray:
     """Assert that ``sparse_hessian(f, ...)(*args)`` equals the dense ``hessian`` at ``args`` and is
     symmetric. Arguments as for :func:`check_sparse_jacobian`; returns the dense Hessian.
 
@@ -129,8 +132,8 @@ def check_sparse_hessian(f, args, *, argnums=0, sparsity=None, backend=None, com
     return want
 
 
-def check_sparsity_covers(f, args, pattern, *, argnums=0, kind="jacobian", points=3, spread=0.5, seed=0,
-                          backend=None):
+def check_sparsity_covers(f: Callable, args: Sequence, pattern, *, argnums=0, kind="jacobian", points=3, spread=0.5,
+                          seed=0, backend=None) -> None:
     """Assert that ``pattern`` covers every non-zero of the dense Jacobian (or Hessian) of ``f`` at
     ``args`` and at ``points`` random points around them (each element moved by up to ``spread``
     times its magnitude, plus ``spread``).

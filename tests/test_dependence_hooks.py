@@ -118,7 +118,7 @@ def test_a_plugin_front_end_gives_patterns_and_row_proofs(register_backend, op):
 
     call = _batched.prepare(_batched.BoundedCache(_batched.PLANS, 0), f, (x.reshape(4, 1),), 0, False, "handmade",
                             "batched_jacobian")
-    verdict, _, _, _ = _batched.prove_independence(call, 4, False, 0, _batched.Proofs(0))
+    verdict, _, _, _, _ = _batched.prove_independence(call, 4, False, 0, _batched.Proofs(0))
     assert calls and verdict == ("row" if op == "erf" else "unknown")
 
 

@@ -23,6 +23,7 @@ from ._call import Call, prepare
 from ._plan import PLANS_WHY
 from ._program import PROGRAMS_WHY, block_runner, execute
 from ._repeats import Miss, Repeats
+from ._answer_check import checked_kernel, describe_rows, failed_rows
 from ._custom import custom_rules_seen
 from ._transform import (SHAPES_WHY, _wraps, budget_chunk, choose_mode, promoted_blocks, real_to_complex,
                          reverse_complex_error, static_arguments)
@@ -47,6 +48,9 @@ SETTLED = CacheKind(_T, "probe verdicts", ("state", "values"),
                     "a probe runs f at the call's values; kept only where both probes were conclusive and no custom "
                     "rule (opaque to every proof) was met")
 PROGRAMS = CacheKind(_T, "compiled programs", why=PROGRAMS_WHY, program=True)
+REFUTED = CacheKind(_T, "refuted shortcuts", ("state",),
+                    "a shortcut that computes one example alone (separable, a row program) whose answer failed its "
+                    "check for this signature: the sum trick runs instead; f's program depends on its Python state")
 TRACED = CacheKind(_T, "eager TensorFlow programs", ("state",),
                    "an eager call on a backend whose vectorised map traces anyway (TensorFlow's pfor) runs one program "
                    "traced per signature: a trace freezes f's Python state, which an eager call must see as it is now",
@@ -124,6 +128,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     # compiled repeats whose proof (on the tape) or probe read the values of the arrays f is given: the
     # repeat key -> True, and (repeat key, those values) -> True for each value proved or probed
     needs_values, settled_values = BoundedCache(REPEATS, 64), BoundedCache(REPEATS, 64)
+    checked_repeats = BoundedCache(REPEATS, 64)  # repeat keys whose program checks its answer
+    refuted = BoundedCache(REFUTED, 64)
     programs = BoundedCache(PROGRAMS) if compile else None
     traced = BoundedCache(TRACED)  # eager calls on a backend that traces its per-example Jacobian anyway (see below)
     static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
@@ -166,21 +172,28 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                 call = None  # arrays f is given have values the proof (or probe) has not seen: the full path
         if call is not None:  # a repeat of a compiled signature whose rows were proved for the signature
             _, blocks, aux = call.program(call)
-            jac = call.blocks_tree(blocks)
-            return (jac, call.aux(aux)) if has_aux else jac
+            if checked_repeats.entries.get(key):  # its program checks its answer (see below)
+                blocks, rows, _ = _checked_blocks(call.backend, blocks)
+                if rows:
+                    call = None  # the full path decides: the exact form, or the error naming the rows
+            if call is not None:
+                jac = call.blocks_tree(blocks)
+                return (jac, call.aux(aux)) if has_aux else jac
         call = prepare(plans, f, args, argnums, has_aux, backend, "batched_jacobian", device, static)
         batch = _checks.batch_size(call.backend, call.diff, call.names, "batched_jacobian", "input")
         if batch == 0:
             return _empty_batched_jacobian(call, has_aux)
         call.seen.batch = batch
-        verdict, recorded, per_example = "unknown", None, separable
+        verdict, recorded, per_example, exact = "unknown", None, separable, False
         if check_independence != "never" and batch >= 2:
-            verdict, detail, recorded, provable = prove_independence(call, batch, has_aux, argnums, proofs)
+            verdict, detail, recorded, provable, exact = prove_independence(call, batch, has_aux, argnums, proofs)
             if verdict == "mixed":
                 b = call.backend  # arrays f is given with another leading size: the differentiated are parameters?
                 other = any(b.is_array(a) and len(b.shape(a)) and b.shape(a)[0] != batch for a in call.dynamic)
                 raise _mixed_error(detail, _parameter_hint(argnums) if other else "")
             per_example = True if separable else (verdict == "row" and provable)  # (provable: True or a marker)
+            if per_example and refuted.lookup(call):  # its check failed before: the sum trick
+                per_example = False
         if verdict != "row" and check_independence != "never":
             if check_independence == "always" or settled.lookup(call) is None:
                 # no proof: the probe. A custom rule met on the way is opaque to every proof and may mix rows
@@ -190,16 +203,36 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                 if independent and not seen:
                     settled.store(call, True)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=True)
+        # The answer checks itself (unigrad._answer_check) wherever it does not stand on a proof over the
+        # program that runs: a probe's verdict, a proof on the tape for another engine, a custom rule, a
+        # shortcut that computes one example alone (separable, JAX's row program). check_independence="never":
+        # the caller vouches.
+        exact = exact and verdict == "row"
+        check = check_independence != "never" and batch >= 2 and not (exact and not per_example)
+        blocks, aux, rows = run(call, chosen, per_example, recorded, check, key, verdict)
+        if rows and per_example:  # the shortcut's analysis was wrong: the sum trick, exact for independent rows
+            refuted.store(call, True)
+            blocks, aux, rows = run(call, chosen, False, None, not exact, None, verdict)
+        if rows:
+            raise _check_error(rows[0], rows[1])
+        jac = call.blocks_tree(blocks)
+        return (jac, call.aux(aux)) if has_aux else jac
+
+    def run(call, chosen, per_example, recorded, check, key, verdict):
+        """``(blocks, aux, failed)``: the per-example blocks by ``per_example``'s method, and where ``check``,
+        checked (``failed``: ``(rows, worst)`` where the check failed, else None)."""
         if recorded is not None and chosen == "rev" and budget is None and programs is None:
             kernel, decision = kernel_for(chosen, chunk_size, per_example, recorded), None
         else:
             kernel = kernels.get((chosen, per_example)) or kernels.setdefault(
                 (chosen, per_example), kernel_for(chosen, chunk_size, per_example))
             decision = (chosen, per_example)
-        recorded = None  # (the kernel holds it until it has swept it)
         if budget is not None:
             chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")
             kernel, decision = kernel_for(chosen, chunk, per_example), (chosen, chunk, per_example)
+        if check:  # (in the blocks' own mode: the derivative rules the user gave, a custom_vjp's in reverse)
+            kernel = checked_kernel(kernel, has_aux, forward=chosen == "fwd")
+            decision = None if decision is None else (*decision, "checked")
         if programs is None and call.backend.traces_batched_jacobian:
             _, blocks, aux = traced_once(call, kernel, traced, decision)
         else:
@@ -209,7 +242,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             # values; no Python float whose value the proof saw), or the caller vouches. The proof and the
             # probe read the values of the arrays f is given too (an index array): such a repeat keeps no
             # runner (Repeats.run would skip the check), and one with other values of them takes the full
-            # path (settled_values).
+            # path (settled_values). A program that checks its answer keeps no runner either: its repeats
+            # read the check (checked_repeats).
             if key is not None and check_independence == "never":
                 repeats.remember(key, call, block_runner)
             elif key is not None and check_independence == "once" and not call.plan.weak:
@@ -222,9 +256,14 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                         if values is not None:
                             settled_values.put((key, values), True)
                     else:
-                        repeats.remember(key, call, block_runner)
-        jac = call.blocks_tree(blocks)
-        return (jac, call.aux(aux)) if has_aux else jac
+                        repeats.remember(key, call, None if check else block_runner)
+                    if check:
+                        checked_repeats.put(key, True)
+        failed = None
+        if check:
+            blocks, rows, worst = _checked_blocks(call.backend, blocks)
+            failed = (rows, worst) if rows else None
+        return blocks, aux, failed
 
     return _with_parameter_hint(batched_jacobian_f, f, argnums, repeats)
 
@@ -262,6 +301,31 @@ def _parameter_hint(argnums) -> str:
             f"unigrad.vmap(unigrad.grad(loss), in_axes=(None, 0)) with the loss of one example")
 
 
+def _checked_blocks(b, blocks):
+    """The blocks of a checking kernel without its two check arrays, the rows whose check failed and the
+    worst relative difference (:mod:`unigrad._answer_check`)."""
+    blocks = tuple(blocks)
+    err, scale = blocks[-2:]
+    blocks = blocks[:-2]
+    try:
+        rows, worst = failed_rows(b, err, scale, b.dtype(blocks[0]) if blocks else "float64")
+    except Exception:  # abstract values inside another framework's transform (jax.jit): nothing to read there,
+        rows, worst = [], 0.0  # as for the probe (docs/transforms.md)
+    return blocks, rows, worst
+
+
+def _check_error(rows, worst):
+    error = ValueError(
+        f"batched_jacobian: the per-example Jacobians fail their check: for a random tangent on every example, "
+        f"the JVP of the whole batch differs from the per-example blocks in {describe_rows(rows)} (relative "
+        f"difference up to {worst:.3g}), so the rows of f are not independent here (an operation or a custom "
+        f"rule that moves one example's derivative into another, perhaps only at some values). Per-example "
+        f"Jacobians would be wrong. Use jacobian() for the full Jacobian, or pass check_independence='never' "
+        f"if this is intended")
+    error.dependent_rows = True
+    return error
+
+
 def _mixed_error(detail, hint=""):
     error = ValueError(
         f"batched_jacobian: the rows of f are not independent: {detail.describe()} mixes the examples of the "
@@ -297,11 +361,14 @@ class Proofs:
 def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: Proofs):
     """Prove from the traced program whether ``f``'s rows are independent.
 
-    Returns ``(verdict, detail, recorded, separable)``: verdict ``"row"`` (proved independent),
+    Returns ``(verdict, detail, recorded, separable, exact)``: verdict ``"row"`` (proved independent),
     ``"mixed"`` (detail: the :class:`unigrad.dependence.Mixed` naming the operation and line) or
     ``"unknown"`` (an operation without a row rule, or no program to read: the caller probes);
     ``recorded`` the NumPy tape's recording of this call (swept by the caller, not recorded again);
-    ``separable`` whether a row may be computed alone (the backend's per-example path).
+    ``separable`` whether a row may be computed alone (the backend's per-example path); ``exact`` whether
+    the proof was made over the program that runs (the tape's recording of this call, the backend's own
+    program), with no custom rule in it (whose derivative no program shows), so the sum trick's answer
+    needs no check.
 
     The NumPy tape: the recording of this call, read on every call (linear in its nodes), so values
     that change the program (control flow) are always proved for the values given. A backend with
@@ -313,16 +380,17 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: P
     b = call.backend
     if b.name == "numpy":
         from .tape import _core
-        recorded = _core.record(call.flat_f, call.diff, has_aux)
+        with custom_rules_seen() as seen:
+            recorded = _core.record(call.flat_f, call.diff, has_aux)
         trace, outs, out_idx, _ = recorded
         program = dependence.from_tape(trace, len(call.diff), out_idx, call.diff, outs)
         verdict, detail = dependence.prove_rows(program, batch)
         if verdict == "mixed":
             detail = _located(call.flat_f, call.diff, has_aux, batch) or detail
-        return verdict, detail, recorded, False
+        return verdict, detail, recorded, False, not seen
     cached = proofs.program.lookup(call)
     if cached is not None and cached[0] != _BY_VALUE:
-        return cached[0], cached[1], None, cached[2]
+        return cached[0], cached[1], None, cached[2], True
     if cached is None:
         try:
             with custom_rules_seen() as seen:
@@ -338,7 +406,7 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: P
             failure = None
         if got is not None and got[0] != "unknown":  # the backend's own program, where the arrays f is given
             proofs.program.store(call, got)  # are unknown values: the proof holds for the signature (and state)
-            return got[0], got[1], None, got[2]
+            return got[0], got[1], None, got[2], True
         if got is not None:  # an operation without a row rule (or a custom rule): portable f may still be
             failure = got    # proved on the tape, else this is the answer
         proofs.program.store(call, (_BY_VALUE, failure))
@@ -348,13 +416,13 @@ def prove_independence(call: Call, batch: int, has_aux: bool, argnums, proofs: P
     # its proof is kept per value of them too (TAPE_PROOFS), not per signature.
     cached = proofs.tape.lookup(call)
     if cached is not None:
-        return cached[0], cached[1], None, cached[2]
+        return cached[0], cached[1], None, cached[2], False
     got, per_call = _tape_proof(call, batch, has_aux, argnums)
     if got[0] == "unknown" and failure is not None:
         got = failure
     if not per_call:
         proofs.tape.store(call, got)
-    return got[0], got[1], None, got[2]
+    return got[0], got[1], None, got[2], False
 
 
 _BY_VALUE = "by value"  # a signature whose proof is read on the tape, per value of the arrays f is given
@@ -598,7 +666,7 @@ def check_batch_independence(f: Callable, *args, argnums=0, backend=None, seed: 
     call = prepare(BoundedCache(PLANS, 0), f, args, argnums, False, backend, "check_batch_independence")
     batch = _checks.batch_size(call.backend, call.diff, call.names, "check_batch_independence", "input")
     if batch >= 2:
-        verdict, detail, _, _ = prove_independence(call, batch, False, argnums, Proofs(0))
+        verdict, detail, _, _, _ = prove_independence(call, batch, False, argnums, Proofs(0))
         if verdict == "mixed":
             raise _mixed_error(detail)
         if verdict == "row":

@@ -1,0 +1,200 @@
+"""Per-example Jacobians check themselves (unigrad._answer_check): where the blocks do not stand on a proof
+over the program that runs (a probe's verdict, a custom rule, a shortcut that computes one example alone),
+one JVP of the whole batch with a random tangent on every row is compared with them, inside the same
+compiled program; a failure falls back to the exact form (a refuted shortcut) or raises the ValueError
+naming the rows. Issue 36, repros r15 and r24.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import unigrad
+from unigrad import _answer_check, _batched
+
+
+@unigrad.custom_jvp
+def rowmix_big(x):
+    return x * 1.0
+
+
+@rowmix_big.defjvp
+def _rowmix_big_jvp(primals, tangents):
+    """Moves row i-1's tangent into row i where x > 10 (r24): rows mixed at some values only."""
+    (x,), (t,) = primals, tangents
+    xp = unigrad.namespace(x)
+    return rowmix_big(x), t + xp.where(x > 10.0, 0.5, 0.0) * xp.roll(t, 1, axis=0)
+
+
+def _points(dtype=np.float64):
+    rng = np.random.default_rng(0)
+    xb = rng.standard_normal((4, 3)).astype(dtype)
+    xbig = xb.copy()
+    xbig[1, 1] = 20.0
+    return xb, xbig
+
+
+@pytest.mark.parametrize("check", ["once", "always"])
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_a_custom_rule_that_mixes_rows_at_some_values_is_caught_on_every_call(backend, check, compile):
+    dtype = np.float32 if backend == "mlx" else np.float64
+    xb, xbig = _points(dtype)
+    bj = unigrad.batched_jacobian(rowmix_big, backend=backend, check_independence=check, compile=compile)
+    for _ in range(2):  # a quiet call, then the values where the rule mixes rows: never the identity there
+        got = unigrad.to_numpy(bj(xb))
+        np.testing.assert_allclose(got, np.broadcast_to(np.eye(3), (4, 3, 3)), atol=1e-6)
+        with pytest.raises(ValueError, match=r"fail their check.*in rows? 0"):
+            bj(xbig)
+    if not compile:  # the first call at the mixing values too (nothing kept from a quiet call)
+        with pytest.raises(ValueError, match="not independent"):
+            unigrad.batched_jacobian(rowmix_big, backend=backend, check_independence=check)(xbig)
+
+
+def test_check_never_is_the_callers_word():
+    """check_independence="never": no proof, no probe, no check (the sum trick's blocks as they are)."""
+    _, xbig = _points()
+    got = unigrad.batched_jacobian(rowmix_big, check_independence="never")(xbig)
+    assert not np.allclose(got, np.broadcast_to(np.eye(3), (4, 3, 3)))
+
+
+# ------------------------------------------------- the checker catches a wrong answer, on every backend
+
+@pytest.mark.parametrize("forward", [True, False], ids=["jvp", "vjp"])
+def test_the_check_fails_exactly_the_rows_whose_blocks_are_wrong(backend, forward):
+    dtype = np.float32 if backend == "mlx" else np.float64
+    b = unigrad.get_backend(backend)
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((3, 2)).astype(dtype)
+    x = rng.standard_normal((5, 3)).astype(dtype)
+
+    def f(x):  # rows independent: out[b] = tanh(x[b] @ w), d out[b] / d x[b] = diag(1 - out^2) @ w.T
+        xp = unigrad.namespace(x)
+        return (xp.tanh(x @ xp.asarray(w)),)
+
+    out = np.tanh(x @ w)
+    right = (1 - out ** 2)[:, :, None] * w.T[None]  # (5, 2, 3)
+    xs = (b.asarray(x),)
+    outs = (b.asarray(out),)
+    for wrong_row, scale in ((None, 1.0), (3, 1.001 if dtype == np.float64 else 1.01), (0, 0.0)):
+        blocks = right.copy()
+        if wrong_row is not None:
+            blocks[wrong_row] *= scale
+        err, size = _answer_check.row_residuals(b, f, xs, outs, (b.asarray(blocks),), False, forward)
+        rows, worst = _answer_check.failed_rows(b, err, size, str(dtype.__name__))
+        assert rows == ([] if wrong_row is None else [wrong_row]), (rows, worst)
+
+
+def test_a_clipping_custom_vjp_is_not_a_false_alarm():
+    """A bwd that is not linear in its cotangent has no Jacobian one VJP can check: no error, and the blocks
+    are what jacrev gives (unit cotangents)."""
+    @unigrad.custom_vjp
+    def clip_grad(h):
+        return h * 1.0
+
+    def fwd(h):
+        return h * 1.0, None
+
+    def bwd(_, g):
+        return (unigrad.namespace(g).clip(g, -0.5, 0.5),)
+
+    clip_grad.defvjp(fwd, bwd)
+
+    def f(x):
+        return unigrad.namespace(x).sin(clip_grad(x * x))
+
+    x = np.random.default_rng(2).standard_normal((4, 3))
+    dense = unigrad.to_numpy(unigrad.jacrev(f)(x))
+    want = np.stack([dense[i, :, i, :] for i in range(4)])
+    np.testing.assert_allclose(unigrad.batched_jacobian(f)(x), want, atol=1e-12)
+
+
+# ------------------------------------------------- JAX: values made from the batch size or positions (r15)
+
+def _jax_cases():
+    import jax.numpy as jnp
+
+    return {
+        "count": lambda x: jnp.sin(x) / jnp.ones((x.shape[0],)).sum(),
+        "positions": lambda x: x * jnp.cumsum(jnp.ones((x.shape[0], 1)), axis=0),
+        "first_row_mask": lambda x: x * (1.0 + jnp.zeros_like(x).at[0].set(1.0)),
+        "branch": lambda x: x * 2.0 if x.shape[0] != 3 else x * 7.0,
+        "ones_like_sum": lambda x: x * jnp.ones_like(x).sum(0),
+        "concat": lambda x: x * jnp.concatenate([jnp.ones((1, 2)), 2 * jnp.ones((x.shape[0] - 1, 2))]),
+        "pad": lambda x: x * jnp.pad(jnp.ones((x.shape[0] - 1, 2)), ((1, 0), (0, 0)), constant_values=3.0),
+        "roll": lambda x: x * jnp.roll(jnp.arange(1.0, 1.0 + x.shape[0])[:, None], 1, axis=0),
+        "sort": lambda x: x * jnp.sort(-jnp.cumsum(jnp.ones((x.shape[0],))))[:, None],
+        "softmax": lambda x: x * jax_nn().softmax(jnp.zeros((x.shape[0],)))[:, None],
+        "mean_scaled": lambda x: jnp.tanh(x) * jnp.mean(jnp.ones((x.shape[0], 2)) * 3.0),
+    }
+
+
+def jax_nn():
+    import jax
+    return jax.nn
+
+
+JAX_CASES = ["count", "positions", "first_row_mask", "branch", "ones_like_sum", "concat", "pad", "roll", "sort",
+             "softmax", "mean_scaled"]
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", JAX_CASES)
+def test_jax_values_from_the_batch_size_or_positions_are_right(name, compile):
+    jax = pytest.importorskip("jax")
+    f = _jax_cases()[name]
+    x = jax.numpy.asarray(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
+    full = np.asarray(jax.jacfwd(f)(x))
+    want = np.stack([full[i, :, i, :] for i in range(3)])
+    bj = unigrad.batched_jacobian(f, backend="jax", compile=compile)
+    for _ in range(2):  # a repeat too (compiled: the repeat path)
+        np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_refuted_jax_shortcut_is_remembered(monkeypatch):
+    """An analysis that wrongly lets one example be computed alone (here forced: every f "separable"): the
+    shortcut's answer fails its check, the sum trick gives the right blocks, and later calls of the
+    signature take the sum trick directly (one failed check, no second attempt)."""
+    jax = pytest.importorskip("jax")
+    from unigrad_jax import _proof
+
+    monkeypatch.setattr(_proof, "_separable", lambda *a: True)
+    f = _jax_cases()["count"]
+    x = jax.numpy.asarray(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
+    full = np.asarray(jax.jacfwd(f)(x))
+    want = np.stack([full[i, :, i, :] for i in range(3)])
+    failures = []
+    real = _answer_check.failed_rows
+
+    def spy(*a, **k):
+        got = real(*a, **k)
+        failures.append(bool(got[0]))
+        return got
+
+    monkeypatch.setattr(_batched, "failed_rows", spy)
+    bj = unigrad.batched_jacobian(f, backend="jax")
+    for _ in range(2):
+        np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6)
+    assert failures == [True], failures
+
+
+@pytest.mark.parametrize("name", JAX_CASES)
+def test_jax_analysis_sees_values_from_the_batch_size_or_positions(name):
+    """The row analysis itself refuses the one-example shortcut for these (the check is the safety net)."""
+    jax = pytest.importorskip("jax")
+    f = _jax_cases()[name]
+    x = jax.numpy.asarray(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
+    verdict, _, separable = unigrad.get_backend("jax").batch_rows(lambda x: (f(x),), (x,), has_aux=False)
+    assert verdict == "row" and not separable
+
+
+def test_jax_analysis_keeps_the_shortcut_where_it_holds():
+    """An MLP, an MLP divided by the batch size, a custom_jvp (relu) keep their fast forms."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    w = jnp.ones((2, 4)) / 3
+    x = jnp.asarray(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
+    b = unigrad.get_backend("jax")
+    assert b.batch_rows(lambda x: (jnp.tanh(x @ w) @ w.T,), (x,), has_aux=False)[2] is True
+    assert b.batch_rows(lambda x: (jnp.tanh(x @ w) / x.shape[0],), (x,), has_aux=False)[2] == "program"
+    assert b.batch_rows(lambda x: (jax.nn.relu(x) * 2,), (x,), has_aux=False)[2] is True

@@ -1,0 +1,161 @@
+"""Answers that check themselves: a result computed on the strength of an analysis, checked by one more
+product computed another way.
+
+A per-example Jacobian is exact only where the analysis behind its fast path is right: the rows of ``f``
+independent (a probe's verdict, a proof over another engine's program, a custom rule whose derivative no
+program shows), one example computable alone (a separable shortcut, JAX's row program). One JVP of the
+whole batch, with a random tangent on EVERY row, checks all of it: row ``b`` of ``jvp(f, x, t)`` must be
+``sum_j J_bj @ t_j[b]`` from the blocks. A flow between rows puts another row's tangent in it, and an
+example evaluated at the wrong batch size gives another ``J_b``; either fails the check with probability
+one (for a random tangent, the difference is zero only on a set of measure zero). That is the check of
+blocks computed in forward mode. Blocks computed in reverse mode are checked the same way by one VJP with a random cotangent on every row:
+``vjp(u)[b]`` against ``sum_i J_ib[b]^T @ u_i[b]``: the check runs in the blocks' mode, by the derivative
+rules the user gave (a ``custom_vjp`` has no forward mode of its own; its transpose would be no check of
+its bwd). The check is skipped where the VJP is not linear in ``u`` (doubling ``u`` does not double it: a
+custom rule that clips its cotangent, whose blocks are what unit cotangents give; the probe still runs
+there).
+
+The check runs in the transform's own kernel, so a compiled transform checks itself inside the same
+compiled program; what comes out is two numbers a row (the largest difference and the scale it is held
+to), read on the host. The threshold: ``4 sqrt(eps)`` of the row's scale (the largest term that enters
+the row's product, ``|J| @ |t|``, or the product itself), plus ``eps`` of the batch's largest scale for
+rows whose derivative is zero. Rounding in the two products stays orders of magnitude under it; a
+coupling of relative size under about ``4 sqrt(eps)`` (1e-3 in float32, 1e-7 in float64) is not seen.
+Complex inputs or outputs are not checked (the blocks follow the house convention for non-holomorphic
+functions, which no single JVP reproduces), nor non-finite entries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._dtypes import COMPLEX
+
+#: seed of the check's random tangents (a fixed seed: the same tangent for every call of a signature, which
+#: ``f`` cannot know, and the same verdict on a rerun)
+SEED = 20261207
+
+
+def checked_kernel(kernel, has_aux: bool, forward: bool = True):
+    """``kernel`` (of :func:`unigrad._program.execute`'s form, returning per-example blocks in the order
+    output i, input j) whose blocks end with two more arrays: each row's largest difference between the
+    blocks and one random JVP (or VJP) of the batch, and the scale it is held to (see the module
+    docstring). Where nothing can be checked (complex values), the two arrays are empty. ``forward``:
+    the check is a JVP (blocks computed in forward mode), else a VJP: the check runs in the blocks' own
+    mode, so it differentiates ``f`` by the rules the user gave (a ``custom_vjp``'s in reverse mode)."""
+    def kernel_checked(b, flat_f, leaves):
+        outs, blocks, aux = kernel(b, flat_f, leaves)
+        err, scale = row_residuals(b, flat_f, tuple(leaves), tuple(outs), tuple(blocks), has_aux, forward)
+        return outs, tuple(blocks) + (err, scale), aux
+    return kernel_checked
+
+
+def row_residuals(b, flat_f, leaves, outs, blocks, has_aux, forward=True):
+    """``(err, scale)``, arrays of the batch size: row b's largest difference between the per-example
+    ``blocks`` (``blocks[i * len(leaves) + j]`` of shape ``(B, *out_i[1:], *in_j[1:])``) and one product
+    of ``f`` with random vectors on every row, and the scale that difference is held to. Computed through
+    ``b.evaluate``, which sets up what the arrays need (JAX's scoped 64-bit mode for float64 arrays)."""
+    return b.evaluate(lambda *_: _row_residuals(b, flat_f, leaves, outs, blocks, has_aux, forward),
+                      (*leaves, *outs, *blocks))
+
+
+def _row_residuals(b, flat_f, leaves, outs, blocks, has_aux, forward):
+    xp = b.namespace()
+    batch = b.shape(leaves[0])[0]
+    if any(b.dtype(a) in COMPLEX for a in (*leaves, *outs)) or not outs:
+        empty = b.asarray(np.zeros((0,), np.float32))
+        return empty, empty
+    rng = np.random.default_rng(SEED)
+    n_in = [int(np.prod(b.shape(x)[1:], dtype=np.int64)) for x in leaves]
+    n_out = [int(np.prod(b.shape(o)[1:], dtype=np.int64)) for o in outs]
+    n = len(leaves)
+    tangents = tuple(b.asarray(rng.standard_normal(b.shape(x)), dtype=b.dtype(x), device=b.device(x)) for x in leaves)
+    if forward:
+        _, products, _ = b.jvp(flat_f, leaves, tangents, has_aux=has_aux)
+        vectors, along, others, sizes, others_sizes = tangents, range(len(outs)), range(n), n_in, n_out
+        nonlinear = []
+    else:
+        cotangents = tuple(b.asarray(rng.standard_normal(b.shape(o)), dtype=b.dtype(o), device=b.device(o))
+                           for o in outs)
+        _, vjp_fn, _ = b.vjp(flat_f, leaves, has_aux=has_aux)
+        products = vjp_fn(cotangents)
+        # A custom VJP whose bwd is not linear in its cotangent (gradient clipping) has no Jacobian that one
+        # VJP could check: the check is skipped where doubling the cotangent does not double the VJP.
+        doubled = vjp_fn(tuple(c + c for c in cotangents))
+        nonlinear = [_nonlinearity(xp, b, p, d) for p, d in zip(products, doubled) if _size(b, p)]
+        vectors, along, others, sizes, others_sizes = cotangents, range(n), range(len(outs)), n_out, n_in
+    errs, scales = [], []
+    for p in along:  # an output (forward) or an input (reverse) of the product
+        if others_sizes[p] == 0:
+            continue
+        got = xp.reshape(products[p], (batch, others_sizes[p]))
+        want = abs_want = None
+        for q in others:
+            if sizes[q] == 0:
+                continue
+            block = blocks[p * n + q] if forward else blocks[q * n + p]
+            # forward: J (out_p, in_q) @ t_q; reverse: J (out_q, in_p) transposed @ u_q (a sum over out_q)
+            shape, axis = ((batch, others_sizes[p], sizes[q]), 2) if forward else ((batch, sizes[q], others_sizes[p]), 1)
+            block = xp.reshape(block, shape)
+            v = xp.reshape(vectors[q], (batch, 1, sizes[q]) if forward else (batch, sizes[q], 1))
+            v = xp.astype(v, block.dtype) if b.dtype(vectors[q]) != b.dtype(block) else v
+            term = xp.sum(block * v, axis=axis)
+            abs_term = xp.sum(xp.abs(block) * xp.abs(v), axis=axis)
+            want = term if want is None else want + term
+            abs_want = abs_term if abs_want is None else abs_want + abs_term
+        got = xp.astype(got, want.dtype) if want is not None and b.dtype(got) != b.dtype(want) else got
+        if want is None:  # every input of this output is empty: the product must be zero
+            want = abs_want = xp.zeros_like(got)
+        diff = xp.abs(got - want)
+        finite = xp.isfinite(diff)
+        zero = xp.zeros_like(diff)
+        errs.append(xp.max(xp.where(finite, diff, zero), axis=1))
+        scale = xp.maximum(xp.abs(got), abs_want)
+        scales.append(xp.max(xp.where(xp.isfinite(scale), scale, zero), axis=1))
+    if not errs:
+        empty = b.asarray(np.zeros((0,), np.float32))
+        return empty, empty
+    err = errs[0] if len(errs) == 1 else xp.max(xp.stack(errs), axis=0)
+    scale = scales[0] if len(scales) == 1 else xp.max(xp.stack(scales), axis=0)
+    for flag in nonlinear:  # (zero differences: nothing checked)
+        err = xp.where(flag, xp.zeros_like(err), err)
+    return err, scale
+
+
+def _size(b, x):
+    return int(np.prod(b.shape(x), dtype=np.int64))
+
+
+def _nonlinearity(xp, b, once, doubled):
+    """A 0-d boolean: does ``doubled`` (the VJP of twice the cotangent) differ from twice ``once`` by more
+    than rounding?"""
+    eps = float(np.finfo(np.float64 if b.dtype(once) == "float64" else np.float32).eps)
+    diff = xp.abs(doubled - (once + once))
+    size = xp.abs(doubled) + xp.abs(once + once)
+    finite = xp.isfinite(diff) & xp.isfinite(size)
+    zero = xp.zeros_like(diff)
+    return xp.max(xp.where(finite, diff, zero)) > float(4.0 * np.sqrt(eps)) * xp.max(xp.where(finite, size, zero))
+
+
+def failed_rows(b, err, scale, dtype: str):
+    """The rows whose check failed (a list of ints, empty where every row agrees) and the worst relative
+    difference, from :func:`row_residuals`' arrays."""
+    err = np.asarray(b.to_numpy(err), dtype=np.float64)
+    scale = np.asarray(b.to_numpy(scale), dtype=np.float64)
+    if err.size == 0:
+        return [], 0.0
+    eps = float(np.finfo(np.float64 if dtype in ("float64", "complex128") else
+                         np.float16 if dtype in ("float16", "bfloat16") else np.float32).eps)
+    if dtype == "bfloat16":
+        eps = 2.0 ** -7
+    tolerance = 4.0 * np.sqrt(eps) * scale + eps * float(scale.max(initial=0.0))
+    bad = np.flatnonzero(err > tolerance)
+    worst = float(np.max(err / np.maximum(scale, np.finfo(np.float64).tiny), initial=0.0)) if bad.size else 0.0
+    return [int(r) for r in bad], worst
+
+
+def describe_rows(rows) -> str:
+    """``rows`` as a short phrase: "rows 0, 2 and 5" (the first ten, then how many more)."""
+    shown = ", ".join(str(r) for r in rows[:10])
+    more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"

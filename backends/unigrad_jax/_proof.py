@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import jax
 
+from ._x64scope import _x64
+
 
 def closed_jaxpr(f, primals, has_aux):
     """``(outputs, closed)``: ``f`` with its aux left out, and its jaxpr at the primals' shapes and dtypes (in
     the call's 64-bit scope)."""
-    from . import _x64
-
     def outputs(*p):
         result = f(*p)
         return tuple(result[0]) if has_aux else tuple(result)
@@ -33,8 +33,6 @@ def batch_rows(backend, f, primals, has_aux):
     from unigrad.dependence import prove_rows
     from ._dependence import from_closed_jaxpr
 
-    from . import _x64
-
     outputs, closed = closed_jaxpr(f, primals, has_aux)
     with _x64(f, primals):
         # the arrays f is given but not differentiated (its closure_arrays) are constants of the jaxpr whose
@@ -43,32 +41,37 @@ def batch_rows(backend, f, primals, has_aux):
         verdict, detail = prove_rows(from_closed_jaxpr(closed, unknown=unknown), primals[0].shape[0])
         # True: one example is f on a batch of one; "program": one example is computed from f's program, the
         # batch size kept (f reads it: x / x.shape[0]), handed back to per_example_jacobian as proof=
-        separable = verdict == "row" and (_separable(outputs, primals) or (
-            _ROW_PROGRAM if _row_program(outputs, primals) else False))
+        separable = verdict == "row" and (_separable(outputs, primals, closed) or (
+            _ROW_PROGRAM if _row_program(outputs, primals, closed) else False))
     return verdict, detail, separable
 
 
-def _separable(f, primals):
+def _separable(f, primals, concrete):
     """Does every row of ``f`` come from the same program whatever the batch size (no value made from
-    the batch size or from positions in the batch)? False when that cannot be shown."""
+    the batch size or from positions in the batch, and the program at a symbolic batch size is the one
+    traced at the call's shapes, ``concrete``: no Python decision on the batch size)? False when that
+    cannot be shown."""
     from jax import export
+
+    from ._batchvalues import constants_stay_rowwise, same_program
     try:
         (b,) = export.symbolic_shape("b")
         specs = [jax.ShapeDtypeStruct((b,) + tuple(p.shape[1:]), p.dtype) for p in primals]
         closed = jax.make_jaxpr(f)(*specs)
     except Exception:  # f reads the batch size as a number, or closes over batch-shaped arrays
         return False
-    return _clean(closed.jaxpr)
+    return (_clean(closed.jaxpr) and constants_stay_rowwise(closed.jaxpr)
+            and same_program(closed, concrete, primals[0].shape[0]))
 
 
 _ROW_PROGRAM = "program"
 
 
-def _row_program(f, primals):
+def _row_program(f, primals, concrete):
     """Is one example of ``f`` computable alone from its program where ``f`` reads the batch size as a number
     (``x / x.shape[0]``: ``_rowprogram``)? Then ``per_example_jacobian`` maps that over the batch."""
     from ._rowprogram import row_function
-    return row_function(f, primals, primals[0].shape[0]) is not None
+    return row_function(f, primals, primals[0].shape[0], concrete) is not None
 
 
 def _symbolic(shape):

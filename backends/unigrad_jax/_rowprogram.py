@@ -19,16 +19,19 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from ._batchvalues import _at, constants_stay_rowwise, same_program
+
 #: Call-like primitives evaluated by inlining their program (their semantics are the program's; ``remat``
 #: only changes what the backward pass stores).
 _INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
 _NAME = "b"
 
 
-def row_function(f, primals, batch):
+def row_function(f, primals, batch, concrete=None):
     """``one(*example) -> outputs of one example`` built from ``f``'s program at a symbolic batch size (see
     the module docstring), or None where it cannot be shown equal to a row of ``f``. ``f`` returns a tuple
-    of arrays; ``batch`` is the call's batch size."""
+    of arrays; ``batch`` is the call's batch size; ``concrete``, where given, ``f``'s program traced at the
+    call's shapes, which the symbolic one must be (no Python decision on the batch size)."""
     from jax import export
 
     try:
@@ -37,7 +40,9 @@ def row_function(f, primals, batch):
         closed = jax.make_jaxpr(f)(*specs)
     except Exception:  # f reads the batch size where a number must be concrete (a Python loop over it)
         return None
-    if not _evaluable(closed.jaxpr):
+    if not _evaluable(closed.jaxpr) or not constants_stay_rowwise(closed.jaxpr):
+        return None
+    if concrete is not None and not same_program(closed, concrete, batch):
         return None
     jaxpr, consts = closed.jaxpr, closed.consts
 
@@ -72,22 +77,6 @@ def _evaluable(jaxpr) -> bool:
         if made and not given and name != "broadcast_in_dim":  # a batch-shaped value from nothing: iota, random
             return False
     return True
-
-
-def _at(value, env):
-    """``value`` (a parameter) with every symbolic dimension evaluated in ``env``: the object itself where it
-    holds none, a tuple or list (a named tuple of its own type: gather's dimension numbers) rebuilt where
-    it does."""
-    if isinstance(value, (tuple, list)):
-        items = [_at(v, env) for v in value]
-        if all(a is b for a, b in zip(items, value)):
-            return value
-        if isinstance(value, list):
-            return items
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    if hasattr(value, "_evaluate") and not isinstance(value, (int, np.integer)):
-        return int(value._evaluate(env))
-    return value
 
 
 def _evaluate(jaxpr, consts, args, batch):

@@ -10,6 +10,7 @@ NumPy tape (the default) or on PyTorch, JAX, TensorFlow or a plugin backend.
 from ._api import (asarray, batched_jacobian, check_batch_independence, evaluate, grad, hessian,
                    hessian_vector_product, hvp, jacfwd, jacobian, jacrev, jvp, namespace, to_native, to_numpy,
                    value_and_grad, vjp, vmap)
+from ._hessian import value_jacobian_and_hessian
 from ._bridge import bridge
 from ._checkpoint import checkpoint
 from .per_example import per_example_grad, per_example_grad_norms
@@ -33,8 +34,8 @@ def __getattr__(name):
 
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
-    "check_batch_independence", "hessian", "hvp", "hessian_vector_product", "vmap", "evaluate", "per_example_grad",
-    "per_example_grad_norms",
+    "check_batch_independence", "hessian", "value_jacobian_and_hessian", "hvp", "hessian_vector_product", "vmap",
+    "evaluate", "per_example_grad", "per_example_grad_norms",
     "checkpoint", "bridge",
     "namespace", "asarray", "to_numpy", "to_native", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",

@@ -18,6 +18,7 @@ import optree
 
 from . import _checks, _registry
 from ._batched import batched_jacobian, check_batch_independence
+from ._hessian import hessian, value_jacobian_and_hessian  # noqa: F401 -- (public names kept here too)
 from ._arrays import asarray, evaluate, namespace, to_native, to_numpy
 from ._caches import BoundedCache, CacheKind
 from ._call import _LEAF, Call, FlatPlans, prepare, unflatten
@@ -26,9 +27,9 @@ from ._program import PROGRAMS_WHY, block_runner, execute
 from ._repeats import Miss, Repeats
 from ._signature import reject_lazy
 from . import _memory
-from ._transform import (_ITEMSIZE, SHAPES_WHY, _flatten_blocks, _size, _wraps, budget_chunk,  # noqa: F401
-                         choose_mode, output_shapes, promoted_blocks, real_to_complex, reverse_complex_error,
-                         static_arguments)
+from ._transform import (_ITEMSIZE, FALLBACKS_NAME, FALLBACKS_WHY, SHAPES_WHY, _flatten_blocks, _size,  # noqa: F401
+                         _wraps, budget_chunk, choose_mode, output_shapes, promoted_blocks, real_to_complex,
+                         reverse_complex_error, run_auto, static_arguments)
 from ._checks import check_chunk, check_mode, scalar_check
 
 __all__ = [
@@ -57,9 +58,7 @@ JACOBIAN_PLANS = CacheKind("jacobian", "plans", why=PLANS_WHY)
 JACOBIAN_SHAPES = CacheKind("jacobian", "output shapes", why=SHAPES_WHY, program=True)
 JACOBIAN_CHUNKS = CacheKind("jacobian", "chunk sizes", why=_MEMORY_WHY, program=True)
 JACOBIAN_PROGRAMS = CacheKind("jacobian", "compiled programs", why=PROGRAMS_WHY, program=True)
-HESSIAN_PLANS = CacheKind("hessian", "plans", why=PLANS_WHY)
-HESSIAN_SHAPES = CacheKind("hessian", "output shapes", why=SHAPES_WHY, program=True)
-HESSIAN_PROGRAMS = CacheKind("hessian", "compiled programs", why=PROGRAMS_WHY, program=True)
+JACOBIAN_FALLBACKS = CacheKind("jacobian", FALLBACKS_NAME, why=FALLBACKS_WHY, program=True)
 HVP_PLANS = CacheKind("hessian_vector_product", "plans", why=PLANS_WHY)
 HVP_PRIMAL_PLANS = CacheKind("hessian_vector_product", "plans of the primals alone (tangents to check)",
                              why=PLANS_WHY)
@@ -337,7 +336,9 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
       argnums: int or tuple of ints.
       mode: ``"rev"`` (one VJP per output element, vectorised), ``"fwd"`` (one JVP per input
         element, vectorised) or ``"auto"``: forward when the inputs have fewer elements than the
-        outputs, else reverse (from the shapes, once per signature).
+        outputs, else reverse (from the shapes, once per signature); where forward mode raises (an
+        operation the engine has no forward rule for, a JAX ``custom_vjp``, TensorFlow control flow that
+        pfor cannot vectorise), reverse mode, remembered for the signature (docs/transforms.md, "Modes").
       chunk_size: at most this many basis vectors at a time, to bound memory.
       has_aux: return ``(jacobian, aux)``.
       backend: backend name or object.
@@ -365,7 +366,7 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
     check_chunk(chunk_size, "jacobian")
     budget = _memory.parse_budget(memory_budget, "jacobian") if chunk_size is None else None
     plans, shapes = BoundedCache(JACOBIAN_PLANS), BoundedCache(JACOBIAN_SHAPES, 64)
-    chunks = BoundedCache(JACOBIAN_CHUNKS, 64)
+    chunks, fallbacks = BoundedCache(JACOBIAN_CHUNKS, 64), BoundedCache(JACOBIAN_FALLBACKS, 64)
     programs = BoundedCache(JACOBIAN_PROGRAMS) if compile else None
     static = static_arguments(f, static_argnums, static_argnames, argnums, "jacobian") if compile else None
 
@@ -399,11 +400,16 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
             return (jac, call.aux(aux)) if has_aux else jac
         call = prepare(plans, f, args, argnums, has_aux, backend, "jacobian", device, static)
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=False) if call.diff else "rev"
-        kernel, decision = kernels[chosen], chosen
-        if budget is not None and call.diff:
-            chunk = budget_chunk(chunks, shapes, call, chosen, False, budget, "jacobian")
-            kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
-        _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
+
+        def run(chosen):
+            kernel, decision = kernels[chosen], chosen
+            if budget is not None and call.diff:
+                chunk = budget_chunk(chunks, shapes, call, chosen, False, budget, "jacobian")
+                kernel, decision = kernel_for(chosen, chunk), (chosen, chunk)
+            return execute(call, kernel, programs, decision, keep_outputs=False)
+
+        # "auto" never keeps a mode f cannot do: forward mode that raises falls back to reverse (run_auto)
+        _, blocks, aux = run(chosen) if mode != "auto" else run_auto(fallbacks, call, run, chosen, "rev", "jacobian")
         if key is not None:
             repeats.remember(key, call, block_runner)
         jac = call.blocks_tree(blocks)
@@ -440,68 +446,6 @@ def jacfwd(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=No
 # ---------------------------------------------------------------------------------------------
 # Second order
 # ---------------------------------------------------------------------------------------------
-
-def hessian(f: Callable, argnums=0, *, chunk_size: int | None = None, backend=None, compile: bool = False,
-            device=None, static_argnums=(), static_argnames=()) -> Callable:
-    """The Hessian of ``f`` (forward over reverse: ``jacfwd(jacrev(f))``).
-
-    Args:
-      f: function; for a scalar output the result is ``H[j][k]`` of shape ``in_j + in_k``;
-        for a non-scalar output of shape ``O`` the blocks have shape ``O + in_j + in_k``.
-      argnums: int or tuple of ints.
-      chunk_size: bound on the tangents pushed at a time.
-      backend: backend name or object.
-      compile: one compiled program per signature (Python floats are dynamic inputs, see
-        :func:`value_and_grad`).
-      device: place the inputs on this device.
-      static_argnums: with ``compile=True``, positions of arguments whose Python floats are static.
-      static_argnames: the same by parameter name.
-
-    Returns:
-      A function returning the Hessian blocks, nested as output structure, then input, then input.
-
-    Example:
-      >>> unigrad.hessian(lambda x: (x ** 3).sum())(np.array([1.0, 2.0]))
-      array([[ 6.,  0.],
-             [ 0., 12.]])
-    """
-    check_chunk(chunk_size, "hessian")
-    plans, shapes = BoundedCache(HESSIAN_PLANS), BoundedCache(HESSIAN_SHAPES, 64)
-    programs = BoundedCache(HESSIAN_PROGRAMS) if compile else None
-    static = static_arguments(f, static_argnums, static_argnames, argnums, "hessian") if compile else None
-
-    def nested(b, flat_f, leaves):
-        def gradient(*p):  # the outputs ride along as aux: no value escapes the transform by side effect
-            outs, jac, _ = b.jacrev(flat_f, p)
-            return _flatten_blocks(jac), tuple(b.stop_gradient(o) for o in outs)
-
-        _, jac2, outputs = b.jacfwd(gradient, leaves, chunk_size=chunk_size, has_aux=True)
-        return tuple(outputs), _flatten_blocks(jac2), ()
-
-    def scalar(b, flat_f, leaves):  # the backend's own Hessian (its fastest form: nested tapes on TensorFlow)
-        return (), _flatten_blocks(b.hessian(flat_f, leaves, chunk_size=chunk_size)), ()
-
-    def hessian_f(*args):
-        call = prepare(plans, f, args, argnums, False, backend, "hessian", device, static)
-        if not call.backend.capabilities.higher_order:
-            raise _checks.not_nestable(call.backend, "hessian")
-        # Scalar or not is decided from the signature's output shapes, and re-checked on what f returned
-        # this time (its shapes may depend on values): the scalar form is wrong for other outputs.
-        is_scalar = output_shapes(shapes, call) == ((),)
-        call.seen.out_shapes = ()  # () asks flat_f to record the shapes
-        _, blocks, _ = execute(call, scalar if is_scalar else nested, programs, is_scalar, keep_outputs=False)
-        if is_scalar and call.seen.out_shapes not in ((), ((),)):
-            _, blocks, _ = execute(call, nested, None)  # the general form, right for any output
-        call.seen.out_shapes = None
-        # blocks, in order: output i, input j, input k -> d/d in_k of (d out_i / d in_j)
-        n = len(call.diff)
-        n_out = call.seen.out_tree.num_leaves
-        return call.output([call.inputs_like([call.inputs_like(list(blocks[(i * n + j) * n:(i * n + j + 1) * n]))
-                                              for j in range(n)]) for i in range(n_out)])
-
-    _wraps(hessian_f, f, "hessian")
-    return hessian_f
-
 
 def _hvp_product(b, flat_f, primals, tangents, fname):
     """``H @ tangents`` of a flat ``f`` at ``primals`` (one block per primal), ``f`` checked to return a

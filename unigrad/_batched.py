@@ -84,13 +84,18 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         random tangent on one example, at the call's point and at a random nearby point: with
         ``"once"`` (default) on the first call of each signature, the verdict kept only when both
         probes were conclusive; with ``"always"`` on every call. ``"never"``: no proof and no probe
-        (the caller vouches). A probe that cannot decide (non-finite tangents) raises too.
+        (the caller vouches). A probe that cannot decide (non-finite tangents) raises too. Blocks that
+        do not stand on a proof over the program that runs (a probe's verdict, a custom rule, a proof
+        on the tape for another engine, a one-example shortcut) are checked on every call by one JVP
+        (or VJP) of the whole batch with a random vector on every row (``unigrad._answer_check``): a
+        shortcut that fails it gives way to the sum trick, anything else raises ValueError naming the
+        rows.
       separable: the caller states that ``f`` may also be evaluated one example at a time,
         ``f(x)[b] == f(x[b:b+1])[0]`` (f uses neither the batch size nor positions in the batch).
         A backend may then vectorise batch-of-one Jacobians (``jax.vmap`` of ``jax.jacrev``), which
-        its compiler can simplify better. Not checked. JAX takes that form by itself when it proves
-        it (rows independent, and no value made from the batch size or positions in a trace with a
-        symbolic batch size). Default False.
+        its compiler can simplify better. Its answer is checked as any shortcut's (below). JAX takes that
+        form by itself when its analysis shows it (rows independent, and no value made from the batch
+        size or positions in a trace with a symbolic batch size). Default False.
       backend: backend name or object.
       compile: one compiled program per signature (``jax.jit``, ``tf.function``), which reads the Python
         values ``f`` reads besides its arguments (a global, a closed-over NumPy array) when it is traced,

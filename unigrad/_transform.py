@@ -64,6 +64,50 @@ def choose_mode(shapes: BoundedCache, call: Call, per_example: bool) -> str:
     return "fwd" if n_in < n_out else "rev"
 
 
+#: The name of the caches of signatures whose forward mode failed (one per transform that falls back).
+FALLBACKS_NAME = "signatures whose forward mode raised (mode 'auto')"
+#: Why the signatures whose forward mode failed are kept per signature alone (see unigrad._caches).
+FALLBACKS_WHY = ("where mode='auto' chose forward mode and it raised while reverse mode worked, the next calls go "
+                 "straight to reverse mode: speed only (both modes give the same derivative; a call whose reverse mode "
+                 "raises too raises the forward error)")
+
+
+def run_auto(fallbacks: BoundedCache | None, call: Call, run, first: str, fallback: str, fname: str):
+    """``run(first)``, the mode ``"auto"`` chose from the shapes, unless it raises: then ``run(fallback)``.
+
+    "auto" must never pick a mode ``f`` cannot do: an engine may have no forward rule for an operation
+    (HIPS autograd's ``inv``), forward mode may refuse a function (a JAX ``custom_vjp``) or fail to
+    vectorise it (TensorFlow's ``tf.cond`` / ``tf.scan`` under pfor), where reverse mode works. Both modes
+    give the same derivative, so falling back changes speed, never the result. Where ``fallback`` raises
+    too, the error is ``f``'s own (a bug reverse mode hits as well): the first error is raised, with a
+    note naming the second. A signature that fell back is remembered in ``fallbacks`` (None: nothing is
+    kept): its next calls run ``fallback`` at once. ``first == fallback``: ``run(first)`` alone.
+    """
+    if first == fallback or (fallbacks is not None and fallbacks.lookup(call) is not None):
+        return run(fallback)
+    try:
+        return run(first)
+    except Exception as exc:  # (KeyboardInterrupt and the like are not caught)
+        error = exc
+    try:
+        result = run(fallback)
+    except Exception as second:
+        failed = second
+    else:
+        if fallbacks is not None:
+            fallbacks.store(call, True)
+        return result
+    if hasattr(error, "add_note"):  # (Python 3.11+)
+        error.add_note(f"{fname}: mode='auto' tried {fallback!r} after this error, and it raised too: "
+                       f"{type(failed).__name__}: {_message(failed)}")
+    raise error
+
+
+def _message(exc) -> str:
+    text = " ".join(str(exc).split())  # (a framework's message may start with a line that says little)
+    return (text[:300] + "...") if len(text) > 300 else (text or "(no message)")
+
+
 def _size(shape):
     n = 1
     for s in shape:

@@ -20,7 +20,7 @@ from .._repeats import Repeats
 from .._signature import _SUMMARIES, _static_token, _summary
 from .._checks import check_chunk, promote, scalar_check
 from .._dtypes import COMPLEX
-from .._transform import _wraps, real_to_complex, reverse_complex_error
+from .._transform import _wraps, real_to_complex, reverse_complex_error, run_auto
 from . import _coloring, _compress, _decompress, _pattern
 
 __all__ = ["SparsePlan", "sparse_jacobian", "sparse_hessian"]
@@ -98,7 +98,9 @@ def _aux_pair(result, fname):
     return result
 
 
-def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> SparsePlan:
+def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux, found=None) -> SparsePlan:
+    """The plan of ``call``: its pattern (``found``: the pattern of that plan, not detected again), colouring
+    and mode."""
     b = call.backend
     outputs = b.evaluate(call.flat_f, call.diff)
     if has_aux:
@@ -111,7 +113,10 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux) -> 
     dtype = b.dtype(outputs[0])
     for a in tuple(outputs) + tuple(call.diff):
         dtype = promote(dtype, b.dtype(a))
-    pattern, source, reasons = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname, has_aux)
+    if found is None:
+        pattern, source, reasons = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname, has_aux)
+    else:
+        pattern, source, reasons = found.pattern, found.source, found.reasons
     if kind == "hessian":
         coloring, chosen = _coloring.star_coloring(pattern), "star"
     else:
@@ -261,7 +266,21 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
                 return (finish(blocks[0]), call.aux(aux)) if has_aux else finish(blocks[0])
         call = prepare(plans, f, args, argnums, has_aux, backend, fname, device)
         plan = plan_of(call)
-        _, blocks, aux = passes(call, plan)
+        if mode == "auto" and plan.mode == "fwd":  # forward mode that raises falls back to reverse (run_auto)
+            ran = [plan]
+
+            def run(chosen):
+                if chosen == "fwd":
+                    return passes(call, plan)
+                reverse = _make_plan(call, kind, sparsity, "rev", argnums, backend, fname, has_aux, found=plan)
+                result = passes(call, reverse)
+                ran[0] = sparse_plans.store(call, reverse)  # (kept once it worked: the next calls go reverse)
+                return result
+
+            _, blocks, aux = run_auto(None, call, run, "fwd", "rev", fname)
+            plan = ran[0]
+        else:
+            _, blocks, aux = passes(call, plan)
         finish = _decompress.finisher(call.backend, blocks[0], plan.structure, format, fname)
         if repeats is not None and key is not None and call.program is not None:
             repeats.remember(key, call)
@@ -296,7 +315,9 @@ def sparse_jacobian(f: Callable, argnums=0, *, sparsity=None, mode: str = "auto"
         pattern must cover every non-zero of the Jacobian (check one with
         :func:`unigrad.testing.check_sparsity_covers`): a non-zero outside it is not computed.
       mode: ``"fwd"`` (column colouring, JVPs), ``"rev"`` (row colouring, VJPs) or ``"auto"``: the
-        one with fewer colours (forward on a tie).
+        one with fewer colours (forward on a tie); where forward mode raises (an operation the engine
+        has no forward rule for, a JAX ``custom_vjp``, TensorFlow control flow that pfor cannot
+        vectorise), reverse mode, kept in the signature's plan.
       format: ``"auto"`` -- the backend's sparse type (NumPy: ``scipy.sparse.csr_array``; torch: a
         sparse CSR tensor; JAX: ``jax.experimental.sparse.BCOO``; TensorFlow: ``tf.sparse.SparseTensor``);
         ``"dense"``; ``"scipy"`` (a ``scipy.sparse.csr_array`` on any backend); ``"csr"``, ``"csc"``,

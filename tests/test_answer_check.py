@@ -81,7 +81,8 @@ def test_the_check_fails_exactly_the_rows_whose_blocks_are_wrong(backend, forwar
         if wrong_row is not None:
             blocks[wrong_row] *= scale
         err, size = _answer_check.row_residuals(b, f, xs, outs, (b.asarray(blocks),), False, forward)
-        rows, worst = _answer_check.failed_rows(b, err, size, str(dtype.__name__))
+        rows, worst = _answer_check.failed_rows(b, b.evaluate(
+            lambda e, s: _answer_check.verdicts(b, e, s, str(dtype.__name__)), (err, size)))
         assert rows == ([] if wrong_row is None else [wrong_row]), (rows, worst)
 
 
@@ -198,3 +199,28 @@ def test_jax_analysis_keeps_the_shortcut_where_it_holds():
     assert b.batch_rows(lambda x: (jnp.tanh(x @ w) @ w.T,), (x,), has_aux=False)[2] is True
     assert b.batch_rows(lambda x: (jnp.tanh(x @ w) / x.shape[0],), (x,), has_aux=False)[2] == "program"
     assert b.batch_rows(lambda x: (jax.nn.relu(x) * 2,), (x,), has_aux=False)[2] is True
+
+
+def test_batched_jacobian_auto_falls_back_to_reverse_where_forward_mode_raises():
+    """A JAX custom_vjp has no forward mode: mode="auto" (forward here: fewer inputs than outputs per
+    example) goes reverse, remembered for the signature, with the right blocks."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    @jax.custom_vjp
+    def cv(u):
+        return jnp.sin(u)
+
+    cv.defvjp(lambda u: (jnp.sin(u), u), lambda u, g: (jnp.cos(u) * g,))
+
+    def f(x):  # (B, 2) -> (B, 6): forward mode by the shapes
+        return jnp.concatenate([cv(x), x ** 2, x], axis=1)
+
+    x = jnp.asarray(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
+    full = np.asarray(jax.jacrev(f)(x))
+    want = np.stack([full[i, :, i, :] for i in range(3)])
+    bj = unigrad.batched_jacobian(f, backend="jax")
+    for _ in range(2):
+        np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6)
+    with pytest.raises(Exception, match="custom_vjp"):
+        unigrad.batched_jacobian(f, backend="jax", mode="fwd")(x)

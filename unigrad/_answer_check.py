@@ -16,8 +16,8 @@ custom rule that clips its cotangent, whose blocks are what unit cotangents give
 there).
 
 The check runs in the transform's own kernel, so a compiled transform checks itself inside the same
-compiled program; what comes out is two numbers a row (the largest difference and the scale it is held
-to), read on the host. The threshold: ``4 sqrt(eps)`` of the row's scale (the largest term that enters
+compiled program; what comes out is two numbers a row (the difference over its tolerance, and the
+relative difference), read on the host in one transfer. The threshold: ``4 sqrt(eps)`` of the row's scale (the largest term that enters
 the row's product, ``|J| @ |t|``, or the product itself), plus ``eps`` of the batch's largest scale for
 rows whose derivative is zero. Rounding in the two products stays orders of magnitude under it; a
 coupling of relative size under about ``4 sqrt(eps)`` (1e-3 in float32, 1e-7 in float64) is not seen.
@@ -46,8 +46,28 @@ def checked_kernel(kernel, has_aux: bool, forward: bool = True):
     def kernel_checked(b, flat_f, leaves):
         outs, blocks, aux = kernel(b, flat_f, leaves)
         err, scale = row_residuals(b, flat_f, tuple(leaves), tuple(outs), tuple(blocks), has_aux, forward)
-        return outs, tuple(blocks) + (err, scale), aux
+        return outs, tuple(blocks) + (verdicts(b, err, scale, b.dtype(blocks[0]) if blocks else "float64"),), aux
     return kernel_checked
+
+
+def _eps(dtype: str) -> float:
+    if dtype == "bfloat16":
+        return 2.0 ** -7
+    return float(np.finfo(np.float64 if dtype in ("float64", "complex128") else
+                          np.float16 if dtype == "float16" else np.float32).eps)
+
+
+def verdicts(b, err, scale, dtype: str):
+    """One array of shape ``(2, B)`` (one read on the host): each row's difference over its tolerance
+    (positive: the check failed), and its relative difference. Empty where nothing was checked."""
+    xp = b.namespace()
+    if b.shape(err)[0] == 0:
+        return b.asarray(np.zeros((2, 0), np.float32))
+    eps = _eps(dtype)
+    tolerance = float(4.0 * np.sqrt(eps)) * scale + eps * xp.max(scale)
+    tiny = float(np.finfo(np.float32).tiny)
+    relative = err / (scale + tiny)
+    return xp.stack([err - tolerance, relative])
 
 
 def row_residuals(b, flat_f, leaves, outs, blocks, has_aux, forward=True):
@@ -137,21 +157,14 @@ def _nonlinearity(xp, b, once, doubled):
     return xp.max(xp.where(finite, diff, zero)) > float(4.0 * np.sqrt(eps)) * xp.max(xp.where(finite, size, zero))
 
 
-def failed_rows(b, err, scale, dtype: str):
+def failed_rows(b, checked):
     """The rows whose check failed (a list of ints, empty where every row agrees) and the worst relative
-    difference, from :func:`row_residuals`' arrays."""
-    err = np.asarray(b.to_numpy(err), dtype=np.float64)
-    scale = np.asarray(b.to_numpy(scale), dtype=np.float64)
-    if err.size == 0:
+    difference among them, from :func:`verdicts`' array."""
+    checked = np.asarray(b.to_numpy(checked), dtype=np.float64)
+    if checked.size == 0:
         return [], 0.0
-    eps = float(np.finfo(np.float64 if dtype in ("float64", "complex128") else
-                         np.float16 if dtype in ("float16", "bfloat16") else np.float32).eps)
-    if dtype == "bfloat16":
-        eps = 2.0 ** -7
-    tolerance = 4.0 * np.sqrt(eps) * scale + eps * float(scale.max(initial=0.0))
-    bad = np.flatnonzero(err > tolerance)
-    worst = float(np.max(err / np.maximum(scale, np.finfo(np.float64).tiny), initial=0.0)) if bad.size else 0.0
-    return [int(r) for r in bad], worst
+    bad = np.flatnonzero(checked[0] > 0)
+    return [int(r) for r in bad], (float(checked[1][bad].max()) if bad.size else 0.0)
 
 
 def describe_rows(rows) -> str:

@@ -19,14 +19,14 @@ import numpy as np
 
 from . import _checks, _memory
 from ._caches import BoundedCache, CacheKind
-from ._call import Call, prepare
+from ._call import _LEAF, Call, prepare
 from ._plan import PLANS_WHY
 from ._program import PROGRAMS_WHY, block_runner, execute
 from ._repeats import Miss, Repeats
 from ._answer_check import checked_kernel, describe_rows, failed_rows
 from ._custom import custom_rules_seen
-from ._transform import (SHAPES_WHY, _wraps, budget_chunk, choose_mode, promoted_blocks, real_to_complex,
-                         reverse_complex_error, static_arguments)
+from ._transform import (FALLBACKS_NAME, FALLBACKS_WHY, SHAPES_WHY, _wraps, budget_chunk, choose_mode,
+                         promoted_blocks, real_to_complex, reverse_complex_error, run_auto, static_arguments)
 from ._dtypes import COMPLEX
 
 __all__ = ["batched_jacobian", "check_batch_independence"]
@@ -48,6 +48,7 @@ SETTLED = CacheKind(_T, "probe verdicts", ("state", "values"),
                     "a probe runs f at the call's values; kept only where both probes were conclusive and no custom "
                     "rule (opaque to every proof) was met")
 PROGRAMS = CacheKind(_T, "compiled programs", why=PROGRAMS_WHY, program=True)
+FALLBACKS = CacheKind(_T, FALLBACKS_NAME, why=FALLBACKS_WHY, program=True)
 REFUTED = CacheKind(_T, "refuted shortcuts", ("state",),
                     "a shortcut that computes one example alone (separable, a row program) whose answer failed its "
                     "check for this signature: the sum trick runs instead; f's program depends on its Python state")
@@ -135,6 +136,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     needs_values, settled_values = BoundedCache(REPEATS, 64), BoundedCache(REPEATS, 64)
     checked_repeats = BoundedCache(REPEATS, 64)  # repeat keys whose program checks its answer
     refuted = BoundedCache(REFUTED, 64)
+    fallbacks = BoundedCache(FALLBACKS, 64)
     programs = BoundedCache(PROGRAMS) if compile else None
     traced = BoundedCache(TRACED)  # eager calls on a backend that traces its per-example Jacobian anyway (see below)
     static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
@@ -214,7 +216,14 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         # the caller vouches.
         exact = exact and verdict == "row"
         check = check_independence != "never" and batch >= 2 and not (exact and not per_example)
-        blocks, aux, rows = run(call, chosen, per_example, recorded, check, key, verdict)
+
+        def attempt(m):
+            return m, run(call, m, per_example, recorded, check, key, verdict)
+
+        if mode == "auto":  # forward mode that raises (no forward rule for f) falls back to reverse
+            chosen, (blocks, aux, rows) = run_auto(fallbacks, call, attempt, chosen, "rev", "batched_jacobian")
+        else:
+            chosen, (blocks, aux, rows) = attempt(chosen)
         if rows and per_example:  # the shortcut's analysis was wrong: the sum trick, exact for independent rows
             refuted.store(call, True)
             blocks, aux, rows = run(call, chosen, False, None, not exact, None, verdict)
@@ -222,6 +231,25 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             raise _check_error(rows[0], rows[1])
         jac = call.blocks_tree(blocks)
         return (jac, call.aux(aux)) if has_aux else jac
+
+    def checked_runner(call, program):
+        """A runner for repeats of a signature whose program checks its answer (one block, no aux): the
+        program's flat outputs, the check read, the block returned; a failed check takes the full path
+        (which falls back from a refuted shortcut or raises)."""
+        if (call.has_aux or program.aux_static or program.out_tree is not _LEAF or not call.plan.single
+                or program.n_blocks != 2):
+            return None
+        flat = program.flat_runner(call)
+        b = call.backend
+        if flat is None:
+            return None
+
+        def whole(args):
+            block, checked = flat(args)[program.n_out:]
+            if failed_rows(b, checked)[0]:
+                return batched_jacobian_f(args, None)
+            return block
+        return whole
 
     def run(call, chosen, per_example, recorded, check, key, verdict):
         """``(blocks, aux, failed)``: the per-example blocks by ``per_example``'s method, and where ``check``,
@@ -261,7 +289,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                         if values is not None:
                             settled_values.put((key, values), True)
                     else:
-                        repeats.remember(key, call, None if check else block_runner)
+                        repeats.remember(key, call, checked_runner if check else block_runner)
                     if check:
                         checked_repeats.put(key, True)
         failed = None
@@ -307,13 +335,12 @@ def _parameter_hint(argnums) -> str:
 
 
 def _checked_blocks(b, blocks):
-    """The blocks of a checking kernel without its two check arrays, the rows whose check failed and the
-    worst relative difference (:mod:`unigrad._answer_check`)."""
+    """The blocks of a checking kernel without its check array, the rows whose check failed and the worst
+    relative difference (:mod:`unigrad._answer_check`)."""
     blocks = tuple(blocks)
-    err, scale = blocks[-2:]
-    blocks = blocks[:-2]
+    checked, blocks = blocks[-1], blocks[:-1]
     try:
-        rows, worst = failed_rows(b, err, scale, b.dtype(blocks[0]) if blocks else "float64")
+        rows, worst = failed_rows(b, checked)
     except Exception:  # abstract values inside another framework's transform (jax.jit): nothing to read there,
         rows, worst = [], 0.0  # as for the probe (docs/transforms.md)
     return blocks, rows, worst

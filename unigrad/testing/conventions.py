@@ -270,7 +270,7 @@ def render(table: dict[str, dict[str, str]], versions: dict[str, str] | None = N
         '| plans (backend, differentiated leaves, dtypes), flat plans, plans of the primals alone (tangents to check) of `hessian_vector_product`, repeats and compiled repeats of compiled calls | signature (f is not run; a compiled repeat of `batched_jacobian` or a sparse transform is kept only where its proof or pattern holds for the whole signature) |',
         '| output shapes (the mode `"auto"` picks, `hessian`\'s scalar form), chunk sizes from a memory budget | signature: speed and memory only, never the result (`hessian` re-checks the shape `f` returned) |',
         "| row proofs from the backend's program (jaxpr, ATen graph, TensorFlow graph) | signature + Python state |",
-        "| signatures whose forward mode raised (mode 'auto') of `jacobian`, `hessian`, `value_jacobian_and_hessian` "
+        "| signatures whose forward mode raised (mode 'auto') of `jacobian`, `batched_jacobian`, `hessian`, `value_jacobian_and_hessian` "
         "(sparse transforms keep reverse mode in their plan) | signature: speed only (both modes give the same "
         "derivative; a fallback is kept only where reverse mode worked) |",
         "| refuted shortcuts (`batched_jacobian`: one example computed alone, whose answer failed its check) | "

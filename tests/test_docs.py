@@ -127,7 +127,8 @@ def _doctests(module_name):
 
 
 # modules whose examples use an optional extra: skipped where it is missing (tests/conftest.py, one rule)
-EXAMPLES_NEED = {"unigrad.dask": ("dask", "dask.array"), "unigrad.testing.strategies": ("hypothesis",)}
+EXAMPLES_NEED = {"unigrad.dask": ("dask", "dask.array"), "unigrad.testing.strategies": ("hypothesis",),
+                 "unigrad.testing.fuzz": ("hypothesis",)}
 
 
 @pytest.mark.parametrize("module_name", [pytest.param(m, marks=requires(*EXAMPLES_NEED[m])) if m in EXAMPLES_NEED

@@ -4,6 +4,9 @@
 ``unigrad check FILE.py:FUNC``         FUNC's value and derivatives on every installed backend, against
 ``unigrad check MODULE:FUNC``          each other and finite differences; exit status 0 when they
                                        agree (or differ only by a convention at a kink), 1 when not
+``unigrad check A.py:F@torch B.py:G@jax``  two (or more) implementations of one function, each on its
+                                       backend, compared in values and derivatives leaf by leaf
+                                       (``unigrad.testing.compare_implementations``); one set of inputs
 ``unigrad check --conformance NAME``   the conformance suite (the tests pytest runs with
                                        ``--unigrad-backends=NAME``) as a table of rules; exit 0 when every
                                        test passed (skips allowed), 1 when not; ``-k EXPR`` selects tests
@@ -297,14 +300,17 @@ def cmd_info(args, out) -> int:
 
 def cmd_check(args, out) -> int:
     if args.conformance is not None:
-        if args.target is not None:
+        if args.target:
             raise UsageError("pass either MODULE:FUNC or --conformance NAME, not both")
         return cmd_conformance(args.conformance, out, args.k)
     if args.k is not None:
         raise UsageError("-k selects tests of the conformance suite: use it with --conformance NAME")
-    if args.target is None:
+    if not args.target:
         raise UsageError("the function to check is missing: MODULE:FUNC or path/to/file.py:FUNC "
                          "(or --conformance NAME for a backend)")
+    if len(args.target) > 1 or "@" in args.target[0]:
+        return cmd_check_implementations(args, out)
+    args.target = args.target[0]
     from .testing import compare
 
     backends = _backend_list(args.backends)
@@ -312,15 +318,7 @@ def cmd_check(args, out) -> int:
     with _filtered_native_stderr():  # the target's module may import a framework of its own
         f, mod, attr = load_target(args.target)
         inputs = build_inputs(args, mod, attr)
-    if args.argnums in (None, "auto"):
-        argnums = _auto_argnums(inputs)
-    elif args.argnums == "all":
-        argnums = tuple(range(len(inputs)))
-    else:
-        try:
-            argnums = tuple(int(a) for a in args.argnums.split(",") if a.strip())
-        except ValueError:
-            raise UsageError(f"--argnums must be 'auto', 'all' or integers like 0,1; got {args.argnums!r}") from None
+    argnums = _argnums(args.argnums, inputs)
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
     try:
         report = compare(f, inputs, backends=backends, devices=devices, argnums=argnums, dtype=args.dtype,
@@ -339,6 +337,65 @@ def cmd_check(args, out) -> int:
         return EXIT_OK
     from .testing._compare import INCONCLUSIVE
 
+    return EXIT_INCONCLUSIVE if report.verdict == INCONCLUSIVE else EXIT_DISAGREE
+
+
+def _argnums(text, inputs):
+    if text in (None, "auto"):
+        return _auto_argnums(inputs)
+    if text == "all":
+        return tuple(range(len(inputs)))
+    try:
+        return tuple(int(a) for a in text.split(",") if a.strip())
+    except ValueError:
+        raise UsageError(f"--argnums must be 'auto', 'all' or integers like 0,1; got {text!r}") from None
+
+
+def cmd_check_implementations(args, out) -> int:
+    """``unigrad check A:F@BACKEND B:G@BACKEND ...``: compare_implementations on one set of inputs."""
+    if args.reference is not None or args.backends != "all" or args.devices.count(",") > 0:
+        raise UsageError("with several MODULE:FUNC@BACKEND targets, each target names its backend: --backends, "
+                         "--reference and several --devices do not apply")
+    specs = []
+    for spec in args.target:
+        target, sep, backend = spec.rpartition("@")
+        if not sep or not target or not backend:
+            raise UsageError(f"{spec!r}: comparing implementations needs MODULE:FUNC@BACKEND for each target "
+                             f"(e.g. model_torch.py:forward@torch model_jax.py:forward@jax)")
+        specs.append((spec, target, backend))
+    if len(specs) < 2:
+        raise UsageError(f"{args.target[0]!r}: comparing implementations needs at least two targets "
+                         "MODULE:FUNC@BACKEND (one target without @BACKEND is checked on every backend)")
+    _check_backend_names([b for _, _, b in specs], "MODULE:FUNC@BACKEND")
+    _load_backends([b for _, _, b in specs])
+    from .testing import compare_implementations
+    from .testing._compare import INCONCLUSIVE
+
+    impls = {}
+    with _filtered_native_stderr():  # the targets' modules import their frameworks
+        for spec, target, backend in specs:
+            f, mod, attr = load_target(target)
+            if spec in impls:
+                raise UsageError(f"{spec!r} is given twice")
+            impls[spec] = (backend, f)
+            if len(impls) == 1:
+                first = (mod, attr)
+        inputs = build_inputs(args, *first)
+    try:
+        report = compare_implementations(impls, inputs, argnums=_argnums(args.argnums, inputs), dtype=args.dtype,
+                                         seed=args.seed, order=args.order, device=args.devices.strip(),
+                                         jacobian={"auto": "auto", "yes": True, "no": False}[args.jacobian],
+                                         repeats=args.repeat)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(report.to_json(), file=out)
+    elif args.markdown:
+        print(report.to_markdown(), file=out)
+    else:
+        print(report.table(), file=out)
+    if report.ok:
+        return EXIT_OK
     return EXIT_INCONCLUSIVE if report.verdict == INCONCLUSIVE else EXIT_DISAGREE
 
 
@@ -396,7 +453,10 @@ def _parser():
                     "other and with finite differences, print the table and exit 0 if they agree (or "
                     "differ only by a convention at a non-differentiable point), 1 if not, 3 if finite "
                     "differences cannot decide at this point (no backend is wrong there: try other inputs).")
-    check.add_argument("target", nargs="?", help="MODULE:FUNC or path/to/file.py:FUNC")
+    check.add_argument("target", nargs="*",
+                       help="MODULE:FUNC or path/to/file.py:FUNC; or two or more MODULE:FUNC@BACKEND: "
+                            "implementations of one function, each on its backend, compared with each other "
+                            "(inputs: those of the first target)")
     check.add_argument("--conformance", metavar="NAME",
                        help="instead of a function: run the conformance suite against backend NAME (the tests "
                             "pytest runs with --unigrad-backends=NAME) and print a table of its rules (exit 0 "

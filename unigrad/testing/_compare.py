@@ -216,12 +216,7 @@ class Comparison:
     def table(self) -> str:
         """The report as a plain-text table for a terminal."""
         header, rows = self._rows()
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-        lines = [self._title(), self._legend(), ""]
-        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-        lines.append("  ".join("-" * w for w in widths))
-        for row in rows:
-            lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines = [self._title(), self._legend(), ""] + text_table(header, rows)
         lines.append("")
         lines.append(f"overall: {self.verdict}")
         lines += ["  " + r for r in self.reasons]
@@ -230,16 +225,11 @@ class Comparison:
     def to_markdown(self) -> str:
         """The report as a Markdown table (with the verdict and reasons below it)."""
         header, rows = self._rows()
-
-        def esc(x):
-            return str(x).replace("|", "\\|")
-        lines = [f"**{self._title()}**", "", "| " + " | ".join(header) + " |",
-                 "|" + "|".join("---" for _ in header) + "|"]
-        lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+        lines = [f"**{self._title()}**", ""] + markdown_table(header, rows)
         lines += ["", f"Overall: **{self.verdict}**. {self._legend()}."]
         if self.reasons:
             lines.append("")
-            lines += [f"- {esc(r)}" for r in self.reasons]
+            lines += [f"- {md_escape(r)}" for r in self.reasons]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -273,6 +263,25 @@ class Comparison:
 
     def __repr__(self):
         return self.table()
+
+
+def text_table(header, rows) -> list:
+    """Lines of a plain-text table, columns padded to their widest cell (a header and a rule first)."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return lines
+
+
+def md_escape(x) -> str:
+    return str(x).replace("|", "\\|")
+
+
+def markdown_table(header, rows) -> list:
+    """Lines of a Markdown table."""
+    lines = ["| " + " | ".join(md_escape(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in rows]
 
 
 def _num(x):
@@ -834,6 +843,30 @@ def _jacobian_times(jacobian, tangents, output_dtypes):
     return out
 
 
+def own_checks(run, problem: _Problem, tol, output_name, input_name) -> list:
+    """One run's checks against finite differences of its own function (JVP, the VJP's dot-product
+    test, the Jacobian, the JVP of the VJP), the transpose test and the dtype contract.
+    ``output_name(k)`` / ``input_name(k)`` name output and input leaves in messages.
+    (``compare`` and ``compare_implementations`` both call it.)"""
+    r, checks = run.result, []
+    dd = run.directional_f()
+    checks.append(_check_directional("jvp", dd, r.jvp, tol["fd"], output_name))
+    checks.append(_vjp_dot_check(dd, r, problem, tol["fd"]))
+    checks.append(_transpose_check(r, problem, run, tol))
+    jv = None if r.jacobian is None else _jacobian_times(r.jacobian, problem.tangents, r.dtypes["value"])
+    if jv is not None:
+        checks.append(_check_directional("jacobian", dd, jv, tol["fd"], lambda k: f"(J v) for {output_name(k)}"))
+    if r.second is not None:
+        c = _check_directional("second", run.directional_second(), r.second, tol["fd"], input_name)
+        if c.status in ("fail", "inconclusive") and dd.no_derivative(tol["fd"]):
+            # f itself has a kink here: its second derivative is a convention, not a number to check
+            c = Check("second", "fd", c.error, c.tolerance, "kink",
+                      "not checked: f has a non-differentiable point here, so second derivatives are "
+                      "conventions")
+        checks.append(c)
+    return checks + _dtype_checks(r, problem)
+
+
 def _analyse(problem: _Problem, runs, reference, tol):
     names = problem.names
 
@@ -845,26 +878,8 @@ def _analyse(problem: _Problem, runs, reference, tol):
 
     # Checks of each backend against finite differences of its own function.
     for run in runs:
-        r = run.result
-        if r.status != "ok":
-            continue
-        dd = run.directional_f()
-        r.checks.append(_check_directional("jvp", dd, r.jvp, tol["fd"], output_name))
-        r.checks.append(_vjp_dot_check(dd, r, problem, tol["fd"]))
-        r.checks.append(_transpose_check(r, problem, run, tol))
-        jv = None if r.jacobian is None else _jacobian_times(r.jacobian, problem.tangents, r.dtypes["value"])
-        if jv is not None:
-            c = _check_directional("jacobian", dd, jv, tol["fd"], lambda k: f"(J v) for output {k}")
-            r.checks.append(c)
-        if r.second is not None:
-            c = _check_directional("second", run.directional_second(), r.second, tol["fd"], input_name)
-            if c.status in ("fail", "inconclusive") and dd.no_derivative(tol["fd"]):
-                # f itself has a kink here: its second derivative is a convention, not a number to check
-                c = Check("second", "fd", c.error, c.tolerance, "kink",
-                          "not checked: f has a non-differentiable point here, so second derivatives are "
-                          "conventions")
-            r.checks.append(c)
-        r.checks += _dtype_checks(r, problem)
+        if run.result.status == "ok":
+            run.result.checks += own_checks(run, problem, tol, output_name, input_name)
 
     ok_runs = [run for run in runs if run.result.status == "ok"]
     ref_run = next((run for run in ok_runs if run.result.label == reference), None)

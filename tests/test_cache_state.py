@@ -96,6 +96,34 @@ def _float(w, x):
     return xp.sin(x * w * ALPHA)
 
 
+class _Defaults:
+    table = {"alpha": 1.0}  # a class-level dict written in place, read through a subclass
+
+
+class _Settings(_Defaults):
+    """Class attributes f reads through the class (``_Settings.coupled``), not through an instance."""
+    coupled = False
+    perm = np.arange(B)  # a class-level array, written in place
+
+
+def _class_flag(w, x):
+    xp = unigrad.namespace(w, x)
+    out = xp.sin(x * w)
+    if _Settings.coupled:
+        out = out + xp.flip(x, axis=0) * w
+    return out
+
+
+def _class_array(w, x):
+    xp = unigrad.namespace(w, x)
+    return xp.sin(x * w) + xp.take(x, xp.asarray(_Settings.perm), axis=0) * w
+
+
+def _base_dict(w, x):
+    xp = unigrad.namespace(w, x)
+    return xp.sin(x * w * _Settings.table["alpha"])
+
+
 def _float_argument(w, x, alpha):
     xp = unigrad.namespace(w, x)
     return xp.sin(x * w * alpha)
@@ -124,6 +152,18 @@ def _set_float(changed):
     ALPHA = 2.5 if changed else 1.0
 
 
+def _set_class_flag(value):
+    _Settings.coupled = value
+
+
+def _set_class_array(reverse):
+    _Settings.perm[:] = np.arange(B)[::-1] if reverse else np.arange(B)
+
+
+def _set_base_dict(changed):
+    _Defaults.table["alpha"] = 2.5 if changed else 1.0
+
+
 #: kind of change -> (f(w, x), set(changed: bool)); "float argument" changes an argument instead
 CHANGES = {
     "global flag": (_flag, _set_flag),
@@ -132,6 +172,9 @@ CHANGES = {
     "array name rebound": (_rebound, _set_rebound),
     "closed-over matrix": (_matrix, _set_matrix),
     "global float": (_float, _set_float),
+    "class attribute": (_class_flag, _set_class_flag),
+    "class-level array written in place": (_class_array, _set_class_array),
+    "base class dict written in place": (_base_dict, _set_base_dict),
     "float argument": (_float_argument, None),
 }
 
@@ -209,6 +252,8 @@ TRANSFORMS = {
     "grad": lambda core, bk, c: unigrad.grad(_scalar(core), backend=bk, compile=c),
     "jacobian": lambda core, bk, c: unigrad.jacobian(core, argnums=1, backend=bk, compile=c),
     "hessian": lambda core, bk, c: _swap(unigrad.hessian(_scalar_of_x(core), backend=bk, compile=c)),
+    "value_jacobian_and_hessian": lambda core, bk, c: _swap(unigrad.value_jacobian_and_hessian(
+        _scalar_of_x(core), mode="auto", backend=bk, compile=c)),
     "vjp/jvp/hvp": lambda core, bk, c: _primal_functions(core, bk),
     "batched_jacobian": lambda core, bk, c: unigrad.batched_jacobian(core, argnums=1, backend=bk, compile=c),
     "per_example_grad": lambda core, bk, c: unigrad.per_example_grad(_per_example_losses(core), backend=bk,
@@ -236,8 +281,22 @@ ELSEWHERE = {
 FIRST_RAISES = {("batched_jacobian", "closed-over matrix")}
 
 
+#: the class-attribute changes the default run keeps, per backend (eager): where a stale key showed
+#: before the Python-state walk read classes (tests/test_cache_state.py::test_a_walk_blind_to_classes_is_caught)
+CLASS_DEFAULTS = {
+    "numpy": {("sparse_jacobian", "class attribute"), ("sparse_hessian", "class-level array written in place"),
+              ("sparse_jacobian", "class-level array written in place")},
+    "torch": {("sparse_jacobian", "class attribute")},
+    "jax": {("batched_jacobian", "class-level array written in place")},
+    "tensorflow": {("batched_jacobian", "class attribute"), ("sparse_jacobian", "class-level array written in place"),
+                   ("per_example_grad", "base class dict written in place")},
+}
+
+
 def _default(transform, change, backend, compile):
     """The default run's share of the cross product (the rest is slow)."""
+    if change.startswith(("class", "base class")):
+        return not compile and (transform, change) in CLASS_DEFAULTS[backend]
     if backend in ("numpy", "torch"):
         return not compile or backend == "numpy"
     if backend == "jax":
@@ -377,6 +436,43 @@ def test_a_key_without_the_state_is_caught(state, monkeypatch, transform, change
     if bk not in BACKENDS:
         pytest.skip(f"{bk} is not installed")
     _dropping(monkeypatch, part)
+    if transform == "batched_jacobian":  # its answer checks itself (below): blinded here, to test the keys
+        from unigrad import _batched
+
+        monkeypatch.setattr(_batched, "failed_rows", lambda *a, **k: ([], 0.0))
+    with pytest.raises(AssertionError):
+        _check(transform, change, bk, False)
+
+
+def test_a_stale_row_proof_is_caught_by_the_answer_check(state, monkeypatch):
+    """The class of mistake, not the instance (issue 36): with every key blind to the Python state, the row
+    proof kept for the identity permutation is stale once the permutation reverses (the rows mix), yet
+    batched_jacobian's check of its answer (unigrad._answer_check) refuses it: no wrong number."""
+    if "torch" not in BACKENDS:
+        pytest.skip("torch is not installed")
+    _dropping(monkeypatch, "state")
+    _check("batched_jacobian", "array written in place", "torch", False)
+
+
+#: (transform, change, backend): each gave a stale answer when the walk read a class by its id alone
+BLIND_TO_CLASSES = [
+    ("sparse_jacobian", "class attribute", "numpy"),
+    ("sparse_hessian", "class-level array written in place", "numpy"),
+    ("per_example_grad", "base class dict written in place", "tensorflow"),
+    pytest.param("batched_jacobian", "class attribute", "tensorflow", marks=pytest.mark.slow),
+    pytest.param("batched_jacobian", "class-level array written in place", "jax", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("transform,change,bk", BLIND_TO_CLASSES)
+def test_a_walk_blind_to_classes_is_caught(state, monkeypatch, transform, change, bk):
+    """The class-attribute changes fail the comparison when the Python-state walk reads no class (as it
+    did before issue 36): the cases above test the walk's reading of classes."""
+    if bk not in BACKENDS:
+        pytest.skip(f"{bk} is not installed")
+    from unigrad import _pystate
+
+    monkeypatch.setattr(_pystate, "_user_class", lambda cls: False)
     with pytest.raises(AssertionError):
         _check(transform, change, bk, False)
 

@@ -67,6 +67,89 @@ def test_python_state_follows_what_f_reads():
     assert python_state(g) != before
 
 
+class _Defaults:
+    eps = 1e-3
+    table = {"k": 1.0}  # a class-level dict, written in place
+    weights = np.array([1.0, 2.0])  # a class-level array, written in place
+
+
+class _Cfg(_Defaults):
+    scale = 1.0
+
+    @classmethod
+    def doubled(cls):
+        return 2 * cls.scale
+
+
+def test_python_state_reads_user_defined_classes():
+    """A class f reads is read as an instance is (issue 36: ``Cfg.scale = 2.0`` between calls kept TensorFlow's
+    traced program): its own attributes, its user-defined bases', through the class or an instance of it."""
+    cfg = _Cfg()
+
+    def through_the_class(x):
+        return x * _Cfg.scale * _Cfg.table["k"] * _Cfg.weights[0] * _Cfg.eps
+
+    def through_an_instance(x):
+        return x * cfg.scale
+
+    for f in (through_the_class, through_an_instance):
+        before = python_state(f)
+        assert python_state(f) == before
+        for change, undo in [
+            (lambda: setattr(_Cfg, "scale", 2.0), lambda: setattr(_Cfg, "scale", 1.0)),           # the class's own
+            (lambda: setattr(_Defaults, "eps", 1e-4), lambda: setattr(_Defaults, "eps", 1e-3)),   # a base's
+            (lambda: _Defaults.table.__setitem__("k", 3.0), lambda: _Defaults.table.__setitem__("k", 1.0)),  # in place
+            (lambda: _Defaults.weights.__setitem__(0, 5.0), lambda: _Defaults.weights.__setitem__(0, 1.0)),
+            (lambda: setattr(_Cfg, "added", 1), lambda: delattr(_Cfg, "added")),                  # a new attribute
+        ]:
+            change()
+            assert python_state(f) != before
+            undo()
+            assert python_state(f) == before
+
+    def through_a_classmethod(x):
+        return x * _Cfg.doubled()
+
+    before = python_state(through_a_classmethod)
+    _Cfg.scale = 4.0
+    try:
+        assert python_state(through_a_classmethod) != before
+    finally:
+        _Cfg.scale = 1.0
+
+
+def test_python_state_reads_library_classes_by_id_and_bounds_classes():
+    """builtins', the standard library's and frameworks' classes stay opaque (their id); a user class that
+    refers to itself, or holds many attributes, costs a bounded walk."""
+    import collections
+
+    from unigrad import _pystate
+
+    assert not any(_pystate._user_class(c) for c in (int, object, np.ndarray, collections.OrderedDict,
+                                                     warnings.WarningMessage, unigrad.dependence.Aval))
+    assert _pystate._user_class(_Cfg) and _pystate._user_class(_Defaults)
+
+    def reads_libraries(x):
+        return x, np.ndarray, collections.OrderedDict, unigrad.dependence.Aval
+
+    assert len(python_state(reads_libraries)) < 12  # ids, not their attributes
+
+    class Node:
+        pass
+
+    Node.parent, Node.me = Node, Node()  # a cycle through the class and an instance of it
+    Big = type("Big", (), {f"a{i}": [i] for i in range(10_000)})
+
+    def f(x):
+        return x, Node, Big
+
+    state = python_state(f)
+    assert state == python_state(f)
+    assert len(state) < 5 * 10_000  # each attribute once, as a dict's items (nothing walked twice)
+    Big.a5[0] = -1  # (within the budget: read)
+    assert python_state(f) != state
+
+
 def test_python_state_is_bounded_on_cycles_and_large_containers():
     loop = []
     loop.append(loop)

@@ -9,7 +9,11 @@ the next eager call would return the old numbers, where the user asked for eager
 (``compile=False``). :func:`python_state` is the part of the key that changes with those values: the
 contents of ``f``'s closure cells, defaults and the globals its code names (in the functions it
 calls too, as far as they are reachable), with arrays read by value (a digest of their bytes) and
-containers and plain objects walked to a bounded depth. Variables (``tf.Variable``) are read when the
+containers, plain objects and user-defined classes walked to a bounded depth. A class is read as an
+instance is: the attributes in its own ``__dict__`` and those of the bases the user defined
+(``Cfg.scale = 2.0`` between calls is a change; an instance's class is read with it), never
+``builtins``', the standard library's or a framework's classes (:func:`_user_class`), whose ids stand
+for them. Variables (``tf.Variable``) are read when the
 program runs and need no entry. What it cannot see (state behind a C extension, a file, an object
 graph deeper than the bound) is the contract of ``compile=True`` (docs/transforms.md).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import hashlib
+import sys
 import types
 import weakref
 
@@ -31,6 +36,23 @@ DEPTH, BUDGET = 4, 2048
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 _OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.MethodWrapperType)
+#: Packages whose classes are read by id only: their class attributes are code and constants, not the
+#: user's state (and walking them would spend the budget); the standard library's are too.
+_LIBRARIES = frozenset({
+    "builtins", "numpy", "scipy", "jax", "jaxlib", "flax", "optax", "equinox", "haiku", "tensorflow", "keras",
+    "tf_keras", "torch", "torchvision", "functorch", "mlx", "autograd", "dask", "distributed", "pandas",
+    "sklearn", "unigrad", "typing_extensions",
+}) | frozenset(sys.stdlib_module_names)
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type()), not a C type
+
+
+def _user_class(cls) -> bool:
+    """Whether ``cls`` is a class the user defined: a Python class statement's, outside
+    :data:`_LIBRARIES` and outside unigrad's own plugin packages (``unigrad_*``)."""
+    if not cls.__flags__ & _HEAPTYPE:
+        return False
+    package = (getattr(cls, "__module__", None) or "builtins").partition(".")[0]
+    return package not in _LIBRARIES and not package.startswith("unigrad_")
 
 
 def digest(a) -> tuple:
@@ -73,11 +95,19 @@ class _Walk:
         if isinstance(x, np.ndarray) or isinstance(x, np.generic):
             out.append(digest(x))
             return out
+        if isinstance(x, type) and _user_class(x):
+            if self.left <= 0 or depth <= 0 or id(x) in self.seen:
+                out.append((t, id(x)))
+            else:
+                self.klass(x, depth)
+            return out
         if self.left <= 0 or depth <= 0 or isinstance(x, _OPAQUE) or id(x) in self.seen:
             out.append((t, id(x)))  # the object itself (its contents are out of reach)
             return out
         self.seen.add(id(x))
-        if isinstance(x, (tuple, list, set, frozenset, collections.deque)):  # (namedtuples, subclasses too)
+        if t is types.FunctionType:  # (the commonest object met: before the ABC checks below)
+            self.function(x, depth)
+        elif isinstance(x, (tuple, list, set, frozenset, collections.deque)):  # (namedtuples, subclasses too)
             out.append((t, len(x)))
             for item in (sorted(x, key=repr) if isinstance(x, (set, frozenset)) else x):
                 self.value(item, depth - 1)
@@ -93,6 +123,13 @@ class _Walk:
         elif isinstance(x, types.MethodType):
             self.value(x.__self__, depth - 1)
             self.function(x.__func__, depth)
+        elif isinstance(x, (classmethod, staticmethod)):  # (in a class's __dict__)
+            out.append((t,))
+            self.value(x.__func__, depth)
+        elif isinstance(x, property):
+            out.append((t,))
+            for accessor in (x.fget, x.fset, x.fdel):
+                self.value(accessor, depth - 1)
         elif t.__name__ == "partial" and hasattr(x, "func"):
             self.value(x.func, depth - 1)
             self.value(x.args, depth - 1)
@@ -115,6 +152,8 @@ class _Walk:
             return
         attributes = getattr(x, "__dict__", None)
         self.out.append((t, id(x)))
+        if _user_class(t) and id(t) not in self.seen:  # its class attributes (read through x: x.scale)
+            self.klass(t, depth - 1)
         if isinstance(attributes, dict):
             self.value(attributes, depth - 1)
         for name in getattr(t, "__slots__", ()):
@@ -123,6 +162,27 @@ class _Walk:
         call = getattr(t, "__call__", None)
         if isinstance(call, types.FunctionType):
             self.function(call, depth - 1)
+
+    def klass(self, cls, depth):
+        """A user-defined class (:func:`_user_class`): its own attributes and its user-defined bases'.
+        A class is a namespace, as a module's globals are: its attributes are read at the class's own
+        depth (``Cfg.table["k"]`` as deep as ``TABLE["k"]``), except classes, one level down (a chain of
+        classes ends at the depth bound); dunder entries (``__module__``, ``__doc__``, ``__init__``...)
+        are left out. Each class is read once per walk (cycles), within the walk's budget."""
+        for c in cls.__mro__:
+            if c is not cls and (not _user_class(c) or id(c) in self.seen):
+                continue
+            self.seen.add(id(c))
+            self.out.append((type, id(c)))
+            if self.left <= 0:
+                continue
+            entries = vars(c)
+            self.out.append(len(entries))
+            for name, v in entries.items():
+                if name[:2] == "__" == name[-2:]:
+                    continue
+                self.value(name, 0)
+                self.value(v, depth - 1 if isinstance(v, type) else depth)
 
     def function(self, fn, depth):
         code = fn.__code__

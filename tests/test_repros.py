@@ -160,3 +160,19 @@ def test_array_api_namespace_repros_all_gone():
     code, out, err = run("array_api_namespace_repros.py")
     assert code == 0, out + err
     assert "0 genuine (i) issue checks still present" in out, out
+
+
+@needs("tensorflow")
+def test_r16_r20_r21_tensorflow_class_state_scatter_scan_and_einsum():
+    """r16: eager TensorFlow per_example_grad sees a class attribute changed between calls; r20:
+    sparse_hessian of tf.scatter_nd works (no 'IndexedSlices' error); r21: jacobian and sparse_jacobian
+    of tf.einsum("ii->i") work (no pfor error). One process for the three (one TensorFlow import)."""
+    names = ["r16_tf_class_attribute_state.py", "r20_tf_sparse_hessian_native_ops.py", "r21_tf_einsum_diag_pfor.py"]
+    source = "import runpy\n" + "".join(f"print('== {n}', flush=True)\nrunpy.run_path({n!r})\n" for n in names)
+    code, out, err = run(names[0], source)
+    assert code == 0, err
+    r16, r20, r21 = (part for part in out.split("== ")[1:])
+    got = re.findall(r"^(numpy|tensorflow) (\[.*\]) truth (\[.*\])$", r16, re.M)
+    assert [b for b, _, _ in got] == ["numpy", "tensorflow"] and all(g == t for _, g, t in got), r16
+    assert "dense hessian ok: (6, 6)" in r20 and "sparse_hessian:" not in r20, r20
+    assert "jacfwd ok: (3, 9)" in r21 and "Error" not in r21, r21

@@ -121,3 +121,94 @@ def test_a_reverse_pass_over_a_forward_pass_sees_the_recorded_output():
         for compile in (False, True):
             got = unigrad.grad(lambda x: unigrad.jvp(f, (x,), (v,), backend=TF)[1], backend=TF, compile=compile)(x)
             np.testing.assert_allclose(unigrad.to_numpy(got), want, rtol=1e-12)
+
+
+# ---------------------------------------------------------------- TensorFlow's forward mode and pfor, where they fail
+# (issue 36, ../shared/repros/r20, r21): the same values by another exact way, never the framework's raw error
+
+_SCATTER_INDEX = [[3], [0], [0], [5], [2]]
+
+
+def _scatter_loss(x):  # x0^2 + (x1 + x2)^2 + x3^2 + x4^2 (index 0 receives x1 and x2), x5 unused
+    return tf.reduce_sum(tf.scatter_nd(tf.constant(_SCATTER_INDEX), x[:5], [6]) ** 2)
+
+
+_SCATTER_HESSIAN = np.diag([2.0, 2.0, 2.0, 2.0, 2.0, 0.0]) + 2.0 * (np.eye(6, k=1) + np.eye(6, k=-1)) * (
+    np.add.outer(np.arange(6), np.arange(6)) == 3)
+
+
+def test_forward_over_a_scatter_nd_gradient_is_computed_in_reverse():
+    """TensorFlow's forward mode over tf.scatter_nd's gradient (which holds IndexedSlices) raised
+    "'IndexedSlices' object has no attribute '_id'": sparse_hessian, hvp and jvp of the gradient now give
+    the closed-form values (by reverse over reverse)."""
+    x, v = np.linspace(0.1, 0.6, 6), np.linspace(-1.0, 1.0, 6)
+    np.testing.assert_array_equal(unigrad.to_numpy(unigrad.hessian(_scatter_loss, backend=TF)(x)), _SCATTER_HESSIAN)
+    for compile in (False, True):
+        with pytest.warns(UserWarning, match="pattern was widened"):  # (no rule for tf.ScatterNd: detection widens)
+            got = unigrad.sparse_hessian(_scatter_loss, format="dense", backend=TF, compile=compile)(x)
+        np.testing.assert_allclose(unigrad.to_numpy(got), _SCATTER_HESSIAN, atol=1e-15)
+    (hv,) = unigrad.hvp(_scatter_loss, (x,), (v,), backend=TF)
+    np.testing.assert_allclose(unigrad.to_numpy(hv), _SCATTER_HESSIAN @ v, atol=1e-15)
+    _, pushed = unigrad.jvp(unigrad.grad(_scatter_loss, backend=TF), (x,), (v,), backend=TF)
+    np.testing.assert_allclose(unigrad.to_numpy(pushed), _SCATTER_HESSIAN @ v, atol=1e-15)
+
+
+@pytest.mark.slow  # (TensorFlow builds a second-order while loop's graph three times: about 15 s)
+def test_sparse_hessian_of_a_scan_is_mapped_one_colour_at_a_time():
+    """pfor cannot vectorise the HVP of a tf.scan (its while loop's TensorLists): the colours' passes are
+    mapped one at a time, with a SlowMapWarning, and give the tape's Hessian of the same recurrence."""
+    from unigrad_tensorflow._backend import SlowMapWarning
+
+    def scanned(x):
+        return tf.reduce_sum(tf.scan(lambda a, b: a * b + tf.sin(b), x) ** 2)
+
+    def looped(x):  # the same recurrence on the tape
+        xp, a, total = xp_(x), x[0], x[0] ** 2
+        for k in range(1, x.shape[0]):
+            a = a * x[k] + xp.sin(x[k])
+            total = total + a ** 2
+        return total
+
+    x = np.linspace(0.1, 0.6, 6)
+    want = unigrad.to_numpy(unigrad.hessian(looped, backend="numpy")(x))
+    with pytest.warns(SlowMapWarning, match="cannot vectorise"):
+        got = unigrad.sparse_hessian(scanned, format="dense", sparsity=np.ones((6, 6), bool), backend=TF)(x)
+    np.testing.assert_allclose(unigrad.to_numpy(got), want, rtol=1e-12)
+
+
+def test_jacobians_pfor_cannot_vectorise_are_computed_row_by_row():
+    """pfor has no conversion for the gradient of tf.einsum("ii->i", ...): jacobian, sparse_jacobian, hessian
+    and batched_jacobian raised TensorFlow's error (whose advice, experimental_use_pfor=False, unigrad does
+    not expose); now they loop over the rows, with a SlowMapWarning, and give the closed form."""
+    from unigrad_tensorflow._backend import SlowMapWarning
+
+    def diag_squared(x):
+        return tf.einsum("ii->i", tf.reshape(x, (3, 3))) ** 2
+
+    x = np.linspace(0.1, 0.9, 9)
+    want = np.zeros((3, 9))
+    want[[0, 1, 2], [0, 4, 8]] = 2 * x[[0, 4, 8]]
+    for t in (unigrad.jacobian(diag_squared, backend=TF), unigrad.sparse_jacobian(diag_squared, format="dense",
+                                                                                   backend=TF)):
+        with pytest.warns(SlowMapWarning, match="rows of this Jacobian"):
+            np.testing.assert_allclose(unigrad.to_numpy(t(x)), want, rtol=1e-15)
+    with pytest.warns(SlowMapWarning):
+        hess = unigrad.hessian(lambda x: tf.reduce_sum(diag_squared(x) ** 2), backend=TF)(x)
+    np.testing.assert_allclose(unigrad.to_numpy(hess), np.diag(np.where(np.arange(9) % 4 == 0, 12 * x ** 2, 0.0)),
+                               rtol=1e-14)
+    xb = np.stack([x, -2 * x])
+    with pytest.warns(SlowMapWarning):
+        blocks = unigrad.batched_jacobian(lambda xb: tf.einsum("bii->bi", tf.reshape(xb, (2, 3, 3))) ** 2,
+                                          backend=TF)(xb)
+    np.testing.assert_allclose(unigrad.to_numpy(blocks), np.stack([want, -2 * want]), rtol=1e-15)
+
+
+def test_a_forward_pass_that_fails_both_ways_raises_fs_own_error():
+    """The reverse fallback of a failed forward pass never hides f's own error."""
+    def broken(x):
+        raise ValueError("broken on purpose")
+
+    with pytest.raises(ValueError, match="broken on purpose"):
+        unigrad.jvp(broken, (np.ones(2),), (np.ones(2),), backend=TF)
+    with pytest.raises(ValueError, match="broken on purpose"):
+        unigrad.hvp(broken, (np.ones(2),), (np.ones(2),), backend=TF)

@@ -17,7 +17,11 @@ Reverse mode is ``tf.GradientTape`` (Jacobians with ``tape.jacobian`` /
   complex ``z`` is the conjugate of JAX's, so complex cotangents are conjugated
   going in and complex gradients coming out (forward mode needs nothing);
 * ``chunk_size`` bounds pfor's ``parallel_iterations`` (or the rows given to
-  one ``tf.vectorized_map``).
+  one ``tf.vectorized_map``);
+* where TensorFlow's own machinery fails on ``f``, another exact way, never its raw error: forward
+  mode over a gradient that holds ``IndexedSlices`` (``tf.scatter_nd``'s) becomes two reverse sweeps
+  (real dtypes), and what pfor cannot vectorise (a Jacobian of ``tf.einsum("ii->i")``, the HVPs of a
+  ``tf.scan``) runs one row at a time with a :class:`SlowMapWarning`.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ _SCALARS = (bool, int, float, complex)
 
 
 class SlowMapWarning(UserWarning):
-    """An eager vmap whose function TensorFlow cannot vectorise (it uses an array's value in Python) ran
-    one element at a time."""
+    """A map TensorFlow cannot vectorise ran one element at a time: a vmap whose function uses an array's
+    value in Python (eagerly) or holds what pfor has no conversion for, or the rows of a Jacobian
+    (``tape.jacobian`` / ``batch_jacobian``) whose pfor failed, computed in a loop. The values are the
+    same; only the speed differs."""
 
 
 def _first_line(exc) -> str:
@@ -75,7 +81,7 @@ class TensorflowBackend(Backend):
 
     # ---------------------------------------------------------------- arrays
     def namespace(self):
-        return _public_namespace()
+        return _array.namespace
 
     def version(self):
         return tf.__version__
@@ -195,7 +201,7 @@ class TensorflowBackend(Backend):
             if _size(o) == 0 or not primals:
                 jac.append(tuple(tf.zeros(o.shape + p.shape, p.dtype) for p in primals))
                 continue
-            blocks = tape.jacobian(o, list(primals), unconnected_gradients=_ZERO, **_pfor_options(chunk_size))
+            blocks = _tape_jacobian(tape, o, list(primals), chunk_size)
             jac.append(tuple(_conj(_dense(b, p, o.shape + p.shape)) for b, p in zip(blocks, primals)))
         return outputs, tuple(jac), aux
 
@@ -284,7 +290,7 @@ class TensorflowBackend(Backend):
                 if t.shape[1] == 0 or x.shape[1] == 0:
                     blocks[h, g] = tf.zeros((batch, t.shape[1], x.shape[1]), x.dtype)
                     continue
-                blocks[h, g] = tape.batch_jacobian(t, x, unconnected_gradients=_ZERO, **_pfor_options(chunk_size))
+                blocks[h, g] = _tape_jacobian(tape, t, x, chunk_size, batch=True)
         return outputs, _assemble(blocks, outputs, primals, in_groups, out_groups, batch, conj=True), aux
 
     # ---------------------------------------------------------------- second order
@@ -309,7 +315,7 @@ class TensorflowBackend(Backend):
             if _size(p) == 0:
                 jac.append(tuple(tf.zeros(p.shape + q.shape, q.dtype) for q in primals))
                 continue
-            blocks = outer.jacobian(g, list(primals), unconnected_gradients=_ZERO, **_pfor_options(chunk_size))
+            blocks = _tape_jacobian(outer, g, list(primals), chunk_size)
             jac.append(tuple(_dense(b, q, p.shape + q.shape) for b, q in zip(blocks, primals)))
         return tuple(jac)
 
@@ -346,16 +352,26 @@ class TensorflowBackend(Backend):
                 pieces = [tf.vectorized_map(body, tuple(e[start:stop] for e in elems))
                           for start, stop in (_chunks(size, chunk_size) or [(0, 0)])]
             except Exception as exc:
-                # f uses an array's value in Python (an if on it): pfor traces f into a graph, where arrays
-                # have no values. Eagerly the elements can still be mapped one by one, f seeing values
-                if not (tf.executing_eagerly() and uses_traced_value(exc) and size):
+                # TensorFlow could not vectorise f. Either f uses an array's value in Python (an if on it):
+                # pfor traces f into a graph, where arrays have no values, and eagerly the elements can
+                # still be mapped one by one, f seeing values. Or pfor has no conversion for what f's
+                # graph holds (the derivative of a tf.scan's while loop inside another derivative, say):
+                # the elements mapped one by one give the same values, eagerly or in a program. Where
+                # one element fails too, that error is f's own and is raised
+                traced = uses_traced_value(exc)
+                if not size or (traced and not tf.executing_eagerly()):
                     raise
-                warnings.warn(f"vmap: f uses the value of an array as a Python value ({_first_line(exc)}); "
-                              f"TensorFlow cannot vectorise such a function, so its {size} elements are mapped one "
-                              f"at a time. Keep it vectorised with the namespace's functions (xp.where for a "
-                              f"branch)", SlowMapWarning, stacklevel=2)
-                rows = [body(tuple(e[i] for e in elems)) for i in range(size)]
-                pieces = [[tf.stack(list(column), 0) for column in zip(*rows)]]
+                columns = _one_at_a_time(body, elems, size)
+                if traced:
+                    message = (f"vmap: f uses the value of an array as a Python value ({_first_line(exc)}); "
+                               f"TensorFlow cannot vectorise such a function, so its {size} elements are mapped "
+                               f"one at a time. Keep it vectorised with the namespace's functions (xp.where for a "
+                               f"branch)")
+                else:
+                    message = (f"TensorFlow cannot vectorise a map over f or its derivatives ({_first_line(exc)}), "
+                               f"so its {size} elements are mapped one at a time (the same values, more slowly)")
+                warnings.warn(message, SlowMapWarning, stacklevel=2)
+                pieces = [columns]
             outs = pieces[0] if len(pieces) == 1 else [tf.concat(list(p), 0) for p in zip(*pieces)]
             return tuple(_namespace.moveaxis(o, 0, out_axes) for o in outs)
 
@@ -519,11 +535,6 @@ def _to_inside(result):
     return result
 
 
-def _public_namespace():
-    from . import namespace
-    return namespace
-
-
 def _conj(x):
     return tf.math.conj(x) if x.dtype.is_complex else x
 
@@ -570,6 +581,39 @@ def _pfor_options(chunk_size):
     return {"experimental_use_pfor": True, "parallel_iterations": chunk_size}
 
 
+def _one_at_a_time(body, elems, size):
+    """``body`` mapped over the ``size`` elements of ``elems`` without vectorising, its outputs stacked: eagerly
+    a Python loop; in a graph the first element alone (its outputs give the others' signature) and the
+    rest in one ``tf.map_fn``, so the graph holds two copies of ``body``, not ``size``."""
+    if tf.executing_eagerly() or size == 1:
+        rows = [body(tuple(e[i] for e in elems)) for i in range(size)]
+        return [tf.stack(list(column), 0) for column in zip(*rows)]
+    first = body(tuple(e[0] for e in elems))
+    rest = tf.map_fn(lambda row: tuple(body(tuple(row))), tuple(e[1:] for e in elems),
+                     fn_output_signature=tuple(tf.TensorSpec(o.shape, o.dtype) for o in first))
+    return [tf.concat([o[None], r], 0) for o, r in zip(first, rest)]
+
+
+def _tape_jacobian(tape, target, sources, chunk_size, batch=False):
+    """``tape.jacobian`` (``tape.batch_jacobian`` with ``batch``), vectorised by pfor. Where pfor has no
+    conversion for the gradient's graph (``tf.einsum("ii->i", ...)``'s: "Encountered an exception while
+    vectorizing the jacobian computation"), the rows are computed in a loop instead, TensorFlow's own
+    remedy (``experimental_use_pfor=False``), with a :class:`SlowMapWarning`: the same values."""
+    jacobian = tape.batch_jacobian if batch else tape.jacobian
+    options = _pfor_options(chunk_size)
+    try:
+        return jacobian(target, sources, unconnected_gradients=_ZERO, **options)
+    except ValueError as exc:
+        if not options["experimental_use_pfor"] or "experimental_use_pfor" not in str(exc):
+            raise
+        cause = _first_line(exc.__cause__ or exc.__context__ or exc)
+    rows = _size(target) // max(target.shape[0], 1) if batch else _size(target)
+    warnings.warn(f"TensorFlow cannot vectorise the rows of this Jacobian ({cause}), so they are computed one "
+                  f"at a time ({rows} in a loop; the same values, more slowly)", SlowMapWarning, stacklevel=4)
+    return jacobian(target, sources, unconnected_gradients=_ZERO, experimental_use_pfor=False,
+                    parallel_iterations=chunk_size)
+
+
 def _columns_to_blocks(columns, rows_like, primals):
     """Pushed-forward basis columns (per row owner, ``(n_in, *row.shape)``) as ``jac[i][j]`` of shape
     ``rows_like[i].shape + primals[j].shape``."""
@@ -591,17 +635,34 @@ _FORWARD_DEPTH = contextvars.ContextVar("unigrad_tensorflow_forward_depth", defa
 
 
 def _push(f, primals, tangents, has_aux):
-    """``(outputs, tangents_out, aux)``: ``f`` pushed forward along ``tangents``."""
+    """``(outputs, tangents_out, aux)``: ``f`` pushed forward along ``tangents``.
+
+    Where TensorFlow's forward mode fails on ``f`` and reverse mode does not (forward over a gradient
+    that holds ``IndexedSlices``, as ``tf.scatter_nd``'s does: "'IndexedSlices' object has no
+    attribute '_id'"), real primals take the same ``J t`` from two reverse sweeps; elsewhere the forward
+    mode's error is raised."""
     depth = _FORWARD_DEPTH.get()
-    if depth and not any(p.dtype.is_complex for p in primals):
+    real = not any(p.dtype.is_complex for p in primals)
+    if depth and real:
         return _push_by_two_vjps(f, primals, tangents, has_aux)
     token = _FORWARD_DEPTH.set(depth + 1)
     try:
         with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
             outputs, aux = _split(_call(f, primals), has_aux)
+        return outputs, tuple(_dense(acc.jvp(o, unconnected_gradients=_ZERO), o) for o in outputs), aux
+    except Exception as exc:
+        if not real or uses_traced_value(exc):  # (f's own error in any mode)
+            raise
+        failed = exc
     finally:
         _FORWARD_DEPTH.reset(token)
-    return outputs, tuple(_dense(acc.jvp(o, unconnected_gradients=_ZERO), o) for o in outputs), aux
+    try:
+        result = _push_by_two_vjps(f, primals, tangents, has_aux)
+    except Exception:
+        result = None  # reverse mode fails too: the forward mode's error is raised
+    if result is not None and not any(o.dtype.is_complex for o in result[0]):  # (J^T u: conjugate-linear in complex u)
+        return result
+    raise failed
 
 
 def _push_by_two_vjps(f, primals, tangents, has_aux):
@@ -634,10 +695,26 @@ def _gradient(f, primals):
 
 
 def _hvp(f, primals, tangents):
-    """Forward over reverse, conjugated for complex primals (the JAX convention)."""
-    with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
-        grads = _gradient(f, primals)
-    return tuple(_conj(_dense(acc.jvp(g, unconnected_gradients=_ZERO), g)) for g in grads)
+    """Forward over reverse, conjugated for complex primals (the JAX convention). Where TensorFlow's forward
+    mode fails over the gradient (``tf.scatter_nd``'s holds ``IndexedSlices``), real primals take reverse
+    over reverse: ``H t`` is the gradient of ``<grad f, t>`` (``H`` is symmetric)."""
+    try:
+        with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
+            grads = _gradient(f, primals)
+        return tuple(_conj(_dense(acc.jvp(g, unconnected_gradients=_ZERO), g)) for g in grads)
+    except Exception as exc:
+        if any(p.dtype.is_complex for p in primals) or uses_traced_value(exc):
+            raise
+        failed = exc
+    try:
+        with tf.GradientTape(watch_accessed_variables=False) as outer:
+            outer.watch(primals)
+            total = tf.add_n([tf.reduce_sum(g * t) for g, t in zip(_gradient(f, primals), tangents)])
+        return tuple(_dense(h, p) for h, p in zip(outer.gradient(total, list(primals), unconnected_gradients=_ZERO),
+                                                  primals))
+    except Exception:
+        pass  # reverse over reverse fails too: the forward mode's error is raised
+    raise failed
 
 
 def _groups(arrays):

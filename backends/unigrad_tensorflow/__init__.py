@@ -9,11 +9,7 @@ receives :class:`Array` s. Transforms return plain ``tf.Tensor`` s; ``unigrad.to
 """
 
 
-from . import _namespace  # noqa: E402
-from ._array import Array, public_module  # noqa: E402
-
-namespace = public_module(_namespace, __name__ + ".namespace")
-
+from ._array import Array, namespace  # noqa: E402
 from ._backend import TensorflowBackend  # noqa: E402
 
 __all__ = ["Array", "TensorflowBackend", "namespace"]

@@ -81,11 +81,6 @@ def _from_tf_operator():
     return False
 
 
-def _np_module():
-    import unigrad_tensorflow  # the package's public namespace (built from this module's public_module)
-    return unigrad_tensorflow.namespace
-
-
 def plain(x):
     """The tensor an :class:`Array` (or a :class:`WeakScalar`) holds (anything else as it is)."""
     return x._t if type(x) is Array or type(x) is WeakScalar else x
@@ -193,7 +188,7 @@ class Array(TensorHolder):
     def __array_namespace__(self, /, *, api_version=None):
         if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
             raise ValueError(f"unsupported Array API version {api_version!r}")
-        return _np_module()
+        return namespace
 
     # ------------------------------------------------------------ attributes
     @property
@@ -501,3 +496,8 @@ def _resolve_weak(args, kwargs):
         return a._t if dtype is None else a._against(dtype)
 
     return [resolve(a) for a in args], {k: resolve(v) for k, v in kwargs.items()}
+
+
+#: The public namespace, ``unigrad_tensorflow.namespace``: built here, where the boundary is, so that the
+#: modules above (the package, ``_backend``) import it and nothing imports the package from below.
+namespace = public_module(_raw, _PACKAGE + ".namespace")

@@ -147,7 +147,8 @@ def test_backends_import_only_unigrads_public_api():
 #: Adapters whose modules import nothing from their own package's ``__init__`` (issue 36, item 5). The JAX
 #: and torch adapters are not listed yet: JAX's ``_proof`` imports ``_x64`` and torch's ``_per_example``
 #: imports ``_LEAF_WRITE`` from their packages; add each here once its layering is honest.
-HONEST_ADAPTERS = ("backends/unigrad_tensorflow", "plugins/unigrad_mlx", "plugins/unigrad_autograd")
+HONEST_ADAPTERS = ("backends/unigrad_tensorflow", "backends/unigrad_jax", "backends/unigrad_torch", "plugins/unigrad_mlx",
+                   "plugins/unigrad_autograd")
 
 
 def package_root_imports(package_dir):

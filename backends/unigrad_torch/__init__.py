@@ -49,6 +49,7 @@ import torch.func
 from unigrad import Backend, Capabilities
 from unigrad.backend import chunks
 
+from ._inplace import LEAF_WRITE as _LEAF_WRITE
 from . import _namespace as _torch_namespace
 from . import _rules, _sparse
 
@@ -591,7 +592,6 @@ def _on_copies(f):
     return on_copies
 
 
-_LEAF_WRITE = re.compile(r"a (view of a )?leaf Variable that requires grad is being used in an in-place operation")
 
 
 def _retried_on_copies(run, f):

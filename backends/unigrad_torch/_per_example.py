@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from unigrad.per_example import layers as pe
 
+from ._inplace import LEAF_WRITE
+
 _MAX_PLANS = 64
 
 
@@ -56,9 +58,7 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
             with recorder:
                 outs = flat_f(*inputs)
         except RuntimeError as exc:
-            from . import _LEAF_WRITE
-
-            if _LEAF_WRITE.search(str(exc)) is None:
+            if LEAF_WRITE.search(str(exc)) is None:
                 raise
             return None  # f writes into a parameter (torch refused it): materialised, the transforms run f on copies
         pe.check_losses(b, outs, batch, fname)

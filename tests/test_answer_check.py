@@ -152,7 +152,9 @@ def test_jax_values_from_the_batch_size_or_positions_are_right(name, compile):
         np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6, atol=1e-6)
 
 
-def test_a_refuted_jax_shortcut_is_remembered(monkeypatch):
+@pytest.mark.parametrize("mode", ["rev", "fwd"])
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_a_refuted_jax_shortcut_is_remembered(monkeypatch, mode, compile):
     """An analysis that wrongly lets one example be computed alone (here forced: every f "separable"): the
     shortcut's answer fails its check, the sum trick gives the right blocks, and later calls of the
     signature take the sum trick directly (one failed check, no second attempt)."""
@@ -173,8 +175,8 @@ def test_a_refuted_jax_shortcut_is_remembered(monkeypatch):
         return got
 
     monkeypatch.setattr(_batched, "failed_rows", spy)
-    bj = unigrad.batched_jacobian(f, backend="jax")
-    for _ in range(2):
+    bj = unigrad.batched_jacobian(f, backend="jax", mode=mode, compile=compile)
+    for _ in range(3):
         np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6)
     assert failures == [True], failures
 

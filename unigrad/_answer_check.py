@@ -50,6 +50,71 @@ def checked_kernel(kernel, has_aux: bool, forward: bool = True):
     return kernel_checked
 
 
+def probed_kernel(method, kernel, forward: bool):
+    """The check of a shortcut that computes one example alone (``per_example_jacobian``), on a backend
+    that can hand back, with the blocks, the product of its one-example function with a given vector on
+    each example (``per_example_probe``; ``method(b, flat_f, leaves, probe)`` returns ``(outputs, blocks,
+    aux, products)``, products None where it could not): a tangent in forward mode, a cotangent in
+    reverse mode, where it is one more pullback of the same forward pass. Row b of those products must
+    be row b of one JVP (VJP) of the whole batch: that checks the analysis itself (one example computed
+    alone is a row of ``f``), and the blocks come from the same function by the engine's own Jacobian of
+    it; the comparison reads arrays the size of the inputs or outputs, never the blocks. ``kernel``: the
+    plain kernel, checked by :func:`checked_kernel` where the products are None (complex values, a
+    fallback inside the backend)."""
+    def kernel_probed(b, flat_f, leaves):
+        leaves = tuple(leaves)
+        plain = checked_kernel(kernel, False, forward)
+        if any(b.dtype(x) in COMPLEX for x in leaves):
+            return plain(b, flat_f, leaves)
+        if forward:
+            vectors = random_vectors(b, leaves)
+        else:
+            shapes = b.output_shapes(flat_f, leaves)
+            dtype = b.dtype(leaves[0])
+            vectors = random_vectors(b, [b.zeros(s, dtype, device=b.device(leaves[0])) for s in shapes])
+        outs, blocks, aux, products = method(b, flat_f, leaves, vectors)
+        if products is None or any(b.dtype(o) in COMPLEX for o in outs):
+            return plain(b, flat_f, leaves)
+        checked = b.evaluate(lambda *_: _product_verdicts(b, flat_f, leaves, vectors, tuple(outs), tuple(products),
+                                                          forward), (*leaves, *outs))
+        return outs, blocks + (checked,), aux
+    return kernel_probed
+
+
+def random_vectors(b, arrays):
+    """The check's random vectors, shaped like ``arrays`` (a fixed seed)."""
+    rng = np.random.default_rng(SEED)
+    return tuple(b.asarray(rng.standard_normal(b.shape(x)), dtype=b.dtype(x), device=b.device(x)) for x in arrays)
+
+
+def _product_verdicts(b, flat_f, leaves, vectors, outs, products, forward):
+    """:func:`verdicts` of the one-example ``products`` against one JVP (VJP) of the whole batch."""
+    xp = b.namespace()
+    batch = b.shape(leaves[0])[0]
+    if forward:
+        _, full, _ = b.jvp(flat_f, leaves, vectors, has_aux=False)
+    else:
+        _, vjp_fn, _ = b.vjp(flat_f, leaves, has_aux=False)
+        full = vjp_fn(tuple(xp.astype(v, o.dtype) if b.dtype(v) != b.dtype(o) else v for v, o in zip(vectors, outs)))
+    errs, scales = [], []
+    for got, want in zip(full, products):
+        size = int(np.prod(b.shape(got)[1:], dtype=np.int64))
+        if size == 0:
+            continue
+        got, want = xp.reshape(got, (batch, size)), xp.reshape(want, (batch, size))
+        want = xp.astype(want, got.dtype) if b.dtype(want) != b.dtype(got) else want
+        diff = xp.abs(got - want)
+        zero = xp.zeros_like(diff)
+        errs.append(xp.max(xp.where(xp.isfinite(diff), diff, zero), axis=1))
+        scale = xp.maximum(xp.abs(got), xp.abs(want))
+        scales.append(xp.max(xp.where(xp.isfinite(scale), scale, zero), axis=1))
+    if not errs:
+        return b.asarray(np.zeros((2, 0), np.float32))
+    err = errs[0] if len(errs) == 1 else xp.max(xp.stack(errs), axis=0)
+    scale = scales[0] if len(scales) == 1 else xp.max(xp.stack(scales), axis=0)
+    return verdicts(b, err, scale, b.dtype(outs[0]))
+
+
 def _eps(dtype: str) -> float:
     if dtype == "bfloat16":
         return 2.0 ** -7

@@ -23,7 +23,7 @@ from ._call import _LEAF, Call, prepare
 from ._plan import PLANS_WHY
 from ._program import PROGRAMS_WHY, block_runner, execute
 from ._repeats import Miss, Repeats
-from ._answer_check import checked_kernel, describe_rows, failed_rows
+from ._answer_check import checked_kernel, describe_rows, failed_rows, probed_kernel
 from ._custom import custom_rules_seen
 from ._transform import (FALLBACKS_NAME, FALLBACKS_WHY, SHAPES_WHY, _wraps, budget_chunk, choose_mode,
                          promoted_blocks, real_to_complex, reverse_complex_error, run_auto, static_arguments)
@@ -141,7 +141,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     traced = BoundedCache(TRACED)  # eager calls on a backend that traces its per-example Jacobian anyway (see below)
     static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
 
-    def kernel_for(chosen, chunk, per_example, recorded=None):
+    def b_method(per_example):
         # per_example: False (the sum trick), True (declared separable, or a proof that says so) or the
         # marker a backend's batch_rows gave for how one example is computed alone (handed back as proof=)
         def method_of(b):
@@ -150,6 +150,10 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             if per_example is True:
                 return b.per_example_jacobian
             return lambda *a, **k: b.per_example_jacobian(*a, proof=per_example, **k)
+        return method_of
+
+    def kernel_for(chosen, chunk, per_example, recorded=None):
+        method_of = b_method(per_example)
 
         def kernel(b, flat_f, leaves):
             if recorded is not None:  # the tape's recording that the proof read: swept, not recorded again
@@ -226,7 +230,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             chosen, (blocks, aux, rows) = attempt(chosen)
         if rows and per_example:  # the shortcut's analysis was wrong: the sum trick, exact for independent rows
             refuted.store(call, True)
-            blocks, aux, rows = run(call, chosen, False, None, not exact, None, verdict)
+            blocks, aux, rows = run(call, chosen, False, None, not exact, key, verdict)
         if rows:
             raise _check_error(rows[0], rows[1])
         jac = call.blocks_tree(blocks)
@@ -263,23 +267,41 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         if budget is not None:
             chunk = budget_chunk(chunks, shapes, call, chosen, True, budget, "batched_jacobian")
             kernel, decision = kernel_for(chosen, chunk, per_example), (chosen, chunk, per_example)
-        if check:  # (in the blocks' own mode: the derivative rules the user gave, a custom_vjp's in reverse)
+        if check and per_example and budget is None and chunk_size is None and not has_aux and getattr(
+                call.backend, "per_example_probe", False):
+            # the shortcut checked through its own one-example function: no pass over the blocks (see
+            # unigrad._answer_check.probed_kernel)
+            method = b_method(per_example)
+
+            def probed(b, flat_f, leaves, probe):
+                outs, jac, aux, products = method(b)(flat_f, leaves, mode=chosen, chunk_size=None, has_aux=False,
+                                                     probe=probe)
+                return outs, tuple(block for row in promoted_blocks(b, outs, leaves, jac) for block in row), aux, \
+                    products
+            kernel = probed_kernel(probed, kernel, chosen == "fwd")
+            decision = None if decision is None else (*decision, "probed")
+        elif check:  # (in the blocks' own mode: the derivative rules the user gave, a custom_vjp's in reverse)
             kernel = checked_kernel(kernel, has_aux, forward=chosen == "fwd")
             decision = None if decision is None else (*decision, "checked")
         if programs is None and call.backend.traces_batched_jacobian:
             _, blocks, aux = traced_once(call, kernel, traced, decision)
         else:
             _, blocks, aux = execute(call, kernel, programs, decision, keep_outputs=False)
+        failed = None
+        if check:
+            blocks, rows, worst = _checked_blocks(call.backend, blocks)
+            failed = (rows, worst) if rows else None
+        if key is not None and failed is None and (programs is not None or not call.backend.traces_batched_jacobian):
             # Repeats skip the proof and the probe: only when both were settled for the whole signature
             # (a proof kept per signature, not one made per call because the program changes with the
             # values; no Python float whose value the proof saw), or the caller vouches. The proof and the
             # probe read the values of the arrays f is given too (an index array): such a repeat keeps no
             # runner (Repeats.run would skip the check), and one with other values of them takes the full
-            # path (settled_values). A program that checks its answer keeps no runner either: its repeats
-            # read the check (checked_repeats).
-            if key is not None and check_independence == "never":
+            # path (settled_values). A program that checks its answer keeps a runner that reads the check
+            # (checked_repeats), and is kept only once its check passed.
+            if check_independence == "never":
                 repeats.remember(key, call, block_runner)
-            elif key is not None and check_independence == "once" and not call.plan.weak:
+            elif check_independence == "once" and not call.plan.weak:
                 kept, by_value = proofs.kept(call)
                 if kept and (verdict == "row" or settled.lookup(call)):
                     if call.plan.dynamic_positions and (by_value or verdict != "row"):  # values decided it
@@ -292,10 +314,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                         repeats.remember(key, call, checked_runner if check else block_runner)
                     if check:
                         checked_repeats.put(key, True)
-        failed = None
-        if check:
-            blocks, rows, worst = _checked_blocks(call.backend, blocks)
-            failed = (rows, worst) if rows else None
+                    else:
+                        checked_repeats.entries.pop(key, None)
         return blocks, aux, failed
 
     return _with_parameter_hint(batched_jacobian_f, f, argnums, repeats)

@@ -394,8 +394,14 @@ class JaxBackend(Backend):
         with _x64(f, primals):
             return _sum_trick(self, f, primals, primals[0].shape[0], mode, chunk_size, has_aux, _traced(primals))
 
+    #: per_example_jacobian takes probe= (tangents in forward mode, cotangents in reverse) and returns, with the
+    #: blocks, the one-example function's JVP (VJP) along them (unigrad._answer_check.probed_kernel checks the
+    #: shortcut with it)
+    per_example_probe = True
+
     @_numpy_calls_rejected
-    def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False, proof=None):
+    def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False, proof=None,
+                             probe=None):
         """``jax.vmap`` over examples of the Jacobian of a batch-of-one call (the core has checked that
         ``f`` may be evaluated one example at a time), or, where ``batch_rows`` answered ``proof="program"``
         (``f`` reads the batch size as a number: ``x / x.shape[0]``), of one example computed from ``f``'s
@@ -407,8 +413,13 @@ class JaxBackend(Backend):
         the sum trick was 1.13-1.19x, the program 0.95-1.06x). Chunked or with aux: the sum trick.
         """
         primals = tuple(primals)
+
+        def summed():  # the sum trick (and no products along a probe: the core checks the blocks instead)
+            result = self.batched_jacobian(f, primals, mode=mode, chunk_size=chunk_size, has_aux=has_aux)
+            return result if probe is None else (*result, None)
+
         if has_aux or chunk_size is not None:
-            return self.batched_jacobian(f, primals, mode=mode, chunk_size=chunk_size, has_aux=has_aux)
+            return summed()
         n = len(primals)
         one = None
         if proof == "program":  # batch_rows: f reads the batch size; one example from its program (_rowprogram)
@@ -417,24 +428,38 @@ class JaxBackend(Backend):
             with _x64(f, primals):
                 one = row_function(f, primals, primals[0].shape[0])
             if one is None:  # (not expected: the proof built one) f on one example would be another f
-                return self.batched_jacobian(f, primals, mode=mode, chunk_size=chunk_size, has_aux=has_aux)
+                return summed()
         if one is None:  # separable=True, or a proof that f may be called on one example
             def one(*example):  # one example of every primal -> one example of every output
                 return tuple(o[0] for o in f(*(p[None] for p in example)))
 
-        def jacobian_one(*example):
+        def jacobian_one(*example, probe_one=None):
+            """One example's outputs and Jacobian; with ``probe_one`` (that example's part of the probe), also
+            the product along it: in reverse mode one more pullback of the same forward pass, in forward mode
+            a JVP."""
             if mode == "fwd":
                 outputs = one(*example)
                 jac = jax.jacfwd(one, argnums=tuple(range(n)))(*example)
-                return outputs, jac
+                if probe_one is None:
+                    return outputs, jac
+                return outputs, jac, tuple(jax.jvp(one, tuple(example), tuple(probe_one))[1])
             outputs, pullback = jax.vjp(one, *example)
             basis = _Basis(self, _templates(outputs))
             rows = jax.vmap(lambda *g: tuple(pullback(g)))(*basis.rows(0, basis.n))  # per primal (n_out, *p)
             jac = tuple(tuple(jnp.reshape(rows[j][offset:offset + size], (*shape, *example[j].shape))
                               for j in range(n))
                         for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets))
-            return outputs, jac
+            if probe_one is None:
+                return outputs, jac
+            # (a pullback of its own: a row added to the basis would hide its identity from XLA, which folds
+            # it into the first product)
+            return outputs, jac, tuple(pullback(_like(tuple(probe_one), outputs)))
 
+        if probe is not None:  # the one-example function's product along the probe, beside its Jacobian
+            with _x64(f, primals):
+                outputs, jac, along = jax.vmap(lambda example, p: jacobian_one(*example, probe_one=p))(
+                    primals, tuple(probe))
+            return tuple(outputs), tuple(tuple(row) for row in jac), None, tuple(along)
         with _x64(f, primals):
             outputs, jac = jax.vmap(jacobian_one)(*primals)
         return tuple(outputs), tuple(tuple(row) for row in jac), None
@@ -523,10 +548,18 @@ class JaxBackend(Backend):
             """``(fn, translate)`` for calls whose arguments have the types, shapes and dtypes of ``args``:
             ``fn`` is the jitted function itself when neither they nor the closure are 64-bit (then x64
             does not apply, whatever the configuration says), and ``translate(exc)`` is the error to
-            raise instead of an error ``fn`` raised (None: raise it as it is)."""
-            return (compiled if wide_closure or _wide(args) else jitted), _translate
+            raise instead of an error ``fn`` raised (None: raise it as it is). For 64-bit arguments ``fn``
+            enters the x64 scope without testing them again (a repeat's float64 NumPy input: issue 37)."""
+            return (wide if wide_closure or _wide(args) else jitted), _translate
+
+        def wide(*args):
+            if jax.config.jax_enable_x64:
+                return jitted(*args)
+            with jax.enable_x64(True):
+                return jitted(*args)
 
         compiled.specialize = specialize
+        compiled.takes_numpy = True  # jit takes NumPy arrays as jnp.asarray converts them (float64 under x64)
         return compiled
 
     # ------------------------------------------------------------------ bridge and sparse results

@@ -157,7 +157,7 @@ def test_the_docstrings_have_examples_to_run():
 # ------------------------------------------------------------------ code on the pages
 
 PAGES_WITH_CODE = ["index.md", "getting-started.md", "backends.md", "portable-functions.md", "transforms.md",
-                   "devices.md", "custom-derivatives.md", "sparse.md", "riemannian.md"]
+                   "devices.md", "custom-derivatives.md", "sparse.md", "riemannian.md", "implicit.md"]
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE)

@@ -18,6 +18,7 @@ from ._registry import (backends, get_backend, register_backend, set_backend, un
                         use_device)
 from ._safe import safe_norm, safe_where
 from ._custom import custom_jvp, custom_vjp, stop_gradient
+from .implicit import custom_fixed_point, custom_root, linear_solve
 from .sparse import sparse_hessian, sparse_jacobian
 from .backend import Backend, Capabilities
 from .dependence import SparsityWarning, hessian_sparsity, jacobian_sparsity
@@ -40,6 +41,6 @@ __all__ = [
     "namespace", "asarray", "to_numpy", "to_native", "safe_where", "safe_norm",
     "backends", "get_backend", "set_backend", "use_backend", "register_backend", "unregister_backend", "use_device",
     "Backend", "Capabilities",
-    "custom_vjp", "custom_jvp", "stop_gradient",
+    "custom_vjp", "custom_jvp", "stop_gradient", "linear_solve", "custom_root", "custom_fixed_point",
     "jacobian_sparsity", "hessian_sparsity", "SparsityWarning", "sparse_jacobian", "sparse_hessian",
 ]

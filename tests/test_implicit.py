@@ -1,0 +1,355 @@
+"""Derivatives of solutions (unigrad.linear_solve, custom_root, custom_fixed_point) on every backend,
+against closed forms and finite differences; and the checks that refuse a non-converged solution."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import unigrad
+from unigrad.implicit import ConvergenceError, ConvergenceWarning
+from unigrad.testing import check_grads
+
+RNG = np.random.default_rng(0)
+X_TRAIN, Y_TRAIN = RNG.standard_normal((20, 4)), RNG.standard_normal(20)
+X_VALID, Y_VALID = RNG.standard_normal((10, 4)), RNG.standard_normal(10)
+LAM = 0.7
+W_MIX = RNG.standard_normal((3, 3)) * 0.3
+
+# TensorFlow runs a rule's code with its tapes stopped, so the transforms nested there (the JVPs and VJPs the
+# implicit rules are made of) record nothing and give zeros (measured). The rules probe for it and raise a
+# NotImplementedError there rather than return a wrong derivative; these tests prove the refusal.
+REFUSES_NESTED = {"tensorflow"}
+# MLX: first order in both modes agrees with the closed forms; second derivatives through these rules were
+# measured wrong (zeros in forward over forward, half in reverse over reverse): reading a value inside a custom
+# function under an MLX transform drops the outer derivative (docs/implicit.md), so they are not claimed there.
+NO_SECOND_ORDER = {"mlx"}
+
+# Moved to the thorough job (conftest's SLOW_CASES): JAX's eager second order re-traces each nested transform.
+SLOW_CASES = {"test_ridge_hyperparameter_second_derivative[jax-linear_solve]",
+              "test_ridge_hyperparameter_second_derivative[jax-custom_root]",
+              "test_linear_solve_second_order_in_a_non_symmetric_closed_over_matrix[jax-gmres]",
+              "test_linear_solve_second_order_in_a_non_symmetric_closed_over_matrix[jax-lu]",
+              "test_linear_solve_second_order_in_a_non_symmetric_closed_over_matrix[torch-lu]",
+              "test_fixed_point_against_finite_differences[jax]",
+              "test_a_batch_of_root_problems_under_vmap[jax]"}
+
+
+def _np(x):
+    return np.asarray(unigrad.to_numpy(x))
+
+
+def _tolerance(backend):
+    return 1e-4 if backend == "mlx" else 1e-9  # MLX computes float32
+
+
+def _ridge_closed_form(lam):
+    """Validation loss of ridge regression, and its first and second derivatives in lam."""
+    a = X_TRAIN.T @ X_TRAIN + lam * np.eye(4)
+    w = np.linalg.solve(a, X_TRAIN.T @ Y_TRAIN)
+    r = X_VALID @ w - Y_VALID
+    dw = -np.linalg.solve(a, w)
+    d2w = -2 * np.linalg.solve(a, dw)
+    return 0.5 * r @ r, r @ (X_VALID @ dw), (X_VALID @ dw) @ (X_VALID @ dw) + r @ (X_VALID @ d2w)
+
+
+def _data(like, *arrays):
+    xp = unigrad.namespace(like)
+    return [xp.asarray(a, dtype=like.dtype) for a in arrays]
+
+
+def _ridge_gradient(w, lam):  # the inner objective's gradient: zero at the ridge solution
+    xp = unigrad.namespace(w)
+    x, y = _data(w, X_TRAIN, Y_TRAIN)
+    return xp.matrix_transpose(x) @ (x @ w - y) + lam * w
+
+
+def _ridge_solver(init, lam):  # plain code: nothing differentiates it
+    xp = unigrad.namespace(lam)
+    x, y = _data(lam, X_TRAIN, Y_TRAIN)
+    a = xp.matrix_transpose(x) @ x + lam * xp.eye(4, dtype=lam.dtype)
+    return xp.linalg.solve(a, (xp.matrix_transpose(x) @ y)[:, None])[:, 0]
+
+
+def _validation_loss(w):
+    xp = unigrad.namespace(w)
+    x, y = _data(w, X_VALID, Y_VALID)
+    r = x @ w - y
+    return 0.5 * xp.sum(r * r)
+
+
+def loss_by_root(lam, solve="cg"):
+    w = unigrad.custom_root(_ridge_gradient, solve=solve, symmetric=True)(_ridge_solver)(None, lam)
+    return _validation_loss(w)
+
+
+def loss_by_linear_solve(lam, solve="cg"):
+    xp = unigrad.namespace(lam)
+    x, y = _data(lam, X_TRAIN, Y_TRAIN)
+    w = unigrad.linear_solve(lambda v: xp.matrix_transpose(x) @ (x @ v) + lam * v, xp.matrix_transpose(x) @ y,
+                             solve=solve, symmetric=True)
+    return _validation_loss(w)
+
+
+@pytest.mark.parametrize("route", ["linear_solve", "custom_root"])
+def test_ridge_hyperparameter_gradient_both_modes(backend, route):
+    if backend in REFUSES_NESTED:
+        fn = loss_by_linear_solve if route == "linear_solve" else loss_by_root
+        for transform in (unigrad.grad, unigrad.jacfwd):
+            with pytest.raises(NotImplementedError, match="nested in a custom rule"):
+                transform(fn, backend=backend)(np.array(LAM))
+        return
+    fn = loss_by_linear_solve if route == "linear_solve" else loss_by_root
+    value, gradient, _ = _ridge_closed_form(LAM)
+    rtol = _tolerance(backend)
+    np.testing.assert_allclose(float(_np(unigrad.evaluate(fn, np.array(LAM), backend=backend))), value, rtol=rtol)
+    np.testing.assert_allclose(float(_np(unigrad.grad(fn, backend=backend)(np.array(LAM)))), gradient, rtol=rtol)
+    np.testing.assert_allclose(float(_np(unigrad.jacfwd(fn, backend=backend)(np.array(LAM)))), gradient, rtol=rtol)
+    _, tangent = unigrad.jvp(fn, (np.array(LAM),), (np.array(1.0),), backend=backend)
+    np.testing.assert_allclose(float(_np(tangent)), gradient, rtol=rtol)
+
+
+@pytest.mark.parametrize("route", ["linear_solve", "custom_root"])
+def test_ridge_hyperparameter_second_derivative(backend, route):
+    if backend in REFUSES_NESTED | NO_SECOND_ORDER:
+        pytest.skip(f"{backend}: see REFUSES_NESTED and NO_SECOND_ORDER")
+    fn = loss_by_linear_solve if route == "linear_solve" else loss_by_root
+    _, _, second = _ridge_closed_form(LAM)
+    rtol = 1e-8
+    h = float(_np(unigrad.hessian(fn, backend=backend)(np.array(LAM))))
+    np.testing.assert_allclose(h, second, rtol=rtol)
+    if backend in ("numpy", "jax"):  # reverse over reverse too (torch: forward over forward raises, see docs)
+        h = float(_np(unigrad.jacrev(unigrad.grad(fn, backend=backend), backend=backend)(np.array(LAM))))
+        np.testing.assert_allclose(h, second, rtol=rtol)
+
+
+SOLVES = ["cg", "gmres", "bicgstab", "normal_cg", "lu", "cholesky"]
+
+
+def _spd(n=4):
+    m = RNG.standard_normal((n, n))
+    return m @ m.T + n * np.eye(n)
+
+
+A_SPD, B_RHS = _spd(), RNG.standard_normal(4)
+
+
+@pytest.mark.parametrize("solve", SOLVES)
+def test_linear_solve_derivatives_in_b_and_in_the_closed_over_matrix(solve):
+    """grad in the matrix matvec closes over and in b, against the closed forms (-u x^T and u, with
+    A^T u = the cotangent), and forward mode, on the tape."""
+    symmetric = solve in ("cg", "cholesky")
+
+    def f(a, b):
+        xp = unigrad.namespace(a, b)
+        return xp.sum(xp.sin(unigrad.linear_solve(lambda v: a @ v, b, solve=solve, symmetric=symmetric)))
+
+    ga, gb = unigrad.grad(f, argnums=(0, 1))(A_SPD, B_RHS)
+    x = np.linalg.solve(A_SPD, B_RHS)
+    u = np.linalg.solve(A_SPD.T, np.cos(x))
+    np.testing.assert_allclose(gb, u, rtol=1e-8)
+    np.testing.assert_allclose(ga, -np.outer(u, x), rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(unigrad.jacfwd(f, argnums=1)(A_SPD, B_RHS), u, rtol=1e-8)
+
+
+@pytest.mark.parametrize("solve", ["gmres", "lu"])
+def test_linear_solve_second_order_in_a_non_symmetric_closed_over_matrix(backend, solve):
+    if backend in REFUSES_NESTED | NO_SECOND_ORDER:
+        pytest.skip(f"{backend}: see REFUSES_NESTED and NO_SECOND_ORDER")
+    a = A_SPD + RNG.standard_normal((4, 4))  # not symmetric: the transposed solve needs matvec's VJP
+
+    def f(a, b):
+        xp = unigrad.namespace(a, b)
+        return xp.sin(unigrad.linear_solve(lambda v: a @ v, b, solve=solve))
+
+    modes = ("rev",) if backend == "torch" else ("fwd", "rev")  # torch: forward over forward raises
+    check_grads(f, (a, B_RHS), order=2, modes=modes, backend=backend)
+
+
+def _tanh_map(x, p):
+    xp = unigrad.namespace(x, p)
+    (w,) = _data(x, W_MIX)
+    return xp.tanh(w @ x + p)
+
+
+def _iterate(init, p):
+    x = init
+    for _ in range(100):
+        x = _tanh_map(x, p)
+    return x
+
+
+def test_fixed_point_against_finite_differences(backend):
+    """x = tanh(W x + p): the implicit derivative agrees with finite differences through the whole
+    solver, and with differentiating the 100 iterations themselves."""
+    if backend in REFUSES_NESTED:
+        pytest.skip(f"{backend}: see REFUSES_NESTED (test_ridge_hyperparameter_gradient_both_modes proves the refusal)")
+    solver = unigrad.custom_fixed_point(_tanh_map)(_iterate)
+    p = np.array([0.3, -0.2, 0.5])
+    fn = lambda p: solver(np.zeros(3), p)  # noqa: E731
+    if backend not in NO_SECOND_ORDER:  # (MLX's float32 is too coarse for these finite differences anyway)
+        # second order on the tape and JAX; torch: forward over forward raises for every custom rule
+        check_grads(fn, (p,), order=2 if backend in ("numpy", "jax") else 1, backend=backend)
+    implicit = _np(unigrad.jacobian(fn, backend=backend)(p))
+    unrolled = _np(unigrad.jacobian(lambda p: _iterate(unigrad.namespace(p).zeros(3, dtype=p.dtype), p),
+                                    backend=backend)(p))
+    np.testing.assert_allclose(implicit, unrolled, rtol=_tolerance(backend) * 100, atol=1e-6)
+
+
+class _Operator:
+    def __init__(self, a):
+        self.a = a
+
+    def matvec(self, v):
+        return self.a @ v
+
+
+@pytest.mark.parametrize("how", ["closure", "default", "partial", "method"])
+def test_the_arrays_matvec_reaches_are_differentiated(backend, how):
+    """matvec's arrays, reached through a closure, a default argument, functools.partial or a bound
+    method's object, all get their derivative (-u x^T), not a silent zero."""
+    if backend in REFUSES_NESTED:
+        pytest.skip(f"{backend}: see REFUSES_NESTED")
+    from functools import partial
+
+    def f(a):
+        xp = unigrad.namespace(a)
+        b = xp.asarray(B_RHS, dtype=a.dtype)
+        if how == "closure":
+            matvec = lambda v: a @ v  # noqa: E731
+        elif how == "default":
+            matvec = lambda v, a=a: a @ v  # noqa: E731
+        elif how == "partial":
+            matvec = partial(lambda m, v: m @ v, a)
+        else:
+            matvec = _Operator(a).matvec
+        return xp.sum(unigrad.linear_solve(matvec, b, symmetric=True))
+
+    x = np.linalg.solve(A_SPD, B_RHS)
+    u = np.linalg.solve(A_SPD, np.ones(4))
+    np.testing.assert_allclose(_np(unigrad.grad(f, backend=backend)(A_SPD)), -np.outer(u, x),
+                               rtol=_tolerance(backend) * 10, atol=1e-6)
+
+
+def _newton_sqrt(init, a):
+    x = init
+    for _ in range(30):
+        x = 0.5 * (x + a / x)
+    return x
+
+
+def test_a_root_whose_jacobian_is_transposed(backend):
+    """x**2 - a = 0, solved by Newton's method: d sqrt(a) / da = 1 / (2 sqrt(a)) in both modes. Reverse mode
+    transposes the optimality Jacobian (gmres, not symmetric) through a VJP of its JVP -- at a point where
+    the tape's JVP of power is linear (see Operator.apply_transpose)."""
+    if backend in REFUSES_NESTED:
+        pytest.skip(f"{backend}: see REFUSES_NESTED")
+    root = unigrad.custom_root(lambda x, a: x ** 2 - a)(_newton_sqrt)
+    a = np.array([4.0, 9.0, 2.0])
+    want = np.diag(0.5 / np.sqrt(a))
+    for mode in ("rev", "fwd"):
+        jac = _np(unigrad.jacobian(lambda a: root(np.ones(3), a), mode=mode, backend=backend)(a))
+        np.testing.assert_allclose(jac, want, rtol=_tolerance(backend) * 10, atol=1e-7)
+
+
+def test_a_batch_of_root_problems_under_vmap(backend):
+    """100 square roots at once: vmap of the gradient, and batched_jacobian. Inside vmap the linear solves
+    have no values to iterate on and solve densely (Operator.primal)."""
+    if backend in REFUSES_NESTED:
+        pytest.skip(f"{backend}: see REFUSES_NESTED")
+    if backend == "mlx":
+        pytest.skip("mlx: linalg.solve has no vmap rule in MLX ('[Primitive::vmap] Not implemented for LUF': an error, "
+                    "not a wrong value)")
+    root = unigrad.custom_root(lambda x, a: x ** 2 - a)(_newton_sqrt)
+    a = np.linspace(0.5, 10.0, 100)[:, None]
+
+    def one(a):
+        xp = unigrad.namespace(a)
+        return xp.sum(root(xp.ones(a.shape, dtype=a.dtype), a))
+
+    want = 0.5 / np.sqrt(a)
+    np.testing.assert_allclose(_np(unigrad.vmap(unigrad.grad(one, backend=backend), backend=backend)(a)), want,
+                               rtol=1e-9)
+    per_example = unigrad.batched_jacobian(lambda a: root(unigrad.namespace(a).ones(a.shape, dtype=a.dtype), a),
+                                           backend=backend)(a)
+    np.testing.assert_allclose(_np(per_example).reshape(-1, 1), want, rtol=1e-9)
+
+
+@pytest.mark.parametrize("route", ["linear_solve", "custom_root"])
+def test_compiled(backend, route):
+    """compile=True: no values to iterate on, so the systems are solved densely; JAX gives the closed form.
+    TensorFlow refuses loudly (a NaN from the rules' probe, or a singular solve), never a wrong number."""
+    if backend not in ("jax", "tensorflow"):
+        pytest.skip("compile=True runs eagerly on this backend (the other tests cover it)")
+    fn = loss_by_linear_solve if route == "linear_solve" else loss_by_root
+    _, gradient, _ = _ridge_closed_form(LAM)
+    if backend in REFUSES_NESTED:
+        try:
+            got = float(_np(unigrad.grad(fn, backend=backend, compile=True)(np.array(LAM))))
+        except Exception:
+            return
+        assert np.isnan(got), f"{backend} compiled gave {got}: a number where the rules cannot be trusted"
+        return
+    got = float(_np(unigrad.grad(fn, backend=backend, compile=True)(np.array(LAM))))
+    np.testing.assert_allclose(got, gradient, rtol=1e-9)
+
+
+def test_a_non_converged_linear_solve_raises_or_warns():
+    with pytest.raises(ConvergenceError, match="did not converge after 2 iterations") as info:
+        unigrad.linear_solve(lambda v: A_SPD @ v, B_RHS, maxiter=2)
+    assert info.value.residual > info.value.tolerance
+    with pytest.warns(ConvergenceWarning, match="relative residual"):
+        unigrad.linear_solve(lambda v: A_SPD @ v, B_RHS, maxiter=2, on_failure="warn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        unigrad.linear_solve(lambda v: A_SPD @ v, B_RHS, maxiter=2, on_failure="ignore")
+    # cg on an indefinite matrix stops and is caught, where it would return a wrong solution
+    indefinite = np.diag([1.0, -2.0, 3.0, 0.5])
+    with pytest.raises(ConvergenceError, match="cg needs a symmetric positive definite"):
+        unigrad.linear_solve(lambda v: indefinite @ v, B_RHS)
+    # a singular matrix: no solution to differentiate
+    with pytest.raises(ConvergenceError):
+        unigrad.linear_solve(lambda v: np.diag([1.0, 0.0, 1.0, 1.0]) @ v, B_RHS, solve="gmres")
+    with pytest.raises(ValueError, match="solve must be one of"):
+        unigrad.linear_solve(lambda v: v, B_RHS, solve="qr")
+
+
+def test_a_non_converged_root_solver_is_refused_in_every_mode(backend):
+    """A solver stopped after 3 iterations is not at a root: its derivative by the implicit function theorem
+    would be wrong, so the call raises (the default) -- or warns."""
+    def early(init, p):
+        x = init
+        for _ in range(3):
+            x = _tanh_map(x, p)
+        return x
+
+    solver = unigrad.custom_fixed_point(_tanh_map)(early)
+    p = np.array([0.3, -0.2, 0.5])
+    with pytest.raises(ConvergenceError, match="not a root"):
+        solver(np.zeros(3), p)
+    if backend in REFUSES_NESTED:
+        return
+    with pytest.raises(ConvergenceError, match="not a root"):
+        unigrad.grad(lambda p: unigrad.namespace(p).sum(solver(np.zeros(3), p)), backend=backend)(p)
+    with pytest.raises(ConvergenceError, match="not a root"):
+        unigrad.jacfwd(lambda p: solver(np.zeros(3), p), backend=backend)(p)
+    warned = unigrad.custom_fixed_point(_tanh_map, on_failure="warn")(early)
+    with pytest.warns(ConvergenceWarning, match="max \\|optimality"):
+        warned(np.zeros(3), p)
+
+
+def test_the_docs_example():
+    """docs/implicit.md's ten-line example (also run by tests/test_docs.py), checked against the closed form."""
+    from pathlib import Path
+    import re
+
+    text = (Path(__file__).parent.parent / "docs" / "implicit.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    scope: dict = {}
+    exec(compile(code, "docs/implicit.md", "exec"), scope)
+    a = scope["X"].T @ scope["X"] + 0.7 * np.eye(scope["X"].shape[1])
+    w = np.linalg.solve(a, scope["X"].T @ scope["y"])
+    r = scope["X_valid"] @ w - scope["y_valid"]
+    np.testing.assert_allclose(_np(scope["g"]), r @ (scope["X_valid"] @ -np.linalg.solve(a, w)), rtol=1e-8)

@@ -1,0 +1,302 @@
+"""``unigrad.linear_solve``: ``x`` with ``A x = b`` for a matrix-free ``A``, and its derivatives, as linear solves.
+
+One custom rule (:class:`unigrad.backend.Rule`, both modes given) on the explicit arrays ``(b,
+operands)``, ``operands`` being the arrays ``matvec`` closes over (``_closure``) or, inside
+``custom_root``, the point and parameters the Jacobian is taken at:
+
+* primal: the solver, on values (no derivative through its iterations), then the residual check;
+* JVP: ``dx = A^{-1} (db - dA x)``, ``dA x`` the JVP of ``operands -> matvec(x)``; the solve is this
+  same function again, so the tangent is differentiable in turn (any order);
+* VJP: ``u = A^{-T} g`` (the transposed operator: ``matvec``'s VJP, or ``matvec`` itself where
+  ``symmetric``), then ``b``'s cotangent ``u`` and the operands' ``-(d/d operands) <u, A x>``.
+
+Both rules are given because each mode's rule solves a system: transposing the JVP rule would need
+the transpose of the solver's iterations, which are not linear in ``b``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import optree
+
+from .._api import jvp as _jvp
+from .._api import asarray, namespace
+from .._api import vjp as _vjp
+from .. import _registry
+from .._custom import _Call, backend_for
+from ..backend import Rule
+from . import _closure
+from ._solvers import SOLVERS, NoValue, dense_solve, norm, scalar
+
+__all__ = ["linear_solve", "ConvergenceError", "ConvergenceWarning"]
+
+ON_FAILURE = ("raise", "warn", "ignore")
+
+
+class ConvergenceError(RuntimeError):
+    """A solver's result fails its check (a linear solve's residual, a root's optimality residual): a
+    derivative computed from it would be wrong. ``residual`` and ``tolerance`` are attributes."""
+
+    def __init__(self, message, residual=None, tolerance=None):
+        super().__init__(message)
+        self.residual, self.tolerance = residual, tolerance
+
+
+class ConvergenceWarning(RuntimeWarning):
+    """The warning form of :class:`ConvergenceError` (``on_failure="warn"``)."""
+
+
+def current_backend():
+    """The backend of the rule being run (``_Call.run`` sets it), for the transforms nested in a rule: the
+    arrays alone do not name it (a plugin's traced values may look like NumPy's)."""
+    return _registry.active_backend.get()
+
+
+def _unguarded(value):
+    return value
+
+
+def check_nested_transforms(backend):
+    """Refuse where a transform nested in this rule's code would give zeros (measured on TensorFlow, whose
+    rules run with its tapes stopped): the implicit rules are made of nested JVPs and VJPs, and a zero
+    there is a wrong derivative, silently. The probe: the VJP of ``t -> 3 t`` must be 3.
+
+    Returns ``guard(value)``: the value itself where the probe was read and passed (NotImplementedError where
+    it failed); where the probe is symbolic (a compiled program), the value times ``1`` if the probe gives 3
+    at run time and ``NaN`` if not -- a loud result rather than a wrong one."""
+    if backend is None:
+        return _unguarded
+    _, pullback = _vjp(lambda t: 3.0 * t, asarray(np.array(0.5), backend=backend), backend=backend)
+    probe = pullback(asarray(np.array(1.0), backend=backend))[0]
+    try:
+        got = scalar(probe)
+    except NoValue:
+        xp = namespace(probe)
+        ones = xp.ones_like(probe)
+        factor = xp.where(probe == 3.0, ones, ones * float("nan"))
+        return lambda value: value * xp.astype(factor, value.dtype)
+    if got != 3.0:
+        raise NotImplementedError(
+            f"linear_solve / custom_root on the {backend.name} backend: a transform nested in a custom rule's "
+            f"code gives {got} here for the derivative 3 of t -> 3 t, and the implicit rules are made of nested "
+            f"JVPs and VJPs; refusing rather than returning a wrong derivative")
+    return _unguarded
+
+
+def report(on_failure, message, residual, tolerance):
+    if on_failure == "raise":
+        raise ConvergenceError(message, residual, tolerance)
+    if on_failure == "warn":
+        warnings.warn(message, ConvergenceWarning, stacklevel=4)
+
+
+def default_tol(dtype_name: str) -> float:
+    """The default relative tolerance: 1e-10 for float64 (and complex128), 1e-5 below."""
+    return 1e-10 if "64" in dtype_name and "complex64" not in dtype_name else 1e-5
+
+
+def check_on_failure(on_failure):
+    if on_failure not in ON_FAILURE:
+        raise ValueError(f"on_failure must be one of {ON_FAILURE}; got {on_failure!r}")
+
+
+def check_solve(solve, name="solve"):
+    if callable(solve):
+        return
+    if solve not in SOLVERS:
+        raise ValueError(f"{name} must be one of {sorted(SOLVERS)} or a callable solve(matvec, b) -> x; got {solve!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    """A linear operator ``v -> matvec(v, operands)`` with how to solve it and its transpose.
+
+    ``matvec(v, operands)`` is linear in ``v``; ``rmatvec`` its transpose (None: from ``matvec``'s VJP,
+    or ``matvec`` itself where ``symmetric``)."""
+
+    matvec: Callable
+    solve: Any = "cg"
+    transpose_solve: Any = None
+    symmetric: bool = False
+    tol: float | None = None
+    maxiter: int | None = None
+    on_failure: str = "raise"
+    rmatvec: Callable | None = None
+    name: str = "linear_solve"
+
+    def apply(self, v, operands):
+        return self.matvec(v, operands)
+
+    def apply_transpose(self, u, operands):
+        if self.symmetric:
+            return self.matvec(u, operands)
+        if self.rmatvec is not None:
+            return self.rmatvec(u, operands)
+        xp = namespace(u)
+        # linear: any point will do, but not zeros: the tape's JVP of power is where(t == 0, 0, ...), whose
+        # derivative in t vanishes at t = 0 (a matvec that is a JVP, custom_root's, would transpose to zero)
+        _, pullback = _vjp(lambda v: self.matvec(v, operands), xp.ones_like(u), backend=current_backend())
+        return pullback(u)[0]
+
+    @property
+    def T(self) -> "Operator":
+        if self.symmetric:
+            return self
+        return dataclasses.replace(self, matvec=self.apply_transpose, rmatvec=self.matvec,
+                                   solve=self.transpose_solve or self.solve, transpose_solve=self.solve,
+                                   name=f"{self.name} (transposed)")
+
+    # ------------------------------------------------------------------ the primal computation, on values
+    def primal(self, b, operands):
+        mv = lambda v: self.matvec(v, operands)  # noqa: E731
+        guard = check_nested_transforms(current_backend())
+        try:
+            return self._iterate(b, operands, mv)
+        except NoValue:
+            # inside vmap (a Jacobian's batch of tangents, a batch of problems) or a compiled program: no value
+            # to steer a loop by, so A is materialised and solved densely; no residual can be read to check
+            return guard(dense_solve(mv, b, current_backend()))
+
+    def _iterate(self, b, operands, mv):
+        xp = namespace(b)
+        tol = self.tol if self.tol is not None else default_tol(str(b.dtype))
+        size = int(np.prod(tuple(int(s) for s in b.shape)))
+        maxiter = self.maxiter if self.maxiter is not None else max(10 * size, 100)
+        bnorm = norm(xp, b)
+        if bnorm == 0.0:
+            return xp.zeros_like(b)  # the tangent of an unperturbed input, often: no work, and exact
+        rmv = lambda u: self.apply_transpose(u, operands)  # noqa: E731
+        backend = current_backend()
+        if callable(self.solve):
+            x, iterations, method = self.solve(mv, b), None, getattr(self.solve, "__name__", "solve")
+        else:
+            x, iterations = SOLVERS[self.solve](mv, b, tol=tol, maxiter=maxiter, rmatvec=rmv, backend=backend)
+            method = repr(self.solve)
+        if backend is not None and backend.carries_derivative(x):
+            raise TypeError(f"{self.name}: matvec uses a traced array it does not expose (a global?), whose "
+                            f"derivative the rule cannot give; reach it through a closure, a default argument, "
+                            f"functools.partial or an object's attribute, which linear_solve differentiates")
+        residual = norm(xp, mv(x) - b) / bnorm
+        bound = 10.0 * tol
+        if not residual <= bound:  # (NaN fails too)
+            spent = f" after {iterations} iterations (maxiter={maxiter})" if iterations is not None else ""
+            report(self.on_failure,
+                   f"{self.name}: solve={method} did not converge{spent}: relative residual |A x - b| / |b| = "
+                   f"{residual:.3g}, above the tolerance {bound:.3g} (10 * tol); a derivative computed from this "
+                   f"solution would be wrong. Raise maxiter, choose another solver (cg needs a symmetric positive "
+                   f"definite A; gmres, bicgstab or lu take any non-singular A), or check that A is not singular or "
+                   f"ill-conditioned", residual, bound)
+        return x
+
+
+def apply_solve(op: Operator, b, operands):
+    """``A^{-1} b`` with ``A = op(., operands)``, as one custom-rule call (differentiable in ``b`` and
+    ``operands``, both modes, any order)."""
+
+    def linear_solve(b, operands):  # (the name errors show)
+        return op.primal(b, operands)
+
+    call = _Call("jvp", linear_solve, (), (b, operands))
+    call.name = op.name
+    backend = call.b
+
+    def jvp_rule(primals, tangents):
+        guard = check_nested_transforms(backend)
+        b, operands = primals
+        db, doperands = tangents
+        x = apply_solve(op, b, operands)
+        rhs = db
+        if optree.tree_leaves(operands):
+            _, change = _jvp(lambda operands: op.apply(x, operands), (operands,), (doperands,), backend=backend)
+            rhs = rhs - change
+        return x, guard(apply_solve(op, rhs, operands))
+
+    def fwd(b, operands):
+        x = apply_solve(op, b, operands)
+        return x, (x, operands)
+
+    def bwd(residuals, g):
+        guard = check_nested_transforms(backend)
+        x, operands = residuals
+        u = guard(apply_solve(op.T, g, operands))
+        if not optree.tree_leaves(operands):
+            return u, operands
+        _, pullback = _vjp(lambda operands: op.apply(x, operands), operands, backend=backend)
+        (ct,) = pullback(u)
+        return u, optree.tree_map(lambda c: -c, ct)
+
+    call.user_jvp, call.user_fwd, call.user_bwd = jvp_rule, fwd, bwd
+    return call.apply(Rule(op.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd, jvp=call.flat_jvp))
+
+
+def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = None, maxiter: int | None = None,
+                 symmetric: bool = False, transpose_solve: Any = None, on_failure: str = "raise"):
+    """``x`` with ``matvec(x) = b``, matrix-free, differentiable with respect to ``b`` and to the arrays
+    ``matvec`` closes over, in both modes and to any order, on every backend.
+
+    The derivative does not go through the solver's iterations: it is a linear solve itself,
+    ``dx = A^{-1} (db - dA x)`` in forward mode and the transposed system ``A^T u = g`` in reverse
+    mode (``A^T`` from a VJP of ``matvec``, or ``matvec`` itself where ``symmetric=True``).
+
+    Args:
+      matvec: ``v -> A v``, linear in ``v``, mapping an array of ``b``'s shape to one of the same shape.
+        The arrays it closes over (closure cells, default arguments, ``functools.partial`` arguments,
+        pytrees of them, and those of the functions it holds) are differentiated; arrays reached
+        through globals or object attributes are constants.
+      b: the right-hand side, a floating-point array of any shape.
+      solve: ``"cg"`` (``A`` symmetric positive definite), ``"gmres"``, ``"bicgstab"``, ``"normal_cg"``
+        (any non-singular ``A``), ``"lu"`` or ``"cholesky"`` (dense: ``A`` materialised by ``matvec``
+        of the identity columns, then the namespace's ``linalg``), or a callable
+        ``solve(matvec, b) -> x`` of your own (run on values; its result is checked like the others).
+      tol: the relative residual ``|A x - b| / |b|`` the iterative solvers stop at (default 1e-10 in
+        float64, 1e-5 in float32). The result is checked against ``10 * tol`` whatever the solver.
+      maxiter: the most iterations (matvecs, for ``gmres``) of an iterative solver (default
+        ``max(10 * b.size, 100)``).
+      symmetric: ``A`` is symmetric: the transposed system (reverse mode) uses ``matvec`` itself.
+      transpose_solve: the solver for the transposed system ``A^T u = g`` (default: ``solve``).
+      on_failure: what a failed residual check does: ``"raise"`` (:class:`ConvergenceError`, the
+        default), ``"warn"`` (:class:`ConvergenceWarning`) or ``"ignore"``.
+
+    Returns:
+      ``x``, an array of ``b``'s shape, dtype and backend.
+
+    Example:
+      >>> def solution(scale):
+      ...     xp = unigrad.namespace(scale)
+      ...     return unigrad.linear_solve(lambda v: scale * v + 0.5 * v, xp.ones(3) * 2.0)
+      >>> unigrad.grad(lambda s: unigrad.namespace(s).sum(solution(s)))(np.array(1.5))  # d/ds 6 / (s + 1/2)
+      array(-1.5)
+    """
+    check_solve(solve)
+    if transpose_solve is not None:
+        check_solve(transpose_solve, "transpose_solve")
+    check_on_failure(on_failure)
+    if not callable(matvec):
+        raise TypeError(f"linear_solve: matvec must be a callable v -> A v; got {type(matvec).__name__}")
+    if isinstance(b, (tuple, list, dict)):
+        raise TypeError("linear_solve: b must be one array (pytrees of arrays are not supported yet); got a "
+                        f"{type(b).__name__}")
+    rebuild, found = _closure.convert(matvec, keep=_floating_array)
+    backend = backend_for(optree.tree_leaves(b) + list(found))
+    if not backend.is_array(b):
+        b = asarray(b, backend=backend)
+
+    def closed(v, operands):
+        return rebuild(operands)(v)
+
+    op = Operator(closed, solve=solve, transpose_solve=transpose_solve, symmetric=symmetric, tol=tol,
+                  maxiter=maxiter, on_failure=on_failure)
+    return apply_solve(op, b, tuple(found))
+
+
+def _floating_array(x) -> bool:
+    """A leaf ``linear_solve`` differentiates: an array-like of a floating dtype, not NumPy's (NumPy arrays
+    are never traced: constants)."""
+    if not _closure.array_like(x):
+        return False
+    dtype = str(x.dtype)
+    return "float" in dtype or "complex" in dtype

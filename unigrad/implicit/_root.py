@@ -1,0 +1,210 @@
+"""``unigrad.custom_root`` and ``unigrad.custom_fixed_point``: the derivative of a solver's result by the
+implicit function theorem.
+
+At a root ``F(x*, p) = 0``, ``dx* = -(d_x F)^{-1} d_p F dp``. The decorated solver becomes one custom-rule
+call on the explicit arrays ``(init, *params)``:
+
+* primal: the solver, as plain code (nothing differentiates its iterations), then the optimality
+  residual ``max |F(x*, p)|`` checked against ``tol``;
+* JVP: ``rhs = -d_p F(x*, p) dp`` (a JVP of ``F``), then ``linear_solve`` of ``d_x F(x*, p) dx = rhs``
+  (its matvec a JVP of ``F`` in ``x``; its operands ``x*`` and ``p``, explicit);
+* VJP: ``u`` from the transposed system ``d_x F^T u = g`` (the same linear solve, transposed), then
+  ``p``'s cotangent ``-d_p F^T u`` (a VJP of ``F``).
+
+``x*`` inside the rules is this same function called again, so its own derivative (second order:
+the rules differentiated) is the implicit one too; the linear solves are ``linear_solve``'s rule,
+differentiable in their operands. ``init`` gets a zero derivative.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+import optree
+
+from .._api import asarray
+from .._api import jvp as _jvp
+from .._api import to_numpy
+from .._api import vjp as _vjp
+from .._custom import _Call, backend_for
+from ..backend import Rule
+from ._linear_solve import (Operator, apply_solve, check_nested_transforms, check_on_failure, check_solve,
+                            current_backend, report)
+
+__all__ = ["custom_root", "custom_fixed_point"]
+
+
+def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None = None,
+                linear_tol: float | None = None, maxiter: int | None = None, symmetric: bool = False,
+                on_failure: str = "raise") -> Callable:
+    """A decorator: ``solver(init, *params) -> x`` with ``optimality(x, *params) = 0`` at its result,
+    differentiated with respect to ``params`` by the implicit function theorem, in both modes and to any
+    order, on every backend.
+
+    The solver runs as plain code -- no derivative goes through its iterations, and it may use any
+    operations on the values it is given (NumPy, SciPy: its result is converted to the backend's
+    array). The derivative is ``dx = -(d_x F)^{-1} d_params F dparams`` with ``F = optimality``: a
+    linear solve with ``d_x F`` (matrix-free: JVPs and VJPs of ``F``).
+
+    Args:
+      optimality: ``F(x, *params)``, an array of ``x``'s shape, zero at the solution. For an argmin,
+        the gradient of the objective (``d_x F`` is then its Hessian: symmetric).
+      solve: the linear solver for ``d_x F`` (see :func:`unigrad.linear_solve`; default ``"gmres"``;
+        ``"cg"`` with ``symmetric=True`` for an argmin at a minimum, ``"lu"`` for small dense problems).
+      tol: the largest ``max |F(x, *params)|`` accepted at the solver's result (default 1e-6 in
+        float64, 1e-3 in float32).
+      linear_tol: ``linear_solve``'s ``tol`` for the derivative's linear solves.
+      maxiter: ``linear_solve``'s ``maxiter``.
+      symmetric: ``d_x F`` is symmetric (an argmin): the transposed system uses ``d_x F`` itself.
+      on_failure: a failed check (optimality residual or linear solve residual): ``"raise"``
+        (:class:`unigrad.implicit.ConvergenceError`, the default), ``"warn"`` or ``"ignore"``.
+
+    Returns:
+      A decorator; the decorated function is called as ``solver(init, *params)``. ``init`` (an array
+      or None) gets a zero derivative; ``params`` may be pytrees; the solution ``x`` is one array.
+
+    Example:
+      >>> def sqrt_newton(init, a):           # x with x**2 - a = 0, by Newton's method
+      ...     x = init
+      ...     for _ in range(30):
+      ...         x = 0.5 * (x + a / x)
+      ...     return x
+      >>> root = unigrad.custom_root(lambda x, a: x ** 2 - a)(sqrt_newton)
+      >>> unigrad.grad(lambda a: unigrad.namespace(a).sum(root(np.ones(2), a)))(np.array([4.0, 9.0]))
+      array([0.25      , 0.16666667])
+    """
+    if not callable(optimality):
+        raise TypeError(f"custom_root: optimality must be a callable F(x, *params); got {type(optimality).__name__}")
+    check_solve(solve)
+    check_on_failure(on_failure)
+
+    def decorator(solver: Callable) -> Callable:
+        if not callable(solver):
+            raise TypeError(f"custom_root: the decorated solver must be callable; got {type(solver).__name__}")
+        return _RootSolver(solver, optimality, dict(solve=solve, tol=tol, linear_tol=linear_tol, maxiter=maxiter,
+                                                    symmetric=symmetric, on_failure=on_failure))
+
+    return decorator
+
+
+def custom_fixed_point(fixed_point: Callable, **options) -> Callable:
+    """``custom_root`` for a fixed point ``x = T(x, *params)``: the optimality function is
+    ``T(x, *params) - x`` (so ``d_x F = d_x T - I``; ``symmetric`` only where ``d_x T`` is).
+
+    Args:
+      fixed_point: ``T(x, *params)``.
+      **options: those of :func:`custom_root`.
+
+    Returns:
+      A decorator for ``solver(init, *params) -> x`` with ``x = T(x, *params)`` at its result.
+
+    Example:
+      >>> def iterate(init, p):
+      ...     x = init
+      ...     for _ in range(200):
+      ...         x = 0.5 * unigrad.namespace(x).cos(x) + p
+      ...     return x
+      >>> solver = unigrad.custom_fixed_point(lambda x, p: 0.5 * unigrad.namespace(x).cos(x) + p)(iterate)
+      >>> g = unigrad.grad(lambda p: solver(np.zeros(1), p)[0])(np.array([0.2]))
+    """
+    if not callable(fixed_point):
+        raise TypeError(f"custom_fixed_point: T must be a callable T(x, *params); got {type(fixed_point).__name__}")
+
+    def residual(x, *params):
+        return fixed_point(x, *params) - x
+
+    residual.__name__ = f"{getattr(fixed_point, '__name__', 'T')} - x"
+    return custom_root(residual, **options)
+
+
+class _RootSolver:
+    """The decorated solver: one custom-rule call per use (see the module docstring)."""
+
+    def __init__(self, solver, optimality, options):
+        functools.update_wrapper(self, solver)
+        self.solver, self.optimality, self.options = solver, optimality, options
+        self.name = getattr(solver, "__name__", type(solver).__name__)
+
+    def __call__(self, init, *params):
+        return _solve_root(self, init, params)
+
+    def operator(self):
+        o = self.options
+        optimality = self.optimality
+
+        def matvec(v, operands):  # d_x F(x, *params) v
+            x, params = operands
+            return _jvp(lambda x: optimality(x, *params), (x,), (v,), backend=current_backend())[1]
+
+        return Operator(matvec, solve=o["solve"], symmetric=o["symmetric"], tol=o["linear_tol"],
+                        maxiter=o["maxiter"], on_failure=o["on_failure"],
+                        name=f"{self.name}: the linear solve with d_x optimality")
+
+    def primal(self, backend, init, params):
+        x = self.solver(init, *params)
+        b = backend
+        if not b.is_array(x):
+            if isinstance(x, (tuple, list, dict)):
+                raise TypeError(f"{self.name}: the solver returned a {type(x).__name__}; custom_root supports one "
+                                f"array as the solution (pytrees of solutions are not supported yet)")
+            x = asarray(x, backend=b)
+        residual_value = self.optimality(x, *params)
+        if tuple(b.shape(residual_value)) != tuple(b.shape(x)):
+            raise ValueError(f"{self.name}: optimality(x, *params) has shape {tuple(b.shape(residual_value))}; it "
+                             f"must have the solution's shape {tuple(b.shape(x))} (one equation per unknown)")
+        tol = self.options["tol"]
+        if tol is None:
+            tol = 1e-6 if "64" in str(backend.dtype(x)) else 1e-3
+        try:
+            values = np.abs(np.asarray(to_numpy(residual_value)))
+        except Exception:  # symbolic (inside vmap or a compiled program): no value to check here
+            return x
+        worst = float(np.max(values)) if values.size else 0.0
+        if not worst <= tol:
+            report(self.options["on_failure"],
+                   f"{self.name}: the solver's result is not a root: max |optimality(x, *params)| = {worst:.3g}, above "
+                   f"tol={tol:.3g}; a derivative by the implicit function theorem at this point would be wrong. Let "
+                   f"the solver converge (more iterations, a better start) or raise tol", worst, tol)
+        return x
+
+
+def _solve_root(root: _RootSolver, init, params):
+    backend = backend_for(optree.tree_leaves((init, params)))
+    # a NumPy start on another backend: that backend's arrays (the solver then meets one kind of array)
+    init = optree.tree_map(lambda v: asarray(v, backend=backend) if isinstance(v, np.ndarray) and not
+                           backend.is_array(v) else v, init)
+    args = (init, *params)
+
+    def custom_root_call(init, *params):  # (the name errors show)
+        return root.primal(backend, init, params)
+
+    call = _Call("jvp", custom_root_call, (), args)
+    call.name = root.name
+    backend = call.b
+    op = root.operator()
+    optimality = root.optimality
+
+    def jvp_rule(primals, tangents):
+        guard = check_nested_transforms(backend)
+        init, *params = primals
+        _, *dparams = tangents
+        x = _solve_root(root, init, tuple(params))
+        _, change = _jvp(lambda *params: optimality(x, *params), tuple(params), tuple(dparams), backend=backend)
+        return x, guard(apply_solve(op, -change, (x, tuple(params))))
+
+    def fwd(init, *params):
+        x = _solve_root(root, init, params)
+        return x, (x, params)
+
+    def bwd(residuals, g):
+        guard = check_nested_transforms(backend)
+        x, params = residuals
+        u = guard(apply_solve(op.T, g, (x, params)))
+        _, pullback = _vjp(lambda *params: optimality(x, *params), *params, backend=backend)
+        cts = pullback(u)
+        return (None, *optree.tree_map(lambda c: -c, tuple(cts)))
+
+    call.user_jvp, call.user_fwd, call.user_bwd = jvp_rule, fwd, bwd
+    return call.apply(Rule(root.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd, jvp=call.flat_jvp))

@@ -17,6 +17,7 @@ derivative check can notice. They prove that every checker can fail.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import datetime
 import importlib
@@ -411,25 +412,24 @@ def broken_backend(request, register_backend):
 class Counted:
     """``fn`` that counts how often it runs (a compiled or traced program runs it once per trace).
 
-    The count is kept on the class, not on the object: eager TensorFlow keeps its traced programs per
-    value of the Python state ``f`` reads (``unigrad._pystate``), an object's attributes included, and an
-    attribute that changes on every call would be state that changes (a new trace per call)."""
-
-    _calls: dict = {}
+    The count is an ``array.array`` the object holds, a library type that the Python-state walk
+    (``unigrad._pystate``) reads by identity: eager TensorFlow keeps its traced programs per value of the
+    Python state ``f`` reads, an object's attributes and its class's included, and a count read as a value
+    that changes on every call would be state that changes (a new trace per call)."""
 
     def __init__(self, fn):
         self.fn = fn
         self.__name__ = getattr(fn, "__name__", "counted")
         self.__signature__ = inspect.signature(fn)  # static_argnames reads f's parameter names
-        type(self)._calls[id(self)] = 0
+        self.counter = array.array("q", [0])
 
     def __call__(self, *args):
-        type(self)._calls[id(self)] += 1
+        self.counter[0] += 1
         return self.fn(*args)
 
     @property
     def calls(self):
-        return type(self)._calls[id(self)]
+        return self.counter[0]
 
 
 def row_verdict(program, ndim, batch):

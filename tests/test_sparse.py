@@ -281,7 +281,7 @@ def test_a_wrong_pattern_is_caught_by_the_checks():
     diagonal = sparse.eye_array(10, dtype=bool)  # misses the off-diagonal non-zeros
     with pytest.raises(AssertionError, match="non-zeros outside the pattern"):
         check_sparsity_covers(tridiagonal_map, (X,), diagonal)
-    with pytest.raises(AssertionError, match="differs from the dense one"):
+    with pytest.raises(ValueError, match="sparse result fails its check.*too small"):  # (the transform's own check)
         check_sparse_jacobian(tridiagonal_map, (X,), sparsity=diagonal, mode="fwd")
     with pytest.raises(AssertionError, match="non-zeros outside the pattern"):
         check_sparsity_covers(rosenbrock, (X,), diagonal, kind="hessian")
@@ -413,3 +413,39 @@ def test_forward_passes_by_reverse_follow_the_backend_flag_not_its_name(monkeypa
         assert all(not by_reverse for _, by_reverse in used), used  # (the tape: its own forward mode)
     finally:
         unigrad.unregister_backend("torch_again")
+
+
+# ------------------------------------------- the sparse result checks itself (issue 36: no analysis trusted alone)
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("mode", ["fwd", "rev"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pattern_that_misses_non_zeros_is_refused(backend, mode, compile, monkeypatch):
+    """A detected pattern an analysis got wrong (here: detection made to answer the diagonal) and a given
+    pattern that is too small: one JVP (VJP) against the sparse result refuses both, every call."""
+    needs(backend)
+    from unigrad.sparse import _pattern
+
+    x = np.linspace(0.1, 0.9, 6)
+    diagonal = sparse.eye_array(6, dtype=bool).tocsr()
+    given = unigrad.sparse_jacobian(tridiagonal_map, sparsity=diagonal, mode=mode, backend=backend, compile=compile)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="fails its check.*too small"):
+            given(x)
+    monkeypatch.setattr(_pattern, "detect", lambda *a, **k: diagonal)
+    detected = unigrad.sparse_jacobian(tridiagonal_map, mode=mode, backend=backend, compile=compile)
+    with pytest.raises(ValueError, match="fails its check.*detected pattern is wrong"):
+        detected(x)
+    right = unigrad.sparse_jacobian(tridiagonal_map, sparsity=tridiagonal(6), mode=mode, backend=backend,
+                                    compile=compile, format="dense")
+    for _ in range(2):  # no false alarm, the repeat included
+        np.testing.assert_allclose(unigrad.to_numpy(right(x)),
+                                   unigrad.to_numpy(unigrad.jacobian(tridiagonal_map)(x)), atol=1e-12)
+
+
+def test_a_hessian_pattern_that_misses_non_zeros_is_refused():
+    x = np.linspace(0.1, 0.9, 6)
+    with pytest.raises(ValueError, match="fails its check"):
+        unigrad.sparse_hessian(rosenbrock, sparsity=sparse.eye_array(6, dtype=bool).tocsr())(x)
+    np.testing.assert_allclose(unigrad.sparse_hessian(rosenbrock, sparsity=tridiagonal(6), format="dense")(x),
+                               unigrad.hessian(rosenbrock)(x), atol=1e-9)

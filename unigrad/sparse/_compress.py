@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._answer_check import SEED, verdicts
+
 __all__ = ["kernel"]
 
 
@@ -46,7 +48,9 @@ def _ints(a):
 
 
 def kernel(plan, chunk_size=None, has_aux=False):
-    """The kernel ``(backend, flat_f, leaves) -> ((), (values,), aux)`` of a :class:`SparsePlan`.
+    """The kernel ``(backend, flat_f, leaves) -> ((), (values, checked), aux)`` of a :class:`SparsePlan`:
+    ``checked`` the check of the values against one more product of ``f`` (:func:`check_values`,
+    :func:`verdict_of`; in the vectorised forward passes the check's tangent is one more row of their map).
 
     With ``has_aux``, ``flat_f`` returns ``(outputs, aux)``: the aux leaves come from a pass the
     kernel runs anyway where one returns them (the reverse passes, the tape's forward sweep), else from
@@ -74,14 +78,19 @@ def kernel(plan, chunk_size=None, has_aux=False):
             _, jac, aux = b.jacrev(weighted, leaves, chunk_size=chunk_size, has_aux=has_aux)
             compressed = xp.concat([xp.reshape(blk if b.dtype(blk) == dtype else b.cast(blk, dtype), (c, -1))
                                     for blk in jac[0]], axis=1)  # (c, n)
-            return (), (xp.take(xp.reshape(compressed, (-1,)), index),), aux or ()
+            values = xp.take(xp.reshape(compressed, (-1,)), index)
+            return (), (values, check_values(plan, b, flat_f, leaves, values, has_aux)), aux or ()
         function = main if mode == "fwd" else _gradient(b, main)
         seeds = [b.asarray(_ints(s), device=device) for s in plan.seeds]
         if b.capabilities.vmap:  # one JVP per colour, vectorised: each result a row of (c, m)
             # The seed tangents, made once per plan on the host (constants of a compiled program). Built
             # in the program instead (``colour == k``), XLA fused that comparison into every consumer of
             # the tangent: 2x slower than asdex on the Brusselator, N = 32, against 0.7x with constants.
-            tangents = tuple(b.asarray(t, device=device) for t in tangents_of(plan, b, leaves))
+            host = tangents_of(plan, b, leaves)
+            # the check's tangent v rides as one more row of the same vectorised map (its J v checks the
+            # values: verdict_of); where the seeds are bool (a dtype NumPy lacks) or complex, check_values
+            host, n_rows = _with_check_row(plan, host)
+            tangents = tuple(b.asarray(t, device=device) for t in host)
 
             def rows(start, stop):  # the seed tangents of colours start:stop, one array per leaf
                 return tuple(t[start:stop] if b.dtype(t) == b.dtype(x) else b.cast(t[start:stop], b.dtype(x))
@@ -97,8 +106,13 @@ def kernel(plan, chunk_size=None, has_aux=False):
                 def push(*tangents):
                     return (_ravel_concat(b, xp, b.jvp(function, leaves, tangents)[1], dtype),)
 
-            (compressed,) = b.map_chunks(push, rows, c, chunk_size, [((plan.shape[0],), dtype, device)])
-            return (), (xp.take(xp.reshape(compressed, (-1,)), index),), aux
+            (compressed,) = b.map_chunks(push, rows, n_rows, chunk_size, [((plan.shape[0],), dtype, device)])
+            if n_rows == c:
+                values = xp.take(xp.reshape(compressed, (-1,)), index)
+                return (), (values, check_values(plan, b, flat_f, leaves, values, has_aux)), aux
+            values = xp.take(xp.reshape(compressed[:c], (-1,)), index)
+            u = b.asarray(check_vectors(plan)[0], dtype=dtype, device=device)
+            return (), (values, verdict_of(b, xp, plan, values, compressed[c], u, dtype)), aux
 
         def pushed(z):  # no vectorising map (the tape): its jacfwd pushes a batch of tangents in one sweep
             shifted = _shifted(b, xp, leaves, z, seeds)
@@ -111,7 +125,8 @@ def kernel(plan, chunk_size=None, has_aux=False):
         _, jac, aux = b.jacfwd(pushed, (b.zeros((c,), dtype, device=device),), chunk_size=chunk_size,
                                has_aux=has_aux)
         compressed = xp.permute_dims(jac[0][0], (1, 0))  # (m, c) -> (c, m); minus: see above
-        return (), (-xp.take(xp.reshape(compressed, (-1,)), index),), aux or ()
+        values = -xp.take(xp.reshape(compressed, (-1,)), index)
+        return (), (values, check_values(plan, b, flat_f, leaves, values, has_aux)), aux or ()
 
     return run
 
@@ -169,6 +184,25 @@ def _gradient(b, flat_f, has_aux=False):
     return gradient
 
 
+def _with_check_row(plan, host):
+    """``(tangents, rows)``: the seed tangents with the check's ``v`` as one more row (``rows = c + 1``), or as
+    they are (``rows = c``) where their dtype cannot hold it (bool seeds, complex)."""
+    c = plan.coloring.n_colors
+    if any(t.dtype.kind not in "f" for t in host):
+        return host, c
+    key = ("check rows", tuple((t.dtype.str, t.shape) for t in host))
+    cached = plan.cache.get(key)
+    if cached is None:
+        v, out, offset = check_vectors(plan)[1], [], 0
+        for t in host:
+            size = int(np.prod(t.shape[1:], dtype=np.int64))
+            row = v[offset:offset + size].astype(t.dtype).reshape(1, *t.shape[1:])
+            out.append(np.ascontiguousarray(np.concatenate([t, row])))
+            offset += size
+        cached = plan.cache[key] = tuple(out)
+    return cached, c + 1
+
+
 def tangents_of(plan, b, leaves):
     """The seed tangents of the forward passes, one NumPy array ``(c, *leaf.shape)`` per leaf (one-hot in
     the colour: ``S[k]`` is one on the inputs of colour ``k``), in the leaf's dtype where NumPy has it
@@ -209,3 +243,61 @@ def groups_of(colors, n_colors, pad):
         members = order[starts[k]:starts[k + 1]]
         groups[k, :members.size] = members
     return groups
+
+
+def check_vectors(plan):
+    """``(u, v, w)``, NumPy float64, made once per plan: the check's random ``u`` (outputs) and ``v``
+    (inputs), and ``w = u[row] * v[column]`` for each non-zero (CSR order), so that ``u^T J v`` from the
+    sparse values is ``values @ w``."""
+    cached = plan.cache.get("check")
+    if cached is None:
+        m, n = plan.shape
+        rng = np.random.default_rng(SEED)
+        u, v = rng.standard_normal(m), rng.standard_normal(n)
+        cached = plan.cache["check"] = (u, v, u[plan.structure.rows] * v[plan.structure.indices])
+    return cached
+
+
+def verdict_of(b, xp, plan, values, product, against, dtype):
+    """:func:`~unigrad._answer_check.verdicts` of ``u^T J v`` from the sparse ``values`` against
+    ``product . against`` (``J v . u``, or ``u^T J . v``)."""
+    device = b.device(values)
+    w = b.asarray(check_vectors(plan)[2], dtype=dtype, device=device)
+    terms = values * w
+    engine = product * against
+    err = xp.reshape(xp.abs(xp.sum(engine) - xp.sum(terms)), (1,))
+    scale = xp.reshape(xp.sum(xp.abs(terms)) + xp.sum(xp.abs(engine)), (1,))
+    return verdicts(b, err, scale, dtype)
+
+
+def check_values(plan, b, flat_f, leaves, values, has_aux):
+    """The sparse result checks itself (:mod:`unigrad._answer_check`): with random ``u`` (outputs) and ``v``
+    (inputs), ``u^T J v`` from the decompressed ``values`` (a sum over the pattern's non-zeros: gathers
+    only) against the same number from one JVP (``J v``; an HVP for a Hessian) or, in reverse mode, one
+    VJP (``u^T J``) of ``f``. A non-zero the pattern misses (a detected pattern that an analysis got
+    wrong, a given one that is too small) makes them differ with probability one. Returns
+    :func:`~unigrad._answer_check.verdicts`' array of one row (empty for complex values)."""
+    xp = b.namespace()
+    dtype = plan.dtype
+    if "complex" in str(dtype) or plan.nnz == 0:
+        return b.asarray(np.zeros((2, 0), np.float32))
+    device = b.device(leaves[0])
+    u_host, v_host, _ = check_vectors(plan)
+    u, v = b.asarray(u_host, dtype=dtype, device=device), b.asarray(v_host, dtype=dtype, device=device)
+    main = outputs_only(flat_f) if has_aux else flat_f
+    tangents, offset = [], 0
+    for x in leaves:
+        size = int(np.prod(b.shape(x), dtype=np.int64))
+        tangents.append(b.asarray(v_host[offset:offset + size].reshape(b.shape(x)), dtype=b.dtype(x), device=device))
+        offset += size
+    if plan.mode == "rev":
+        outputs, vjp_fn, _ = b.vjp(main, leaves)
+        cotangents, offset = [], 0
+        for o in outputs:
+            size = int(np.prod(b.shape(o), dtype=np.int64))
+            cotangents.append(b.asarray(u_host[offset:offset + size].reshape(b.shape(o)), dtype=b.dtype(o),
+                                        device=device))
+            offset += size
+        return verdict_of(b, xp, plan, values, _ravel_concat(b, xp, vjp_fn(tuple(cotangents)), dtype), v, dtype)
+    pushed = b.hvp(main, leaves, tuple(tangents)) if plan.mode == "star" else b.jvp(main, leaves, tuple(tangents))[1]
+    return verdict_of(b, xp, plan, values, _ravel_concat(b, xp, pushed, dtype), u, dtype)

@@ -20,6 +20,7 @@ from .._repeats import Repeats
 from .._signature import _SUMMARIES, _static_token, _summary
 from .._checks import check_chunk, promote, scalar_check
 from .._dtypes import COMPLEX
+from .._answer_check import failed_rows
 from .._transform import _wraps, real_to_complex, reverse_complex_error, run_auto
 from . import _coloring, _compress, _decompress, _pattern
 
@@ -213,6 +214,25 @@ class _Repeats(Repeats):
             self.entries.put(key, (call.plan, call.program))
 
 
+def _refuse_missed(b, checked, fname, plan):
+    """The ValueError for a sparse result whose check failed (``_compress.check_values``): the pattern
+    misses non-zeros of the matrix; never a silently wrong sparse matrix."""
+    try:
+        rows, worst = failed_rows(b, checked)
+    except Exception:  # abstract values inside another framework's transform: nothing to read there
+        return
+    if rows:
+        source = getattr(plan, "source", "")
+        why = ("the pattern given as sparsity= is too small: pass one that covers every non-zero "
+               "(unigrad.testing.check_sparsity_covers tests one)" if source == "given" else
+               "the detected pattern is wrong (an analysis of f's program missed a dependence: please report it); "
+               "pass sparsity= with the right pattern, or use the dense transform")
+        raise ValueError(f"{fname}: the sparse result fails its check: for random u and v, u^T J v from one "
+                         f"{'VJP' if getattr(plan, 'mode', '') == 'rev' else 'JVP'} of f differs from the sparse "
+                         f"matrix's (relative difference {worst:.3g}), so the matrix has non-zeros outside its "
+                         f"pattern: {why}")
+
+
 def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, compile, device, fname, has_aux):
     if mode not in _MODES:
         raise ValueError(f"{fname}: mode must be one of {_MODES}; got {mode!r}")
@@ -240,8 +260,9 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
         def run(b, flat_f, leaves):
             if plan.nnz == 0:  # nothing to compute: no pass at all (f runs once for aux)
                 aux = _compress.plain_aux(b, flat_f, leaves) if has_aux else ()
-                return (), (b.zeros((0,), plan.dtype, device=b.device(leaves[0])),), aux
-            return passes(b, flat_f, leaves)
+                return (), (b.zeros((0,), plan.dtype, device=b.device(leaves[0])),
+                            b.asarray(np.zeros((2, 0), np.float32))), aux
+            return passes(b, flat_f, leaves)  # (values, and their check: _compress.kernel)
 
         return run
 
@@ -260,9 +281,11 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
     def transformed(*args):
         if repeats is not None:  # a compiled call repeating a signature: its program, then its finisher
             call, key = repeats.find(args, f, has_aux, fname)
-            finish = None if call is None else finishers.get(key)
-            if finish is not None:
+            kept = None if call is None else finishers.get(key)
+            if kept is not None:
+                finish, kept_plan = kept
                 _, blocks, aux = call.program(call)
+                _refuse_missed(call.backend, blocks[1], fname, kept_plan)
                 return (finish(blocks[0]), call.aux(aux)) if has_aux else finish(blocks[0])
         call = prepare(plans, f, args, argnums, has_aux, backend, fname, device)
         plan = plan_of(call)
@@ -281,10 +304,11 @@ def _transform(f, kind, argnums, sparsity, mode, format, chunk_size, backend, co
             plan = ran[0]
         else:
             _, blocks, aux = passes(call, plan)
+        _refuse_missed(call.backend, blocks[1], fname, plan)
         finish = _decompress.finisher(call.backend, blocks[0], plan.structure, format, fname)
         if repeats is not None and key is not None and call.program is not None:
             repeats.remember(key, call)
-            finishers.put(key, finish)
+            finishers.put(key, (finish, plan))
         matrix = finish(blocks[0])
         return (matrix, call.aux(aux)) if has_aux else matrix
 

@@ -101,7 +101,10 @@ def test_jax_code_inside_a_torch_gradient(point):
     np.testing.assert_allclose(g.numpy(), x.T @ -np.sin(x @ w), rtol=1e-12)
 
 
-def test_jax_arrays_reach_torch_without_a_copy():
+def test_jax_arrays_reach_torch_as_copies_that_torch_may_write():
+    """JAX's arrays are immutable, and PyTorch may write into what it is given (an in-place f, docs/conventions.md):
+    the torch block gets a copy of the DLPack view (same values, its own memory), so a write there never changes
+    the caller's JAX array."""
     torch = pytest.importorskip("torch")
     jax = pytest.importorskip("jax")
     x = unigrad.asarray(np.arange(1.0, 7.0).reshape(2, 3), backend="jax")
@@ -109,10 +112,13 @@ def test_jax_arrays_reach_torch_without_a_copy():
 
     def torch_fn(t):
         seen["pointer"] = t.data_ptr()
+        t.mul_(10.0)  # a write into its argument
         return t * 2
 
-    unigrad.evaluate(lambda x: unigrad.bridge(torch_fn, "torch")(x), x, backend="jax")
-    assert seen["pointer"] == x.unsafe_buffer_pointer()  # DLPack: the same memory
+    got = unigrad.evaluate(lambda x: unigrad.bridge(torch_fn, "torch")(x), x, backend="jax")
+    assert seen["pointer"] != x.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(np.asarray(x), np.arange(1.0, 7.0).reshape(2, 3))  # the caller's array kept
+    np.testing.assert_array_equal(np.asarray(got), 20.0 * np.arange(1.0, 7.0).reshape(2, 3))
     assert isinstance(torch.zeros(1), torch.Tensor) and jax.numpy is not None
 
 

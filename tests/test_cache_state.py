@@ -491,6 +491,13 @@ def test_a_key_without_the_values_is_caught(monkeypatch):
     np.testing.assert_allclose(unigrad.sparse_jacobian(f, format="dense")(x, reverse), want)  # (fresh: right)
     sj = unigrad.sparse_jacobian(f, format="dense")
     sj(x, np.arange(4))
+    with pytest.raises(ValueError, match="fails its check"):  # the stale pattern is caught by the answer's check
+        sj(x, reverse)
+    from unigrad.sparse import _transforms  # blind to the check: the keys alone decide, and the pattern is stale
+
+    monkeypatch.setattr(_transforms, "failed_rows", lambda *a, **k: ([], 0.0))
+    sj = unigrad.sparse_jacobian(f, format="dense")
+    sj(x, np.arange(4))
     assert not np.allclose(sj(x, reverse), want)  # stale: the identity's pattern
 
 

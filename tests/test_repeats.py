@@ -424,3 +424,58 @@ def test_a_compiled_grad_of_one_leaf_returns_the_uncached_gradient(engine, form)
             np.testing.assert_allclose(unigrad.to_numpy(a), unigrad.to_numpy(b), rtol=1e-5)
             assert unigrad.to_numpy(a).dtype == np.float32
         assert len(optree_leaves(got)) == (2 if form == "two-leaves" else 1)
+
+
+@pytest.mark.parametrize("form", ["grad-float64", "grad-float32", "value_and_grad", "jacobian", "numpy-dynamic",
+                                  "int64-dynamic", "big-endian"])
+def test_numpy_arrays_reach_the_compiled_program_as_they_are(repeat_hits, monkeypatch, form):
+    """Issue 37 item 3: a compiled JAX transform called with NumPy arrays of a floating dtype (and a new
+    Python float each call) runs its repeats with no conversion of its own (``jax.jit`` takes the NumPy
+    arrays), keeping float64, and gives the eager NumPy-tape result (an independent engine) on every
+    call. A NumPy integer array or a non-native byte order is still converted (the full path), with the
+    same results."""
+    from unigrad_jax import JaxBackend
+
+    x64 = np.linspace(-1, 1, 5)
+    transform, f, argnums, args = unigrad.grad, loss, 0, lambda c: (x64, c)
+    if form == "grad-float32":
+        args = lambda c: (x64.astype(np.float32), c)  # noqa: E731
+    elif form == "value_and_grad":
+        transform = unigrad.value_and_grad
+    elif form == "jacobian":
+        transform, f = unigrad.jacobian, rows
+    elif form in ("numpy-dynamic", "int64-dynamic"):
+        w = x64[::-1].copy() if form == "numpy-dynamic" else np.arange(5)
+        f, argnums, args = (lambda x, w, c: loss(x * w, c)), 0, (lambda c: (x64, w, c))
+    elif form == "big-endian":
+        args = lambda c: (x64.astype(">f8"), c)  # noqa: E731
+    imports = []
+    real_import = JaxBackend._import
+    monkeypatch.setattr(JaxBackend, "_import", lambda self, x: imports.append(1) or real_import(self, x))
+    g = transform(f, argnums=argnums, backend="jax", compile=True)
+    for n, c in enumerate((0.5, 0.75, 1.25)):
+        del imports[:]
+        got = g(*args(c))
+        want = transform(f, argnums=argnums, backend="numpy")(*args(c))
+        for a, b in zip(optree_leaves(got), optree_leaves(want)):
+            a, b = unigrad.to_numpy(a), unigrad.to_numpy(b)
+            assert a.dtype.name == b.dtype.name and a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-6 if b.dtype == np.float32 else 1e-12, atol=1e-15)
+        converted = form in ("int64-dynamic", "big-endian")
+        assert bool(imports) == (n == 0 or converted), imports
+    assert repeat_hits.count(True) == 2
+
+
+def test_a_numpy_array_written_after_a_compiled_call_leaves_its_result_alone():
+    """``jax.jit`` may read a NumPy argument in place while it computes after returning (asynchronous
+    dispatch, zero-copy on the CPU): a repeat that hands NumPy arrays to the program hands it a copy, so
+    writing into the caller's array right after the call never changes the gradient it returned."""
+    g = unigrad.grad(loss, backend="jax", compile=True)
+    x = np.linspace(-1.0, 1.0, 2_000_000)
+    want = np.cos(x * 0.5) * 0.25  # d/dx sum(sin(c x) c) at c = 0.5
+    g(x, 0.25)
+    for _ in range(6):  # (unguarded, most of these reads saw the write)
+        mine = x.copy()
+        got = g(mine, 0.5)
+        mine[:] = 7.0
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import warnings
 
+import numpy as np
 import optree
 
 from ._caches import BoundedCache
@@ -90,9 +91,30 @@ class Program:
         if _uses_value(exc):
             raise TypeError(_weak_hint(call, exc) if self.weak else _value_hint(call, exc)) from exc
 
+    def _takes_as_given(self, call: Call) -> bool:
+        """Does the compiled function take the leaves that ``call``'s plan converts as they are? Where it
+        declares ``takes_numpy`` (``jax.jit`` takes NumPy arrays, as ``jnp.asarray`` would convert them,
+        without a dispatched conversion per argument), for NumPy arrays (``np.ndarray`` itself) of a
+        floating or complex dtype in native byte order, with no device to place on: what a repeat's key
+        (type, shape and dtype) pins down. Anything else (a NumPy integer array, a scalar, another
+        framework's array, ``device=``) is converted by the full path.
+
+        The program gets a NumPy copy of each (a plain memory copy, no dispatch): ``jax.jit`` may read a
+        NumPy argument in place while it computes after returning (asynchronous dispatch, zero-copy on
+        the CPU), so a caller writing into the array right after the call would change a result it
+        holds -- what ``jnp.asarray``'s copy prevented, and what ``jax.jit`` called directly allows."""
+        if call.plan.device is not None or not getattr(self.compiled, "takes_numpy", False):
+            return False
+        for p in call.plan.convert:
+            x = call.args[p]
+            if type(x) is not np.ndarray or x.dtype.kind not in "fc" or not x.dtype.isnative:
+                return False
+        return True
+
     def flat_runner(self, call: Call, index=None):
         """A function of the arguments of calls that repeat ``call``'s signature (a flat signature:
-        arrays of the backend, nothing to convert or place, and dynamic Python floats), returning the
+        arrays of the backend, nothing to convert or place -- or NumPy arrays that the compiled function
+        takes as they are, see :meth:`_takes_as_given` -- and dynamic Python floats), returning the
         program's flat outputs (only the one at ``index``, where given): what :meth:`__call__` does,
         without building a :class:`Call`. None where ``call`` is not such a call. With ``index``, for
         arguments in the program's own order: the runner ``(fn, index, failed)`` of :meth:`Repeats.run`
@@ -103,7 +125,7 @@ class Program:
         ``translate(exc)`` the error to raise for an error ``fn`` raised (None: that error).
         """
         plan = call.plan
-        if call.treedef is not None or plan.convert:
+        if call.treedef is not None or (plan.convert and not self._takes_as_given(call)):
             return None
         order = plan.diff_positions + plan.dynamic_positions
         if sorted(order) != list(range(len(call.args))):  # (a static leaf: not a repeat's signature)
@@ -111,6 +133,8 @@ class Program:
         specialize = getattr(self.compiled, "specialize", None)
         fn, translate = (self.compiled, None) if specialize is None else specialize(
             tuple([call.args[p] for p in order]))
+        if plan.convert:  # NumPy arrays handed to the program: each a private copy (see _takes_as_given)
+            fn = _on_numpy_copies(fn, tuple(sorted(order.index(p) for p in plan.convert)))
         f, has_aux, fname = call.f, call.has_aux, call.fname
         in_order = order == tuple(range(len(order)))
 
@@ -141,6 +165,22 @@ class Program:
                     flat = (flat,)
                 return flat if index is None else flat[index]
         return run
+
+
+
+def _on_numpy_copies(fn, positions):
+    """``fn`` called with a copy of its arguments at ``positions`` (NumPy arrays the caller owns)."""
+    if positions == (0,):  # (the common differentiated NumPy array, first)
+        def run(x, *rest):
+            return fn(x.copy(), *rest)
+        return run
+
+    def run(*args):
+        args = list(args)
+        for k in positions:
+            args[k] = args[k].copy()
+        return fn(*args)
+    return run
 
 
 

@@ -28,9 +28,10 @@ from ._repeats import Miss, Repeats
 from ._signature import reject_lazy
 from . import _memory
 from ._transform import (_ITEMSIZE, FALLBACKS_NAME, FALLBACKS_WHY, SHAPES_WHY, _flatten_blocks, _size,  # noqa: F401
-                         _wraps, budget_chunk, choose_mode, output_shapes, promoted_blocks, real_to_complex,
-                         reverse_complex_error, run_auto, static_arguments)
+                         _wraps, budget_chunk, choose_mode, mode_for_shapes, output_shapes, promoted_blocks,
+                         real_to_complex, reverse_complex_error, run_auto, static_arguments)
 from ._checks import check_chunk, check_mode, scalar_check
+from .backend import Backend
 
 __all__ = [
     "vjp", "jvp", "grad", "value_and_grad", "jacobian", "jacrev", "jacfwd", "batched_jacobian",
@@ -399,6 +400,13 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
             jac = call.blocks_tree(blocks)
             return (jac, call.aux(aux)) if has_aux else jac
         call = prepare(plans, f, args, argnums, has_aux, backend, "jacobian", device, static)
+        first = _first_pass(call, programs, shapes, fallbacks) if mode == "auto" and budget is None and call.diff \
+            else None
+        if first is not None:  # a signature met for the first time: its shapes from the Jacobian's own pass
+            done = _first_call(call, first, shapes, fallbacks, chunk_size, has_aux, kernels["rev"])
+            if done is not None:
+                jac = call.blocks_tree(done[0])
+                return (jac, call.aux(done[1])) if has_aux else jac
         chosen = mode if mode != "auto" else choose_mode(shapes, call, per_example=False) if call.diff else "rev"
 
         def run(chosen):
@@ -417,6 +425,57 @@ def jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: int | No
 
     _wraps(jacobian_f, f, "jacobian")
     return jacobian_f
+
+
+def _first_pass(call: Call, programs, shapes, fallbacks):
+    """How ``mode="auto"`` learns this call's output shapes from the evaluation of ``f`` that its Jacobian
+    needs anyway, rather than from one of its own: ``"rev"`` (one VJP, then pulled back over the basis),
+    ``"fwd"`` (one plain evaluation, then the basis pushed through JVPs), or None (its own evaluation).
+
+    Where the call runs eagerly, the signature's shapes are not known yet and the backend's Jacobian is
+    the generic one (:meth:`Backend.jacrev` / :meth:`Backend.jacfwd`, which evaluate ``f`` first): on an
+    engine that prefers reverse mode at small sizes (``forward_ratio`` > 1: torch) the VJP, else the plain
+    evaluation (the autograd plugin, eager MLX; a VJP's recorded pass would be thrown away where forward
+    mode is chosen). A transform built on every call (``jacobian(f)(x)`` inline, nested in another
+    transform's ``f``) meets every signature for the first time: where the mode chosen is that pass's,
+    ``f`` is evaluated once, not twice."""
+    b = call.backend
+    if ((programs is not None and b.capabilities.compile) or not b.capabilities.forward_mode
+            or shapes.lookup(call) is not None or fallbacks.lookup(call) is not None):
+        return None
+    if b.forward_ratio > 1:
+        return "rev" if type(b).jacrev is Backend.jacrev else None
+    return "fwd" if type(b).jacfwd is Backend.jacfwd else None
+
+
+def _first_call(call: Call, first, shapes, fallbacks, chunk_size, has_aux, reverse_kernel):
+    """``(blocks, aux)`` of ``jacobian(mode="auto")`` for ``call`` from the pass :func:`_first_pass` named,
+    where the mode chosen from the shapes of its outputs is that pass's; None where it is the other mode
+    (the shapes are kept: the caller goes on as for a known signature). From the plain evaluation, forward
+    mode that raises falls back to reverse (``reverse_kernel``), as everywhere in "auto"."""
+    b = call.backend
+    if first == "rev":
+        try:
+            outputs, vjp_fn, aux = b.vjp(call.flat_f, call.diff, has_aux=has_aux)
+        except Exception:  # (f without a reverse rule where forward mode may be chosen: the caller's path
+            return None    # decides, and raises f's own error where both fail)
+        if mode_for_shapes(call, shapes.store(call, tuple(b.shape(o) for o in outputs)), False) != "rev":
+            return None
+        if real_to_complex(b, outputs, call.diff):  # reverse rows would hold Re J alone: the caller goes forward
+            return None
+        jac = b.jacobian_of_vjp(outputs, vjp_fn, call.diff, chunk_size)
+        return _flatten_blocks(promoted_blocks(b, outputs, call.diff, jac)), (aux or ())
+    outputs, aux, push_f = b._forward(call.flat_f, call.diff, has_aux)
+    if mode_for_shapes(call, shapes.store(call, tuple(b.shape(o) for o in outputs)), False) != "fwd":
+        return None
+
+    def run(chosen):
+        if chosen == "rev":
+            _, blocks, rev_aux = execute(call, reverse_kernel)
+            return blocks, rev_aux
+        jac = b.jacobian_of_jvp(outputs, push_f, call.diff, chunk_size)
+        return _flatten_blocks(promoted_blocks(b, outputs, call.diff, jac)), (aux or ())
+    return run_auto(fallbacks, call, run, "fwd", "rev", "jacobian")
 
 
 def jacrev(f: Callable, argnums=0, *, chunk_size=None, has_aux=False, backend=None, compile=False,

@@ -47,7 +47,8 @@ def output_shapes(shapes: BoundedCache, call: Call):
 
 
 def choose_mode(shapes: BoundedCache, call: Call, per_example: bool) -> str:
-    """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs, else ``"rev"``
+    """``"fwd"`` when the (per-example) inputs have fewer elements than the outputs (fewer than
+    ``backend.forward_ratio`` times: :func:`mode_for_shapes`), else ``"rev"``
     (a choice of speed only: both give the same Jacobian). A backend without true forward mode
     (``capabilities.forward_mode`` False: its JVP is two VJPs) always gets ``"rev"``. A complex input:
     ``"rev"`` whatever the shapes (for a function that is not holomorphic the two modes give different
@@ -58,10 +59,20 @@ def choose_mode(shapes: BoundedCache, call: Call, per_example: bool) -> str:
         return "rev"
     if any(b.dtype(x) in COMPLEX for x in call.diff):  # one convention whatever the shapes (see conventions)
         return "rev"
+    return mode_for_shapes(call, output_shapes(shapes, call), per_example)
+
+
+def mode_for_shapes(call: Call, out_shapes, per_example: bool) -> str:
+    """:func:`choose_mode`'s choice from the output shapes: ``"fwd"`` where the outputs have more than
+    ``backend.forward_ratio`` times the inputs' elements (1 but on an engine whose forward mode costs
+    more at small sizes: torch's, nested in another transform, runs several times slower than reverse)."""
+    b = call.backend
+    if not b.capabilities.forward_mode or any(b.dtype(x) in COMPLEX for x in call.diff):
+        return "rev"
     skip = 1 if per_example else 0
-    n_out = sum(_size(s[skip:]) for s in output_shapes(shapes, call))
+    n_out = sum(_size(s[skip:]) for s in out_shapes)
     n_in = sum(_size(b.shape(x)[skip:]) for x in call.diff)
-    return "fwd" if n_in < n_out else "rev"
+    return "fwd" if n_in * b.forward_ratio < n_out else "rev"
 
 
 #: The name of the caches of signatures whose forward mode failed (one per transform that falls back).

@@ -42,6 +42,7 @@ method                     status    default / note
 ``mutable_arrays``         optional  True: ``vjp`` copies what the caller holds (False: JAX, TF)
 ``signature_attribute``    optional  None: arrays stand in repeat keys by ``(shape, dtype)`` (JAX: ``aval``)
 ``forward_by_reverse``     optional  False: sparse forward passes as transposed VJPs (torch: True)
+``forward_ratio``          optional  1: ``mode="auto"`` goes forward where outputs > ratio x inputs (torch: 2)
 ``evaluate(f, primals)``   optional  ``f(*primals)``; the core's plain forward evaluations
 ``output_shapes(f, primals, has_aux)``  optional  the outputs' shapes from ``evaluate`` (JAX: traced, no work)
 ``special(name)``          optional  None: unigrad.special's formulas (the framework's own functions)
@@ -49,6 +50,7 @@ method                     status    default / note
 ``value_and_grad(f, primals, *, has_aux, check)``  optional  one ``vjp`` with a unit cotangent
 ``vmap(f, in_axes, out_axes, chunk_size)``  optional  a Python loop (``capabilities.vmap`` False)
 ``jacrev`` / ``jacfwd``    optional  ``vjp`` / ``jvp`` over a unit basis, via ``map_chunks``
+``vmap_rows(fn, n_args)``  optional  ``vmap`` over axis 0, for ``map_chunks``' own basis rows (torch: no copies)
 ``batched_jacobian``       optional  the sum trick over the per-example basis
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
 ``dependence_program``     optional  None: ``f`` in ``unigrad.dependence``'s neutral form (row proofs, sparsity)
@@ -128,6 +130,10 @@ class Backend(abc.ABC):
     name: str = "abstract"
     array_modules: tuple[str, ...] = ()
     capabilities: Capabilities = Capabilities()
+    #: ``mode="auto"`` picks forward mode where the outputs have more than this many times the inputs'
+    #: elements (1: where they have more; a choice of speed only). An engine whose forward mode costs
+    #: more than its reverse mode at small sizes sets more (torch: 2, see its adapter).
+    forward_ratio: float = 1
     #: ``asarray`` takes other frameworks' arrays directly (objects with ``__dlpack__``, zero-copy).
     accepts_dlpack: bool = False
     #: Its eager ``batched_jacobian`` would trace a program on every call anyway (TensorFlow's pfor):
@@ -297,19 +303,31 @@ class Backend(abc.ABC):
         chunks of ``chunk_size`` rows.
         """
         outputs, vjp_fn, aux = self.vjp(f, primals, has_aux=has_aux)
+        return outputs, self.jacobian_of_vjp(outputs, vjp_fn, primals, chunk_size), aux
+
+    def jacobian_of_vjp(self, outputs, vjp_fn, primals, chunk_size=None):
+        """The blocks ``jac[i][j]`` of :meth:`jacrev`, from its VJP already made (``vjp_fn`` at ``primals``,
+        giving ``outputs``): a transform that evaluated ``f`` for reverse mode to learn its output shapes
+        (``mode="auto"``) finishes from that pass."""
         n_out = sum(math.prod(self.shape(o)) for o in outputs)
         rows = self.map_chunks(lambda *g: vjp_fn(g), lambda a, b: self.unit_basis(outputs, a, b), n_out, chunk_size,
                                self._specs(primals))  # per primal: (n_out, *primal.shape)
-        return outputs, self._split_rows(rows, outputs, primals, rows_are_outputs=True), aux
+        return self._split_rows(rows, outputs, primals, rows_are_outputs=True)
 
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
         """Forward-mode Jacobian: returns ``(outputs, jac, aux)``; pushes the input basis through ``jvp``."""
         outputs, aux, push_f = self._forward(f, primals, has_aux)
+        return outputs, self.jacobian_of_jvp(outputs, push_f, primals, chunk_size), aux
+
+    def jacobian_of_jvp(self, outputs, push_f, primals, chunk_size=None):
+        """The blocks ``jac[i][j]`` of :meth:`jacfwd` after its plain evaluation (``outputs`` of ``f`` at
+        ``primals``; ``push_f``: ``f`` without its aux): the input basis pushed through :meth:`jvp`. A
+        transform that evaluated ``f`` to learn its output shapes (``mode="auto"``) finishes from there."""
         n_in = sum(math.prod(self.shape(p)) for p in primals)
         cols = self.map_chunks(lambda *t: self.jvp(push_f, primals, t, has_aux=False)[1],
                                lambda a, b: self.unit_basis(primals, a, b), n_in, chunk_size,
                                self._specs(outputs))  # per output: (n_in, *out.shape)
-        return outputs, self._split_rows(cols, primals, outputs, rows_are_outputs=False), aux
+        return self._split_rows(cols, primals, outputs, rows_are_outputs=False)
 
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """Per-example Jacobians of ``f`` mapping a batch to a batch, rows independent.
@@ -609,7 +627,7 @@ class Backend(abc.ABC):
         for start, stop in chunks(n, chunk_size):
             rows = make_rows(start, stop)
             if self.capabilities.vmap:
-                pieces.append(tuple(self.vmap(lambda *r: tuple(fn(*r)), [0] * len(rows))(*rows)))
+                pieces.append(tuple(self.vmap_rows(lambda *r: tuple(fn(*r)), len(rows))(*rows)))
             else:
                 results = [tuple(fn(*(r[k] for r in rows))) for k in range(stop - start)]
                 pieces.append(tuple(xp.stack([res[i] for res in results]) for i in range(len(out_specs))))
@@ -618,6 +636,14 @@ class Backend(abc.ABC):
         if len(pieces) == 1:
             return pieces[0]
         return tuple(xp.concat([p[i] for p in pieces], axis=0) for i in range(len(out_specs)))
+
+    def vmap_rows(self, fn, n_args):
+        """:meth:`vmap` of ``fn`` over axis 0 of its ``n_args`` arguments, for :meth:`map_chunks`: the rows
+        are made by the transform itself (basis rows), and ``fn`` is a pullback or a push (a VJP's ``vjp_fn``,
+        :meth:`jvp`), never the caller's ``f`` taking them as its arguments. A backend whose ``vmap`` guards
+        the caller's arguments (torch's copies them, for an ``f`` that writes into its input) may leave that
+        guard out here."""
+        return self.vmap(fn, [0] * n_args)
 
     _basis, _example_basis, _map_chunks = unit_basis, example_basis, map_chunks  # their former names
 

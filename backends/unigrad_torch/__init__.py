@@ -87,6 +87,12 @@ class TorchBackend(Backend):
     # compile=False: measured (see ``compile``), torch.compile does not pay off for this backend.
     capabilities = Capabilities(forward_mode=True, vmap=True, compile=False, higher_order=True,
                                 complex=True, float64=True, custom_rules=True)
+    # mode="auto" goes forward only where the outputs have more than twice the inputs' elements: at small
+    # sizes torch's forward mode is never faster than its reverse mode (vmapped jvp vs vjp, 1.02-1.09x
+    # slower, R^2->R^3 to R^20->R^50), and as the outer transform of a nested one (a Jacobian of a metric
+    # made from a Jacobian) 2-5x slower (functorch runs Python decompositions for forward AD over a grad
+    # level); with many more outputs than inputs it wins (issue 37, benchmarks/bench_clients.py).
+    forward_ratio = 2
     # ``asarray`` takes objects with ``__dlpack__`` (JAX arrays...) directly, without a NumPy copy.
     accepts_dlpack = True
     # torch 2.13's forward AD turns the tangent of every Python number in ``f`` (``2.0 * x``, ``x + 1.0``) into a
@@ -289,8 +295,16 @@ class TorchBackend(Backend):
 
     # ------------------------------------------------------------------ maps and Jacobians
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
+        return self._vmap(_on_copies(f), in_axes, out_axes, chunk_size)
+
+    def vmap_rows(self, fn, n_args):
+        """``vmap`` without the copies that guard the caller's arguments: the rows are the transform's own
+        basis rows, and ``fn`` a pullback or a ``jvp`` (which copies ``f``'s primals itself). The copy of a
+        whole chunk of rows cost about 6% of a per-example Jacobian (issue 37 item 7)."""
+        return self._vmap(fn, (0,) * n_args, 0, None)
+
+    def _vmap(self, f, in_axes, out_axes, chunk_size):
         in_dims = tuple(in_axes)
-        f = _on_copies(f)
         mapped = torch.func.vmap(f, in_dims=in_dims, out_dims=out_axes, chunk_size=chunk_size)
 
         def call(*args):
@@ -425,17 +439,38 @@ class TorchBackend(Backend):
 # ---------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _caller_grad_mode():
+def _caller_modes_under_inference():
+    grad_enabled = torch.is_grad_enabled()  # False under inference mode
+    with torch.inference_mode(False), torch.set_grad_enabled(grad_enabled):
+        yield
+
+
+class _caller_grad_mode:
     """Inference mode off inside, grad mode as the caller has it; the caller's modes come back after,
     also on errors.
 
     ``torch.inference_mode(False)`` alone would switch grad mode on, and an outer level with grad on
     records a graph from every input that requires grad into the results (the ``grad_fn`` of a
     gradient computed under the caller's ``no_grad``). ``torch.func`` enables grad at its own levels.
+    Outside inference mode (the common case) nothing is switched: the grad mode is read and, should the
+    block leave it changed, put back (a tenth of the generator's cost, which every VJP, pullback and JVP
+    paid twice or more: issue 37).
     """
-    grad_enabled = torch.is_grad_enabled()  # False under inference mode
-    with torch.inference_mode(False), torch.set_grad_enabled(grad_enabled):
-        yield
+
+    __slots__ = ("grad_enabled", "slow")
+
+    def __enter__(self):
+        if torch.is_inference_mode_enabled():
+            self.slow = _caller_modes_under_inference()
+            return self.slow.__enter__()
+        self.slow, self.grad_enabled = None, torch.is_grad_enabled()
+
+    def __exit__(self, *exc):
+        if self.slow is not None:
+            return self.slow.__exit__(*exc)
+        if torch.is_grad_enabled() != self.grad_enabled:
+            torch.set_grad_enabled(self.grad_enabled)
+        return False
 
 
 _CAPTURED_WRITE = re.compile(r"in-place operation \((\S+)\) that would mutate a captured Tensor")
@@ -680,20 +715,38 @@ _SPECIAL["polygamma"] = torch.special.polygamma  # (n, x)
 _SPECIAL["multigammaln"] = torch.special.multigammaln  # (a, d)
 
 
+try:  # a functorch transform's wrapper (batched, grad-tracking): no storage of the caller's
+    from torch._C._functorch import is_functorch_wrapped_tensor as _is_wrapped
+except ImportError:  # (a torch without it: every tensor is asked for its storage)
+    _is_wrapped = None
+
+
+def _wrapped(t) -> bool:
+    return _is_wrapped is not None and isinstance(t, torch.Tensor) and _is_wrapped(t)
+
+
 def _fresh(results, received):
     """``results`` owned by the caller, as on every backend: a result that is (a view of) a tensor the
     caller passed in (``received``), or of an earlier result, is cloned. torch returns its input itself
     for an identity (``vjp_fn(ct)[0] is ct``), and a caller writing into that result would change their
     own argument. Tensors of an enclosing transform (functorch wrappers, which expose no storage) are
-    that transform's values, not the caller's memory, and are left as they are."""
+    that transform's values, not the caller's memory, and are left as they are: they are recognised
+    first (``is_functorch_wrapped_tensor``, a fraction of a microsecond), since asking one for its storage
+    raises an error that costs about 20 us to make -- twice per pullback inside a vmapped Jacobian, and
+    on every value of a nested transform (issue 37)."""
     seen = set()
     for t in received:
+        if _wrapped(t):
+            continue
         try:
             seen.add(t.untyped_storage().data_ptr())
         except (RuntimeError, NotImplementedError, AttributeError):
             pass
     out = []
     for r in results:
+        if _wrapped(r):
+            out.append(r)
+            continue
         try:
             ptr = r.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError, AttributeError):

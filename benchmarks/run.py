@@ -27,6 +27,7 @@ import bench_batched_jacobian  # noqa: E402
 import bench_bridge  # noqa: E402
 import bench_checkpoint  # noqa: E402
 import bench_calls  # noqa: E402
+import bench_clients  # noqa: E402
 import bench_first_call  # noqa: E402
 import bench_per_example  # noqa: E402
 import bench_tape  # noqa: E402
@@ -79,6 +80,7 @@ bench_batched_jacobian.ratio = ratio_with_rounds
 if bench_sparse is not None:
     bench_sparse.ratio = ratio_with_rounds
 bench_calls.ratio = ratio_with_rounds
+bench_clients.ratio = ratio_with_rounds
 bench_per_example.ratio = ratio_with_rounds
 
 
@@ -205,6 +207,8 @@ SECTIONS = [
     ("torch_calls", "torch: per-call overhead of eager grad and hessian_vector_product against native forms",
      ("torch",), lambda s: bench_calls.run(["torch"], s["quick"], 0 if s["quick"] else 3)["torch"],
      lambda r: bench_calls.report({"torch": r})),
+    ("clients", "what real clients pay: transforms built inline and nested, NumPy into compiled JAX (issue 37)", (),
+     lambda s: bench_clients.run(s["quick"]), bench_clients.report),
     ("first_call", "the first call of batched_jacobian in a fresh process, against the native first call", (),
      lambda s: bench_first_call.run(s["names"], 2 if s["quick"] else 5), bench_first_call.report),
     ("per_example", "per-example gradient norms against torch.func (and Opacus, BackPACK where installed)",

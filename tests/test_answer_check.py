@@ -226,3 +226,35 @@ def test_batched_jacobian_auto_falls_back_to_reverse_where_forward_mode_raises()
         np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6)
     with pytest.raises(Exception, match="custom_vjp"):
         unigrad.batched_jacobian(f, backend="jax", mode="fwd")(x)
+
+
+# ------------------------------------------------- per-example gradients read from f's program check themselves
+
+def _losses(w, xb):
+    xp = unigrad.namespace(w, xb)
+    return xp.sum(xp.tanh(xb @ w) ** 2, axis=1)
+
+
+def test_per_example_rows_from_a_wrong_analysis_give_way_to_the_exact_rows(monkeypatch):
+    """A dense layer's rows given to the wrong examples (the tape's reader made wrong here): the check (one
+    backward pass with a random weight per example) refuses them, and every parameter is materialised."""
+    from unigrad.per_example import _tape
+
+    rng = np.random.default_rng(3)
+    w, xb = rng.standard_normal((3, 2)), rng.standard_normal((5, 3))
+    truth = unigrad.to_numpy(unigrad.jacrev(_losses)(w, xb))  # (5, 3, 2): the rows
+    real = _tape.tape_rows
+
+    def swapped(*a, **k):
+        got = real(*a, **k)
+        if got is None:
+            return got
+        outs, blocks, paths = got
+        return outs, tuple(np.asarray(x)[[1, 0, 2, 3, 4]] for x in blocks), paths
+
+    pe = unigrad.per_example_grad(_losses, argnums=0, batch_argnum=1)
+    np.testing.assert_allclose(pe(w, xb), truth, atol=1e-12)
+    assert pe.paths and set(pe.paths.values()) != {"materialised"}  # the fast path, checked and right
+    monkeypatch.setattr(_tape, "tape_rows", swapped)
+    np.testing.assert_allclose(pe(w, xb), truth, atol=1e-12)
+    assert set(pe.paths.values()) == {"materialised"}, pe.paths

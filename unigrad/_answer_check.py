@@ -115,6 +115,37 @@ def _product_verdicts(b, flat_f, leaves, vectors, outs, products, forward):
     return verdicts(b, err, scale, b.dtype(outs[0]))
 
 
+def rows_verdicts(b, flat_f, leaves, outs, rows, batch: int):
+    """The check of per-example gradient rows read from ``f``'s program (dense layers by their rules): with a
+    random weight ``r_b`` per example, ``sum_b r_b rows[b]`` must be the VJP of the losses with cotangent
+    ``r`` (one backward pass of the batch). A row given to the wrong example, a layer's formula that does
+    not hold for ``f``, show with probability one. :func:`verdicts`' array of one row."""
+    xp = b.namespace()
+    losses = outs[0]
+    rng = np.random.default_rng(SEED)
+    weights = b.asarray(rng.standard_normal((batch,)), dtype=b.dtype(losses), device=b.device(losses))
+    _, vjp_fn, _ = b.vjp(flat_f, leaves, has_aux=False)
+    full = vjp_fn((weights,) + tuple(xp.zeros_like(o) for o in outs[1:]))
+    errs, scales = [], []
+    for g, row in zip(full, rows):
+        size = int(np.prod(b.shape(g), dtype=np.int64))
+        if size == 0:
+            continue
+        row = xp.reshape(row, (batch, size))
+        w = xp.reshape(weights, (batch, 1))
+        w = xp.astype(w, row.dtype) if b.dtype(w) != b.dtype(row) else w
+        g = xp.reshape(g, (size,))
+        g = xp.astype(g, row.dtype) if b.dtype(g) != b.dtype(row) else g
+        predicted = xp.sum(row * w, axis=0)
+        errs.append(xp.max(xp.abs(g - predicted)))
+        scales.append(xp.maximum(xp.max(xp.abs(g)), xp.max(xp.sum(xp.abs(row) * xp.abs(w), axis=0))))
+    if not errs:
+        return b.asarray(np.zeros((2, 0), np.float32))
+    err = xp.reshape(xp.max(xp.stack(errs)), (1,))
+    scale = xp.reshape(xp.max(xp.stack(scales)), (1,))
+    return verdicts(b, err, scale, b.dtype(rows[0]))
+
+
 def _eps(dtype: str) -> float:
     if dtype == "bfloat16":
         return 2.0 ** -7

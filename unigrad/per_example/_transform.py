@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from .. import _checks
+from .._answer_check import failed_rows, rows_verdicts
 from .._caches import BoundedCache, CacheKind
 from .._call import prepare
 from .._plan import PLANS_WHY
@@ -231,6 +232,13 @@ class _PerExample:
             programs, decision = None, None
         try:
             outs, blocks, _ = execute(call, kernel, programs, decision)
+            blocks, checked = tuple(blocks[:-1]), blocks[-1]
+            try:
+                failed = failed_rows(b, checked)[0]
+            except Exception:  # abstract values inside another framework's transform: nothing to read there
+                failed = []
+            if failed:  # the analysis was wrong for this f: every parameter materialised (exact)
+                return None
         except Exception as exc:
             if "paths" in found:  # traced, then failed running: not a tracing problem
                 raise
@@ -288,7 +296,17 @@ def _program_kernel(reader, batch, norms, fname, found, memo):
         if rows is None:
             rows = _materialised(b, flat_f, leaves, batch, norms, fname)
         outs, blocks, found["paths"] = rows
-        return outs, blocks, ()
+        # The rows of dense layers stand on the analysis of f's program: they check themselves
+        # (unigrad._answer_check.rows_verdicts: one more backward pass of the batch, in the same program).
+        # Norms are not checked (no rows to weigh); materialised rows are Jacobian rows (exact).
+        checked = b.asarray(np.zeros((2, 0), np.float32))
+        if not norms and any(path != MATERIALISED for path in found["paths"] or ()):
+            try:
+                checked = b.evaluate(lambda *_: rows_verdicts(b, flat_f, tuple(leaves), tuple(outs), tuple(blocks),
+                                                              batch), (*leaves, *blocks))
+            except Exception:  # f the engine cannot differentiate again as a whole (torch.func refuses a write into
+                pass           # batch norm's running statistics, before writing): the rows go unchecked
+        return outs, tuple(blocks) + (checked,), ()
 
     return kernel
 

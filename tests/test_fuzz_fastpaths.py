@@ -28,19 +28,13 @@ from hypothesis import strategies as st  # noqa: E402
 import unigrad  # noqa: E402
 from unigrad.testing import fuzz  # noqa: E402
 
-# (test, family or state kind, backend or "*") -> the issue-36 defect that makes it fail on the code of
-# commit af7798e (found there with the date's seed 20261207 and with seeds 1, 2, 3; repros
-# ../shared/repros/r15, r24, r16). Remove an entry when its fix lands (the case then XPASSes).
-_R15 = "issue 36 defect 1 (r15): JAX batched_jacobian evaluates f at one example (batch size, positions)"
-_R24 = "issue 36 defect 2 (r24): a custom rule moving tangents between rows at some values only"
-_R16 = ("issue 36 defect 3 (r16): eager TF per_example_grad, batched_jacobian and sparse_jacobian keep a "
-        "stale program when a class attribute changes")
-KNOWN_FAILING = {
-    # defects 1 (r15) and 2 (r24): fixed with issue 36 (on the code of af7798e the fuzzer found them on
-    # every seed above: [jax-batch_size], jax_native and [*-custom_rule] on all six backends failed)
-    # test_state_changed_between_calls[tensorflow-class_attribute]
-    ("state", "class_attribute", "tensorflow"): _R16,
-}
+# (test, family or state kind, backend or "*") -> the known defect that makes it fail: an xfail(strict=False)
+# until its fix lands (then remove the entry). Empty: the three issue-36 defects (r15: JAX batched_jacobian
+# evaluated f at one example; r24: a custom rule moving tangents between rows at some values only; r16: eager
+# TensorFlow kept a stale program when a class attribute changed) are fixed. On the code of commit af7798e the
+# fuzzer found each of them with the date's seed 20261207 and with seeds 1, 2, 3: [jax-batch_size], jax_native,
+# [*-custom_rule] on all six backends, and state[tensorflow-class_attribute] failed.
+KNOWN_FAILING: dict = {}
 
 
 def _known(request, test, family, backend) -> bool:

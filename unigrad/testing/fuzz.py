@@ -46,6 +46,11 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
+#: The module name of a generated case's code (its classes' ``__module__``): a user's module, as the code a user
+#: writes lives in (without one, ``exec`` makes its classes look built-in, and the Python-state walk rightly
+#: treats built-in classes as opaque).
+CASE_MODULE = "fuzz_case"
+
 __all__ = ["BatchCase", "StateCase", "FuzzFailure", "FAMILIES", "STATE_KINDS", "STATE_TRANSFORMS",
            "BATCH_INGREDIENTS", "JAX_BATCH_INGREDIENTS", "MIXED_INGREDIENTS", "ROW_OPERATIONS",
            "batch_cases", "state_cases", "check_batched_jacobian", "check_per_example_grad",
@@ -166,7 +171,7 @@ class BatchCase:
         if cached is None:
             import unigrad
 
-            namespace = {"unigrad": unigrad, "np": np}
+            namespace = {"unigrad": unigrad, "np": np, "__name__": CASE_MODULE}
             if self.framework == "jax":
                 import jax
                 import jax.numpy as jnp
@@ -557,7 +562,7 @@ class StateCase:
         """A fresh namespace in which the source has run: ``f`` and the state live there."""
         import unigrad
 
-        namespace = {"unigrad": unigrad, "np": np}
+        namespace = {"unigrad": unigrad, "np": np, "__name__": CASE_MODULE}
         exec(compile(self.source, "<unigrad fuzz state case>", "exec"), namespace)  # noqa: S102
         return namespace
 

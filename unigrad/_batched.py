@@ -368,8 +368,9 @@ def _checked_blocks(b, blocks):
 
 def _check_error(rows, worst):
     error = ValueError(
-        f"batched_jacobian: the per-example Jacobians fail their check: for a random tangent on every example, "
-        f"the JVP of the whole batch differs from the per-example blocks in {describe_rows(rows)} (relative "
+        f"batched_jacobian: the per-example Jacobians fail their check: for a random vector on every example, "
+        f"one JVP (VJP in reverse mode) of the whole batch differs from the per-example blocks in "
+        f"{describe_rows(rows)} (relative "
         f"difference up to {worst:.3g}), so the rows of f are not independent here (an operation or a custom "
         f"rule that moves one example's derivative into another, perhaps only at some values). Per-example "
         f"Jacobians would be wrong. Use jacobian() for the full Jacobian, or pass check_independence='never' "

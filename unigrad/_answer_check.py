@@ -103,16 +103,11 @@ def _product_verdicts(b, flat_f, leaves, vectors, outs, products, forward):
             continue
         got, want = xp.reshape(got, (batch, size)), xp.reshape(want, (batch, size))
         want = xp.astype(want, got.dtype) if b.dtype(want) != b.dtype(got) else want
-        diff = xp.abs(got - want)
-        zero = xp.zeros_like(diff)
-        errs.append(xp.max(xp.where(xp.isfinite(diff), diff, zero), axis=1))
-        scale = xp.maximum(xp.abs(got), xp.abs(want))
-        scales.append(xp.max(xp.where(xp.isfinite(scale), scale, zero), axis=1))
+        errs.append(_finite_row_max(xp, xp.abs(got - want)))
+        scales.append(_finite_row_max(xp, xp.maximum(xp.abs(got), xp.abs(want))))
     if not errs:
         return b.asarray(np.zeros((2, 0), np.float32))
-    err = errs[0] if len(errs) == 1 else xp.max(xp.stack(errs), axis=0)
-    scale = scales[0] if len(scales) == 1 else xp.max(xp.stack(scales), axis=0)
-    return verdicts(b, err, scale, b.dtype(outs[0]))
+    return verdicts(b, _largest(xp, errs), _largest(xp, scales), b.dtype(outs[0]))
 
 
 def rows_verdicts(b, flat_f, leaves, outs, rows, batch: int):
@@ -222,20 +217,26 @@ def _row_residuals(b, flat_f, leaves, outs, blocks, has_aux, forward):
         got = xp.astype(got, want.dtype) if want is not None and b.dtype(got) != b.dtype(want) else got
         if want is None:  # every input of this output is empty: the product must be zero
             want = abs_want = xp.zeros_like(got)
-        diff = xp.abs(got - want)
-        finite = xp.isfinite(diff)
-        zero = xp.zeros_like(diff)
-        errs.append(xp.max(xp.where(finite, diff, zero), axis=1))
-        scale = xp.maximum(xp.abs(got), abs_want)
-        scales.append(xp.max(xp.where(xp.isfinite(scale), scale, zero), axis=1))
+        errs.append(_finite_row_max(xp, xp.abs(got - want)))
+        scales.append(_finite_row_max(xp, xp.maximum(xp.abs(got), abs_want)))
     if not errs:
         empty = b.asarray(np.zeros((0,), np.float32))
         return empty, empty
-    err = errs[0] if len(errs) == 1 else xp.max(xp.stack(errs), axis=0)
-    scale = scales[0] if len(scales) == 1 else xp.max(xp.stack(scales), axis=0)
+    err, scale = _largest(xp, errs), _largest(xp, scales)
     for flag in nonlinear:  # (zero differences: nothing checked)
         err = xp.where(flag, xp.zeros_like(err), err)
     return err, scale
+
+
+def _finite_row_max(xp, values):
+    """Each row's largest finite entry of ``values`` (shape ``(B, n)``; non-finite entries count as 0: not
+    compared)."""
+    return xp.max(xp.where(xp.isfinite(values), values, xp.zeros_like(values)), axis=1)
+
+
+def _largest(xp, arrays):
+    """The elementwise largest of arrays of one shape."""
+    return arrays[0] if len(arrays) == 1 else xp.max(xp.stack(arrays), axis=0)
 
 
 def _size(b, x):

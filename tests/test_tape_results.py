@@ -145,3 +145,18 @@ def test_mixed_dtype_hessian_keeps_the_inputs_dtype():
 def test_jvp_tangent_has_the_outputs_dtype():
     out, tan = unigrad.jvp(lambda w: w * DATA64, (W32,), (np.ones(3, np.float32),))
     assert out.dtype == tan.dtype == np.float64
+
+
+@pytest.mark.parametrize("power", [2, 3.0, 0.5])
+def test_a_jvp_of_a_power_is_linear_in_its_tangent_at_zero(power):
+    """The JVP of x ** y is linear in the tangent, so its derivative in the tangent at t = 0 is the derivative
+    of the power (the transpose of a linear map: a custom_jvp's VJP, a linear solve's reverse rule): the rule
+    read 0 there (a where on the tangent's value around the whole term)."""
+    x = np.array([1.5, 2.0, 3.0])
+
+    def along(v):
+        return unigrad.jvp(lambda x: x ** power, (x,), (v,))[1]
+
+    want = np.diag(power * x ** (power - 1))
+    for mode in ("rev", "fwd"):
+        np.testing.assert_allclose(unigrad.jacobian(along, mode=mode)(np.zeros(3)), want, rtol=1e-12)

@@ -263,10 +263,15 @@ def _pow_vjp_y(g, ans, x, y):
 
 
 def _pow_jvp(vjp):
-    """A tangent's term, 0 where the tangent is 0: the other input's derivative (NaN at a negative base,
-    inf at 0 ** 0.5) stays out of a Jacobian column it is not in, as in reverse mode (docs/conventions.md)."""
+    """A tangent's term ``t * c`` (``c`` the input's derivative: the VJP of a unit cotangent), with ``c`` taken
+    as 0 where it is not finite and the tangent is 0: the other input's derivative (NaN at a negative base,
+    inf at 0 ** 0.5) stays out of a Jacobian column it is not in, as in reverse mode (docs/conventions.md).
+    Linear in the tangent, with derivative ``c`` in it at every tangent (a ``where`` on the tangent's value
+    around the whole term made that derivative 0 at t = 0: a VJP of this JVP, its transpose, read 0)."""
     def jvp(t, ans, x, y):
-        return where(t == 0, 0, vjp(t, ans, x, y))
+        c = vjp(1.0, ans, x, y)
+        keep = np.isfinite(concrete(c)) | (concrete(t) != 0)
+        return t * (c if keep.all() else where(keep, c, 0))
     return jvp
 
 

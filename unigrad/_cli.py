@@ -327,17 +327,7 @@ def cmd_check(args, out) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     report.function = args.target
-    if args.json:
-        print(report.to_json(), file=out)
-    elif args.markdown:
-        print(report.to_markdown(), file=out)
-    else:
-        print(report.table(), file=out)
-    if report.ok:
-        return EXIT_OK
-    from .testing._compare import INCONCLUSIVE
-
-    return EXIT_INCONCLUSIVE if report.verdict == INCONCLUSIVE else EXIT_DISAGREE
+    return _report(report, args, out)
 
 
 def _argnums(text, inputs):
@@ -369,7 +359,6 @@ def cmd_check_implementations(args, out) -> int:
     _check_backend_names([b for _, _, b in specs], "MODULE:FUNC@BACKEND")
     _load_backends([b for _, _, b in specs])
     from .testing import compare_implementations
-    from .testing._compare import INCONCLUSIVE
 
     impls = {}
     with _filtered_native_stderr():  # the targets' modules import their frameworks
@@ -388,15 +377,7 @@ def cmd_check_implementations(args, out) -> int:
                                          repeats=args.repeat)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    if args.json:
-        print(report.to_json(), file=out)
-    elif args.markdown:
-        print(report.to_markdown(), file=out)
-    else:
-        print(report.table(), file=out)
-    if report.ok:
-        return EXIT_OK
-    return EXIT_INCONCLUSIVE if report.verdict == INCONCLUSIVE else EXIT_DISAGREE
+    return _report(report, args, out)
 
 
 def cmd_conformance(name: str, out, select: str | None = None) -> int:
@@ -506,3 +487,18 @@ def main(argv=None, out=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _report(report, args, out) -> int:
+    """Print a comparison's report as ``args`` asks (JSON, Markdown or the table); the exit code of its verdict."""
+    from .testing._compare import INCONCLUSIVE
+
+    if args.json:
+        print(report.to_json(), file=out)
+    elif args.markdown:
+        print(report.to_markdown(), file=out)
+    else:
+        print(report.table(), file=out)
+    if report.ok:
+        return EXIT_OK
+    return EXIT_INCONCLUSIVE if report.verdict == INCONCLUSIVE else EXIT_DISAGREE

@@ -93,10 +93,12 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         rows.
       separable: the caller states that ``f`` may also be evaluated one example at a time,
         ``f(x)[b] == f(x[b:b+1])[0]`` (f uses neither the batch size nor positions in the batch).
-        A backend may then vectorise batch-of-one Jacobians (``jax.vmap`` of ``jax.jacrev``), which
-        its compiler can simplify better. Its answer is checked as any shortcut's (below). JAX takes that
-        form by itself when its analysis shows it (rows independent, and no value made from the batch
-        size or positions in a trace with a symbolic batch size). Default False.
+        A backend may then vectorise batch-of-one Jacobians (``jax.vmap`` of ``jax.jacfwd``), which
+        its compiler can simplify better. Its answer is checked as any shortcut's (above). JAX takes that
+        form by itself in forward mode when its analysis shows it (rows independent, and no value made
+        from the batch size or positions in a trace with a symbolic batch size). In reverse mode a
+        proof over the program that runs takes the exact sum trick instead (as fast there, unchecked).
+        Default False.
       backend: backend name or object.
       compile: one compiled program per signature (``jax.jit``, ``tf.function``), which reads the Python
         values ``f`` reads besides its arguments (a global, a closed-over NumPy array) when it is traced,
@@ -219,16 +221,22 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         # shortcut that computes one example alone (separable, JAX's row program). check_independence="never":
         # the caller vouches.
         exact = exact and verdict == "row"
-        check = check_independence != "never" and batch >= 2 and not (exact and not per_example)
 
         def attempt(m):
-            return m, run(call, m, per_example, recorded, check, key, verdict)
+            # Reverse mode over a program proved to keep its rows apart: the sum trick, exact, so unchecked (a
+            # one-example shortcut is checked on every call; on JAX, the sum trick laid out batch first is as
+            # fast as the shortcut in reverse mode, docs/performance.md). Forward mode keeps the shortcut, whose
+            # unbatched unit tangents fold into the first product where the sum trick repeats them B times.
+            shortcut = per_example if not (exact and m == "rev") else False
+            check = check_independence != "never" and batch >= 2 and not (exact and not shortcut)
+            return m, run(call, m, shortcut, recorded, check, key, verdict) + (shortcut,)
 
         if mode == "auto":  # forward mode that raises (no forward rule for f) falls back to reverse
-            chosen, (blocks, aux, rows) = run_auto(fallbacks, call, attempt, chosen, "rev", "batched_jacobian")
+            chosen, (blocks, aux, rows, shortcut) = run_auto(fallbacks, call, attempt, chosen, "rev",
+                                                             "batched_jacobian")
         else:
-            chosen, (blocks, aux, rows) = attempt(chosen)
-        if rows and per_example:  # the shortcut's analysis was wrong: the sum trick, exact for independent rows
+            chosen, (blocks, aux, rows, shortcut) = attempt(chosen)
+        if rows and shortcut:  # the shortcut's analysis was wrong: the sum trick, exact for independent rows
             refuted.store(call, True)
             blocks, aux, rows = run(call, chosen, False, None, not exact, key, verdict)
         if rows:

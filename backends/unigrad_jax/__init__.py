@@ -384,11 +384,10 @@ class JaxBackend(Backend):
 
         ``f`` is a batch function (the core checks every call maps the whole batch to a batch), so
         the method exact for any ``f`` with independent rows is used; see :func:`_sum_trick`.
-        Cost: the unit basis is repeated over the batch, so the first transposed (or, forward, the
-        first linear) op runs B times where JAX's own ``vmap(jacrev(f_single))`` runs it once:
-        measured under jit on a 32-64-16 tanh MLP, batch 256, float32, 1.9x (rev) that native form.
-        ``vmap`` over examples of a batch-of-one call would match it (measured 0.97x) but needs
-        the core to let a backend call ``f`` on a batch of one, and ``f(x)[i] == f(x[i:i+1])[0]``.
+        Cost, measured under jit against JAX's own ``vmap(jacrev(f_single))`` / ``vmap(jacfwd(...))``:
+        reverse mode, laid out batch first, 1.03-1.07x (MLPs, batch 64-512); forward mode repeats the
+        unit tangents over the batch, so the first linear op runs B times where the one-example form
+        runs it once (1.5-3x): there ``per_example_jacobian`` computes one example alone where it may.
         """
         primals = tuple(primals)
         with _x64(f, primals):
@@ -407,10 +406,10 @@ class JaxBackend(Backend):
         (``f`` reads the batch size as a number: ``x / x.shape[0]``), of one example computed from ``f``'s
         program with the batch size kept (``_rowprogram``).
 
-        This is JAX's own ``vmap(jacrev(f_single))``: the basis is an identity per example, which XLA
-        folds into the first product (measured 0.97x that native form, against 1.07x-1.5x for the sum
-        trick, whose one-hot basis repeated over the batch hides the identity; for ``f / x.shape[0]``
-        the sum trick was 1.13-1.19x, the program 0.95-1.06x). Chunked or with aux: the sum trick.
+        This is JAX's own ``vmap(jacfwd(f_single))`` (``jacrev`` in reverse mode): the basis is an identity
+        per example, which XLA folds into the first product, where the forward sum trick repeats it over
+        the batch. (The core takes this in reverse mode only where no proof is exact: there the sum trick,
+        laid out batch first, is as fast.) Chunked or with aux: the sum trick.
         """
         primals = tuple(primals)
 
@@ -649,8 +648,17 @@ def _sum_trick(backend, f, primals, batch, mode, chunk_size, has_aux, traced):
     outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
     _check_batch(outputs, batch)
     basis = _Basis(backend, _templates(outputs, example=True), batch)
-    rows = basis.map(lambda *g: tuple(pullback(g)), chunk_size, traced)  # (n_out, B, *primal.shape[1:])
-    jac = tuple(tuple(jnp.reshape(jnp.moveaxis(rows[j][offset:offset + size], 0, 1), (batch, *shape, *p.shape[1:]))
+    if chunk_size is None or chunk_size >= basis.n:
+        # The unit cotangents laid out batch first, (B, n_out, ...), mapped over their second axis, rows
+        # written there too: XLA then keeps the batch as the outer axis of every product and needs no
+        # transpose of the blocks (1.03-1.07x jit(vmap(jacrev(f_one))) on the benchmark's MLPs, against
+        # 1.15x mapping over a leading basis axis and moving it behind the batch)
+        rows = tuple(jax.vmap(lambda *g: tuple(pullback(g)), in_axes=1, out_axes=1)(
+            *(jnp.broadcast_to(r[None], (batch, basis.n, *shape)) for r, shape in
+              zip(backend.unit_basis(basis.templates, 0, basis.n), basis.shapes))))  # (B, n_out, *primal[1:])
+    else:
+        rows = tuple(jnp.moveaxis(r, 0, 1) for r in basis.map(lambda *g: tuple(pullback(g)), chunk_size, traced))
+    jac = tuple(tuple(jnp.reshape(rows[j][:, offset:offset + size], (batch, *shape, *p.shape[1:]))
                       for j, p in enumerate(primals))
                 for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets))
     return outputs, jac, aux

@@ -94,13 +94,20 @@ def _block(value):
 
 
 def _sparse_fn(kind, f, args, pattern, backend):
+    """The compiled sparse transform, its pattern detected (as asdex detects its own): on a backend that
+    reads its own program (JAX, torch, TensorFlow) the pattern is proved over it and the values are not
+    checked (plan.checked False); on the NumPy tape they are, on every call. The detected pattern must be
+    the problem's."""
     b = unigrad.get_backend(backend)
     if kind == "jacobian":
-        transform = unigrad.sparse_jacobian(f, sparsity=pattern, backend=backend, compile=True)
+        transform = unigrad.sparse_jacobian(f, backend=backend, compile=True)
     else:
-        transform = unigrad.sparse_hessian(f, sparsity=pattern, backend=backend, compile=True)
+        transform = unigrad.sparse_hessian(f, backend=backend, compile=True)
     call_args = tuple(b.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
-    return (lambda: _block(transform(*call_args))), transform.plan(*call_args)
+    plan = transform.plan(*call_args)
+    if (plan.pattern != sparse.csr_array(pattern, dtype=bool)).nnz:
+        raise AssertionError(f"{backend}: the detected pattern is not the problem's")
+    return (lambda: _block(transform(*call_args))), plan
 
 
 def _dense_fn(kind, f, args, backend):
@@ -145,7 +152,7 @@ def run(backends, quick=False):
         results[key] = entry = {"unknowns": n, "nnz": int(pattern.nnz), "optimum_colours": optimum}
         for backend in backends:
             sparse_call, plan = _sparse_fn(kind, f, args, pattern, backend)
-            row = entry[backend] = {"colours": plan.n_colors, "mode": plan.mode}
+            row = entry[backend] = {"colours": plan.n_colors, "mode": plan.mode, "checked": plan.checked}
             fns = [sparse_call]
             if dense_at is None:
                 fns.append(_dense_fn(kind, f, args, backend))
@@ -229,7 +236,7 @@ def report(results):
             dense = (f"dense {row['dense_seconds'] * 1e3:9.1f} ms" if "dense_seconds" in row else
                      f"dense ~{row['dense_seconds_estimated'] * 1e3:8.0f} ms (estimated from n = "
                      f"{', '.join(row['dense_measured'])}, measured growth n^{row['dense_exponent']:.2f})")
-            line = (f"  {backend:<10} {row['colours']:3d} colours ({row['mode']})  sparse {row['sparse_seconds'] * 1e3:8.2f} ms"
+            line = (f"  {backend:<10} {row['colours']:3d} colours ({row['mode']}{', checked' if row.get('checked') else ''})  sparse {row['sparse_seconds'] * 1e3:8.2f} ms"
                     f"  {dense}  speed-up {row['speedup']:8.1f}x  memory {row['memory_ratio']:8.0f}x")
             if "ratio_vs_asdex" in row:
                 line += (f"  | asdex {row['asdex_seconds'] * 1e3:.2f} ms, {row['asdex_colours']} colours: "

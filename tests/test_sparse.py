@@ -443,6 +443,40 @@ def test_a_pattern_that_misses_non_zeros_is_refused(backend, mode, compile, monk
                                    unigrad.to_numpy(unigrad.jacobian(tridiagonal_map)(x)), atol=1e-12)
 
 
+@unigrad.custom_jvp
+def _scaled(x):
+    return 2.0 * x
+
+
+@_scaled.defjvp
+def _scaled_jvp(primals, tangents):
+    return _scaled(primals[0]), 2.0 * tangents[0]
+
+
+def test_a_pattern_proved_over_the_running_program_is_not_checked(backend):
+    """A detected pattern that the backend's own program (a jaxpr, an ATen or TensorFlow graph, traced on
+    shapes alone) proves needs no check of its values; the NumPy tape's (whose program follows Python
+    control flow on values, call by call), a given pattern, and one met through a custom rule (whose
+    derivative its program does not show) are checked on every call. The answers are right either way."""
+    needs(backend)
+    from unigrad.backend import Backend
+
+    b = unigrad.get_backend(backend)
+    reads_program = type(b).dependence_program is not Backend.dependence_program
+    x = np.linspace(0.1, 0.9, 6)
+    want = unigrad.to_numpy(unigrad.jacobian(tridiagonal_map)(x))
+    detected = unigrad.sparse_jacobian(tridiagonal_map, backend=backend, format="dense")
+    np.testing.assert_allclose(unigrad.to_numpy(detected(x)), want, rtol=1e-5, atol=1e-6)
+    assert detected.plan(x).checked == (not reads_program or backend == "numpy")
+    given = unigrad.sparse_jacobian(tridiagonal_map, sparsity=tridiagonal(6), backend=backend)
+    assert given.plan(x).checked
+    custom = unigrad.sparse_jacobian(lambda x: _scaled(tridiagonal_map(x)), backend=backend, format="dense")
+    np.testing.assert_allclose(unigrad.to_numpy(custom(x)), 2.0 * want, rtol=1e-5, atol=1e-6)
+    assert custom.plan(x).checked
+    hessian = unigrad.sparse_hessian(rosenbrock, backend=backend)
+    assert hessian.plan(x).checked == (not reads_program or backend == "numpy")
+
+
 def test_a_hessian_pattern_that_misses_non_zeros_is_refused():
     x = np.linspace(0.1, 0.9, 6)
     with pytest.raises(ValueError, match="fails its check"):

@@ -95,6 +95,20 @@ def _program_of(f, args, argnums, backend, fname):
         return program, None
     except Exception as exc:  # not portable code: the backend's own program, if it reads one
         tape_error = f"{type(exc).__name__}: {exc}"
+    try:
+        program = _native_program(f, args, nums, b, host)
+    except Exception as exc:
+        return None, f"f could not be traced on the tape ({tape_error}) nor by the {b.name} backend " \
+                     f"({type(exc).__name__}: {exc})"
+    if program is not None:
+        return program, None
+    return None, f"f could not be traced on unigrad's tape ({tape_error}), and the {b.name} backend reads no " \
+                 f"program of its own (Backend.dependence_program)"
+
+
+def _native_program(f, args, nums, b, host):
+    """``f``'s program as the backend ``b`` traces it (``Backend.dependence_program``; None where it reads
+    none), the differentiated arguments ``host[k]`` converted to ``b``'s arrays, the others as given."""
     native = list(args)
 
     def on_backend(*diff):
@@ -104,15 +118,46 @@ def _program_of(f, args, argnums, backend, fname):
         out = f(*call)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
+    return b.dependence_program(on_backend, [b.asarray(host[k]) for k in nums])
+
+
+def proved_on_backend(f, args, pattern, *, argnums=0, backend=None, hessian=False) -> bool:
+    """Is ``pattern`` (a detected one, for instance read on the NumPy tape) proved for the program the
+    backend runs: the pattern read from the backend's own program (a jaxpr, an ATen graph traced on fake
+    tensors: shapes only, so it holds for every value of the signature), with nothing widened, lies inside
+    it? False where the backend reads no program, cannot trace ``f`` or had to widen. A sparse transform
+    whose pattern is proved so needs no check of its values (:mod:`unigrad.sparse`)."""
+    from .. import _registry
     try:
-        program = b.dependence_program(on_backend, [b.asarray(host[k]) for k in nums])
-    except Exception as exc:
-        return None, f"f could not be traced on the tape ({tape_error}) nor by the {b.name} backend " \
-                     f"({type(exc).__name__}: {exc})"
-    if program is not None:
-        return program, None
-    return None, f"f could not be traced on unigrad's tape ({tape_error}), and the {b.name} backend reads no " \
-                 f"program of its own (Backend.dependence_program)"
+        nums = _argnums(argnums, len(args), "proved_on_backend")
+        b = _registry.resolve(backend, [a for a in args if a is not None])
+        host = [np.asarray(b.to_numpy(a)) if b.is_array(a) else a for a in args]
+        program = _native_program(f, args, nums, b, host)
+    except Exception:
+        return False
+    if program is None or program.reasons:
+        return False
+    env, n = _input_sets(program)
+    interp = SetInterpreter(n, hessian=hessian)
+    interp.run(program, env)
+    if interp.reasons:
+        return False
+    native = interp.hessian_pattern().tocsr() if hessian else _output_rows(program, env, n)
+    if native.shape != pattern.shape:
+        return False
+    native = native.astype(bool)
+    return (native.astype(np.int8) - native.multiply(pattern.astype(bool)).astype(np.int8)).count_nonzero() == 0
+
+
+def _output_rows(program, env, n):
+    """The Jacobian pattern of ``program``'s outputs (rows), from the interpreter's ``env``."""
+    sp = _sp()
+    rows = []
+    for vid, shape in zip(program.outputs, program.output_shapes):
+        size = int(np.prod(shape, dtype=np.int64))
+        m = env.get(vid) if vid is not None else None
+        rows.append(m if m is not None else sp.csr_array((size, n), dtype=bool))
+    return sp.vstack(rows, format="csr").astype(bool) if rows else sp.csr_array((0, n), dtype=bool)
 
 
 def _finish(matrix, reasons, fname):
@@ -212,13 +257,7 @@ def _pattern(f, args, argnums, backend, fname, hessian):
         return _finish(sp.csr_array(np.ones((m, n), dtype=bool)), reasons, fname)
     if hessian:
         return _finish(interp.hessian_pattern().tocsr(), reasons, fname)
-    rows = []
-    for vid, shape in zip(program.outputs, program.output_shapes):
-        size = int(np.prod(shape, dtype=np.int64))
-        m = env.get(vid) if vid is not None else None
-        rows.append(m if m is not None else sp.csr_array((size, n), dtype=bool))
-    out = sp.vstack(rows, format="csr").astype(bool) if rows else sp.csr_array((0, n), dtype=bool)
-    return _finish(out, reasons, fname)
+    return _finish(_output_rows(program, env, n), reasons, fname)
 
 
 def _output_size(f, args, backend, fname, failure):

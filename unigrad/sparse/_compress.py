@@ -188,7 +188,7 @@ def _with_check_row(plan, host):
     """``(tangents, rows)``: the seed tangents with the check's ``v`` as one more row (``rows = c + 1``), or as
     they are (``rows = c``) where their dtype cannot hold it (bool seeds, complex)."""
     c = plan.coloring.n_colors
-    if any(t.dtype.kind not in "f" for t in host):
+    if any(t.dtype.kind not in "f" for t in host) or not plan.checked:
         return host, c
     key = ("check rows", tuple((t.dtype.str, t.shape) for t in host))
     cached = plan.cache.get(key)
@@ -279,7 +279,7 @@ def check_values(plan, b, flat_f, leaves, values, has_aux):
     :func:`~unigrad._answer_check.verdicts`' array of one row (empty for complex values)."""
     xp = b.namespace()
     dtype = plan.dtype
-    if "complex" in str(dtype) or plan.nnz == 0:
+    if "complex" in str(dtype) or plan.nnz == 0 or not plan.checked:  # (not checked: proved, SparsePlan)
         return b.asarray(np.zeros((2, 0), np.float32))
     device = b.device(leaves[0])
     u_host, v_host, _ = check_vectors(plan)

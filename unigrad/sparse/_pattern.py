@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["as_pattern", "detect"]
+__all__ = ["as_pattern", "detect", "proved"]
 
 
 def as_pattern(matrix, shape, fname, symmetric=False):
@@ -42,3 +42,12 @@ def detect(kind, f, args, argnums, backend, fname):
 
     detector = dependence.hessian_sparsity if kind == "hessian" else dependence.jacobian_sparsity
     return detector(f, *args, argnums=argnums, backend=backend)
+
+
+def proved(kind, f, args, argnums, backend, pattern) -> bool:
+    """Is the detected ``pattern`` proved over the program the backend runs (``unigrad.dependence.
+    proved_on_backend``)?"""
+    from .. import dependence
+
+    return dependence.proved_on_backend(f, args, pattern, argnums=argnums, backend=backend,
+                                        hessian=kind == "hessian")

@@ -19,6 +19,7 @@ from .._program import PROGRAMS_WHY, execute
 from .._repeats import Repeats
 from .._signature import _SUMMARIES, _static_token, _summary
 from .._checks import check_chunk, promote, scalar_check
+from .._custom import custom_rules_seen
 from .._dtypes import COMPLEX
 from .._answer_check import failed_rows
 from .._transform import _wraps, real_to_complex, reverse_complex_error, run_auto
@@ -44,6 +45,9 @@ class SparsePlan:
         :func:`unigrad.jacobian_sparsity`).
       dtype: the dtype of the values (outputs' and inputs' dtypes promoted).
       index, seeds, groups, structure: the compression and decompression index arrays (NumPy).
+      checked: whether every call checks its values (one more product of ``f``: docs/sparse.md). False only
+        for a detected pattern proved over the program the backend runs (:func:`unigrad.dependence.
+        proved_on_backend`: a jaxpr, an ATen graph, nothing widened, no custom rule met).
     """
 
     pattern: object
@@ -56,6 +60,7 @@ class SparsePlan:
     seeds: tuple
     groups: np.ndarray | None
     structure: _decompress.Structure
+    checked: bool = True
     cache: dict = field(default_factory=dict, repr=False)  # arrays derived from the plan once (seed tangents)
 
     @property
@@ -86,10 +91,16 @@ def _pattern_for(call, sparsity, shape, kind, argnums, backend, fname, has_aux):
         if has_aux:  # the pattern of the output alone (aux is not differentiated)
             def f(*args):
                 return _aux_pair(call.f(*args), fname)[0]
-        found = _pattern.detect(kind, f, call.args, argnums, backend, fname)
-        return (_pattern.as_pattern(found, shape, fname, symmetric=kind == "hessian"), "detected",
-                tuple(getattr(found, "reasons", ())))
-    return _pattern.as_pattern(sparsity, shape, fname, symmetric=kind == "hessian"), "given", ()
+        with custom_rules_seen() as seen:  # a custom rule's derivative is not what its program shows
+            found = _pattern.detect(kind, f, call.args, argnums, backend, fname)
+        reasons = tuple(getattr(found, "reasons", ()))
+        pattern = _pattern.as_pattern(found, shape, fname, symmetric=kind == "hessian")
+        # Proved over the program that runs (the backend's own trace, shapes only): the values need no check.
+        # A pattern read on the NumPy tape for another engine, or on the tape itself (whose program follows
+        # Python control flow on values call by call), is an analysis: checked on every call.
+        proved = not seen and not reasons and _pattern.proved(kind, f, call.args, argnums, backend, pattern)
+        return pattern, "detected", reasons, proved
+    return _pattern.as_pattern(sparsity, shape, fname, symmetric=kind == "hessian"), "given", (), False
 
 
 def _aux_pair(result, fname):
@@ -115,9 +126,10 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux, fou
     for a in tuple(outputs) + tuple(call.diff):
         dtype = promote(dtype, b.dtype(a))
     if found is None:
-        pattern, source, reasons = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname, has_aux)
+        pattern, source, reasons, proved = _pattern_for(call, sparsity, (m, n), kind, argnums, backend, fname,
+                                                        has_aux)
     else:
-        pattern, source, reasons = found.pattern, found.source, found.reasons
+        pattern, source, reasons, proved = found.pattern, found.source, found.reasons, not found.checked
     if kind == "hessian":
         coloring, chosen = _coloring.star_coloring(pattern), "star"
     else:
@@ -140,7 +152,8 @@ def _make_plan(call, kind, sparsity, mode, argnums, backend, fname, has_aux, fou
     index = _decompress.recovery(pattern, coloring)
     seeds = _compress.seeds_of(coloring.colors, shapes) if chosen != "rev" else ()
     groups = _compress.groups_of(coloring.colors, coloring.n_colors, m) if chosen == "rev" else None
-    return SparsePlan(pattern, coloring, chosen, source, reasons, dtype, index, seeds, groups, _decompress.Structure(pattern))
+    return SparsePlan(pattern, coloring, chosen, source, reasons, dtype, index, seeds, groups, _decompress.Structure(pattern),
+                      checked=not proved)
 
 
 _SCALARS = frozenset({bool, int, float, complex, str})

@@ -267,3 +267,45 @@ def test_per_example_rows_from_a_wrong_analysis_give_way_to_the_exact_rows(monke
     monkeypatch.setattr(_tape, "tape_rows", swapped)
     np.testing.assert_allclose(pe(w, xb), truth, atol=1e-12)
     assert set(pe.paths.values()) == {"materialised"}, pe.paths
+
+
+def test_per_example_norms_from_a_wrong_analysis_give_way_to_the_exact_norms(backend, monkeypatch):
+    """Norms read from a dense layer's factors (|x_i|^2 |g_i|^2, never the rows) come with each example's
+    <g_i, V> from the same factors; their sum weighted by a random r_i is checked against one backward
+    pass of sum_i r_i loss_i. With G read for the
+    wrong examples (the shared formulas -- torch's own factors -- made wrong here), the check refuses the
+    fast path and every parameter is materialised: the norms stay right."""
+    from unigrad.per_example import layers
+
+    b = unigrad.get_backend(backend)
+    if backend != "numpy" and not b.per_example_directions:  # (the tape's reader is the core's own)
+        pytest.skip(f"{backend}: per_example_rows takes no directions (its norms are not read from factors)")
+    rng = np.random.default_rng(4)
+    w, xb = rng.standard_normal((3, 2)), rng.standard_normal((5, 3))
+    rows = unigrad.to_numpy(unigrad.jacrev(_losses)(w, xb)).reshape(5, -1)
+    truth = np.sqrt(np.sum(rows ** 2, axis=1))
+    dtype = np.float32 if backend == "mlx" else np.float64
+    norms = unigrad.per_example_grad_norms(_losses, argnums=0, batch_argnum=1, backend=backend)
+    got = unigrad.to_numpy(norms(w.astype(dtype), xb.astype(dtype)))
+    np.testing.assert_allclose(got, truth, rtol=1e-5)
+    assert set(norms.paths.values()) == {layers.DENSE_OUTER}, norms.paths  # the fast path, checked and right
+
+    def flipped(g):
+        return unigrad.namespace(g).flip(g, axis=0)
+
+    real_rows, real_dots = layers.matmul_rows, layers.matmul_dots
+    monkeypatch.setattr(layers, "matmul_rows", lambda ops, x, g, *a: real_rows(ops, x, flipped(g), *a))
+    monkeypatch.setattr(layers, "matmul_dots", lambda ops, x, g, *a: real_dots(ops, x, flipped(g), *a))
+    if backend == "torch":
+        from unigrad_torch import _per_example_layers as torch_layers
+
+        real_factors = torch_layers.Use.factors
+
+        def factors(self, rec, g, batch):
+            got = real_factors(self, rec, g, batch)
+            return None if got is None else (got[0], got[1].flip(0))
+        monkeypatch.setattr(torch_layers.Use, "factors", factors)
+    wrong = unigrad.per_example_grad_norms(_losses, argnums=0, batch_argnum=1, backend=backend)
+    got = unigrad.to_numpy(wrong(w.astype(dtype), xb.astype(dtype)))
+    np.testing.assert_allclose(got, truth, rtol=1e-5)
+    assert set(wrong.paths.values()) == {"materialised"}, wrong.paths

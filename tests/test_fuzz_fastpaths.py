@@ -97,13 +97,15 @@ def test_batched_jacobian_jax_native_programs(request):
 @pytest.mark.parametrize("family", fuzz.FAMILIES)
 def test_per_example_grad_is_the_dense_rows(backend, family, request):
     """per_example_grad(losses, 0, 1) with losses(w, xb) = sum(f(xb @ w), axis=1): the rows of the
-    dense Jacobian of the losses."""
+    dense Jacobian of the losses; per_example_grad_norms: their norms (read from the same analysis of
+    f's program, without the rows)."""
     known = _known(request, "per_example_grad", family, backend)
 
     @settings(max_examples=examples(2, 50), **_no_shrink(known))
-    @given(case=fuzz.batch_cases(family=family), compile_=st.booleans() if _compiles(backend) else st.just(False))
-    def run(case, compile_):
-        fuzz.check_per_example_grad(case, backend, compile=compile_)
+    @given(case=fuzz.batch_cases(family=family), compile_=st.booleans() if _compiles(backend) else st.just(False),
+           norms=st.booleans())
+    def run(case, compile_, norms):
+        fuzz.check_per_example_grad(case, backend, compile=compile_, norms=norms)
 
     run()
 

@@ -81,6 +81,18 @@ def probed_kernel(method, kernel, forward: bool):
     return kernel_probed
 
 
+def random_directions(b, arrays):
+    """The norms check's random direction per parameter (a fixed seed): ``(u, w)`` for a matrix (``V = u
+    w^T``: O(d + k) to make and to contract with a dense layer's factors, and any ``<D, u w^T>`` of a
+    non-zero D is non-zero with probability one), else an array of its shape."""
+    rng = np.random.default_rng(SEED + 2)
+
+    def made(shape, like):
+        return b.asarray(rng.standard_normal(shape), dtype=b.dtype(like), device=b.device(like))
+    return tuple((made(b.shape(x)[:1], x), made(b.shape(x)[1:], x)) if len(b.shape(x)) == 2 else made(b.shape(x), x)
+                 for x in arrays)
+
+
 def random_vectors(b, arrays):
     """The check's random vectors, shaped like ``arrays`` (a fixed seed)."""
     rng = np.random.default_rng(SEED)
@@ -139,6 +151,43 @@ def rows_verdicts(b, flat_f, leaves, outs, rows, batch: int):
     err = xp.reshape(xp.max(xp.stack(errs)), (1,))
     scale = xp.reshape(xp.max(xp.stack(scales)), (1,))
     return verdicts(b, err, scale, b.dtype(rows[0]))
+
+
+def norms_verdicts(b, flat_f, leaves, outs, norms, dots, directions, batch: int):
+    """The check of per-example gradient norms read from factors (a dense layer's ``|x_i|^2 |g_i|^2``, a
+    ghost norm): the formula that gives each norm gives, from the same factors, each example's ``<g_i, V>``
+    for a random ``V`` per parameter (``dots``). With a random weight ``r_i`` per example, ``sum_i r_i
+    <g_i, V>`` must be ``<VJP(r), V>``: one backward pass of the batch, by the same derivative rules the
+    rows check reads (torch's ``padding_idx`` gives its row no gradient, which a JVP would not know). A
+    factor read for the wrong example, a layer whose formula does not hold for ``f``, show with
+    probability one. The scale: ``sum_i |r_i| |g_i| |V|`` (from the norms: it bounds the products'
+    magnitudes). :func:`verdicts`' array of one row."""
+    xp = b.namespace()
+    losses = outs[0]
+    rng = np.random.default_rng(SEED + 1)
+    weights = b.asarray(rng.standard_normal((batch,)), dtype=b.dtype(losses), device=b.device(losses))
+    _, vjp_fn, _ = b.vjp(flat_f, leaves, has_aux=False)
+    full = vjp_fn((weights,) + tuple(xp.zeros_like(o) for o in outs[1:]))
+    dtype = b.dtype(dots)
+
+    def same(a):
+        return xp.astype(a, dots.dtype) if b.dtype(a) != dtype else a
+
+    engine, size = None, None
+    for g, v in zip(full, directions):
+        if isinstance(v, tuple):  # V = u w^T (random_directions)
+            u, w = (same(a) for a in v)
+            term = xp.sum(xp.matmul(same(g), w) * u)
+            sq = xp.sum(u * u) * xp.sum(w * w)
+        else:
+            term = xp.sum(xp.reshape(same(g) * same(v), (-1,)))
+            sq = xp.sum(xp.reshape(same(v) * same(v), (-1,)))
+        engine = term if engine is None else engine + term
+        size = sq if size is None else size + sq
+    w = same(weights)
+    err = xp.reshape(xp.abs(engine - xp.sum(w * dots)), (1,))
+    scale = xp.reshape(xp.sum(xp.abs(w) * same(norms)) * xp.sqrt(size) + xp.abs(engine), (1,))
+    return verdicts(b, err, scale, dtype)
 
 
 def _eps(dtype: str) -> float:

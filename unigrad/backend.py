@@ -411,8 +411,17 @@ class Backend(abc.ABC):
         proves that the losses' rows stay apart after the layer (``unigrad.dependence.prove_rows``).
         ``memo``: a bounded cache the backend may keep per-program analyses in, keyed by the program it
         recorded. The core runs this inside the transform's compiled program where there is one, or
-        the backend's traced one for eager calls (``traces_batched_jacobian``)."""
+        the backend's traced one for eager calls (``traces_batched_jacobian``).
+
+        A backend that sets ``per_example_directions = True`` takes ``directions=`` too (with ``norms``: one
+        random array per parameter, its shape) and returns a second block after the norms, each example's
+        ``sum_k <g_ik, V_k>`` (``layers.matmul_dots`` / ``layers.total_dots``), or only the norms where a
+        formula gives no such product: the core checks norms read from factors with it (one more backward
+        pass, ``unigrad._answer_check.norms_verdicts``)."""
         return None
+
+    #: per_example_rows takes ``directions=`` (see there); False: norms read by this backend go unchecked
+    per_example_directions = False
 
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """``batched_jacobian`` for an ``f`` that may also be evaluated one example at a time

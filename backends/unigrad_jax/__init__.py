@@ -463,10 +463,14 @@ class JaxBackend(Backend):
             outputs, jac = jax.vmap(jacobian_one)(*primals)
         return tuple(outputs), tuple(tuple(row) for row in jac), None
 
-    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+    #: per_example_rows takes directions= (norms come with each example's <g_i, V>: unigrad.per_example checks them)
+    per_example_directions = True
+
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None,
+                         directions=None):
         """Per-example gradients read from ``f``'s jaxpr: dense layers by their rules (``_per_example``)."""
         from ._per_example import jax_rows
-        return jax_rows(self, f, tuple(primals), batch, norms, fname)
+        return jax_rows(self, f, tuple(primals), batch, norms, fname, directions)
 
     def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
         """``f``'s jaxpr in ``unigrad.dependence``'s form (``_dependence``): JAX-native code's sparsity patterns;

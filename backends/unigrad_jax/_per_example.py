@@ -21,23 +21,33 @@ from unigrad.per_example import layers as pe
 _BIAS_CHAIN = frozenset({"broadcast_in_dim", "reshape", "convert_element_type", "squeeze"})
 
 
-def jax_rows(b, flat_f, leaves, batch, norms, fname):
-    """``(outputs, blocks, paths)`` (``JaxBackend.per_example_rows``) read from ``f``'s jaxpr."""
+def jax_rows(b, flat_f, leaves, batch, norms, fname, directions=None):
+    """``(outputs, blocks, paths)`` (``JaxBackend.per_example_rows``) read from ``f``'s jaxpr; with ``norms``
+    and ``directions``, a second block of each example's ``<g_i, V>`` (``layers.total_dots``)."""
     import jax
 
     paths_seen = {}
+    n = len(leaves)
+    # the directions as flat arrays for evaluate (a matrix's is a pair: layers.matmul_dots)
+    pairs = [isinstance(v, tuple) for v in directions or ()]
+    flat = [a for v in directions or () for a in (v if isinstance(v, tuple) else (v,))]
 
-    def body(*leaves):
+    def body(*args):
+        leaves, dirs = args[:n], None
+        if directions is not None:
+            rest, dirs = iter(args[n:]), []
+            for pair in pairs:
+                dirs.append((next(rest), next(rest)) if pair else next(rest))
         closed = jax.make_jaxpr(flat_f)(*leaves)
         jaxpr, consts = closed.jaxpr, closed.consts
         avals = [v.aval for v in jaxpr.outvars]
         pe.check_losses(_Avals, avals, batch, fname)
-        outs, blocks, paths = _rows(jaxpr, consts, leaves, batch, norms)
+        outs, blocks, paths = _rows(jaxpr, consts, leaves, batch, norms, dirs)
         paths_seen["paths"] = paths
         return outs, blocks
 
     body.closure_arrays = getattr(flat_f, "closure_arrays", ())  # (the backend's 64-bit rule reads them)
-    outs, blocks = b.evaluate(body, tuple(leaves))
+    outs, blocks = b.evaluate(body, tuple(leaves) + tuple(flat))
     return outs, blocks, paths_seen["paths"]
 
 
@@ -55,7 +65,7 @@ def _is_var(v):
     return type(v).__name__ != "Literal"
 
 
-def _rows(jaxpr, consts, leaves, batch, norms):
+def _rows(jaxpr, consts, leaves, batch, norms, directions=None):
     import jax
     import jax.numpy as jnp
 
@@ -82,6 +92,7 @@ def _rows(jaxpr, consts, leaves, batch, norms):
     fast = {k: plan for k, plan in enumerate(plans) if plan is not None}
     n = len(leaves)
     rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
+    dots = [None] * n
     out = None
     if fast:
         zeros = {plan[1]: jnp.zeros(eqns[plan[1]].outvars[0].aval.shape, eqns[plan[1]].outvars[0].aval.dtype)
@@ -95,6 +106,8 @@ def _rows(jaxpr, consts, leaves, batch, norms):
         for k, (kind, idx, detail, chain) in fast.items():
             rows[k], squares[k], paths[k] = _dense_rows(kind, eqns[idx], detail, chain, cotangents[idx], taps[idx],
                                                         leaves[k], batch, norms)
+            if squares[k] is not None and directions is not None:  # (norms from X and G: matmul_rows)
+                dots[k] = pe.matmul_dots(_ops(), taps[idx][0], cotangents[idx], batch, detail, directions[k])
     slow = [k for k in range(n) if k not in fast]
     if slow:
         def losses_of(slow_leaves):
@@ -112,7 +125,9 @@ def _rows(jaxpr, consts, leaves, batch, norms):
         out = _evaluate(jaxpr, consts, leaves, {})[0]
     if not norms:
         return (out,), tuple(rows), paths
-    return (out,), (pe.total_norms(_ops(), squares, rows, batch),), paths
+    total = pe.total_norms(_ops(), squares, rows, batch)
+    dot = None if directions is None else pe.total_dots(_ops(), dots, rows, directions, batch)
+    return (out,), (total,) if dot is None else (total, dot), paths
 
 
 def _evaluate(jaxpr, consts, args, zs):

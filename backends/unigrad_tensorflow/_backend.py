@@ -217,11 +217,15 @@ class TensorflowBackend(Backend):
                                    n_in, chunk_size, self._specs(outputs))
         return outputs, _columns_to_blocks(columns, outputs, primals), aux
 
-    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+    #: per_example_rows takes directions= (norms come with each example's <g_i, V>: unigrad.per_example checks them)
+    per_example_directions = True
+
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None,
+                         directions=None):
         """Per-example gradients read from ``f``'s graph while a ``tf.function`` traces (the core runs this in
         one: ``traces_batched_jacobian``): dense layers by their rules (``_per_example``)."""
         from ._per_example import tf_rows
-        return tf_rows(self, f, tuple(primals), batch, norms, fname)
+        return tf_rows(self, f, tuple(primals), batch, norms, fname, directions)
 
     def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
         """``f``'s ``tf.function`` graph in ``unigrad.dependence``'s form (``_dependence``): TensorFlow-native

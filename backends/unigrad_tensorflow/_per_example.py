@@ -35,13 +35,14 @@ def _ops():
                   tf.linalg.matrix_transpose, lambda a, dtype: tf.cast(a, dtype), tf.sqrt)
 
 
-def tf_rows(b, flat_f, leaves, batch, norms, fname):
+def tf_rows(b, flat_f, leaves, batch, norms, fname, directions=None):
     """``(outputs, blocks, paths)`` (``TensorflowBackend.per_example_rows``) read from ``f``'s graph. Called
     while a ``tf.function`` traces (the graph is read); run eagerly, every parameter is materialised."""
     import tensorflow as tf
 
     n = len(leaves)
     rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
+    dots = [None] * n
     fast, losses = {}, None
     if not tf.executing_eagerly():
         graph = tf.compat.v1.get_default_graph()
@@ -60,6 +61,8 @@ def tf_rows(b, flat_f, leaves, batch, norms, fname):
             for k, plan in plans.items():
                 g = gs[next(i for i, s in enumerate(seeds) if s is plan.seed)]
                 rows[k], squares[k], paths[k] = plan.rows(g, leaves[k], batch, norms)
+                if squares[k] is not None and directions is not None:  # (norms from X and G: matmul_rows)
+                    dots[k] = pe.matmul_dots(_ops(), plan.x, g, batch, plan.transposed, directions[k])
             fast = plans
     slow = [k for k in range(n) if k not in fast]
     if slow:
@@ -70,7 +73,9 @@ def tf_rows(b, flat_f, leaves, batch, norms, fname):
             losses = outs2[0]
     if not norms:
         return (losses,), tuple(rows), paths
-    return (losses,), (pe.total_norms(_ops(), squares, rows, batch),), paths
+    total = pe.total_norms(_ops(), squares, rows, batch)
+    dot = None if directions is None else pe.total_dots(_ops(), dots, rows, directions, batch)
+    return (losses,), (total,) if dot is None else (total, dot), paths
 
 
 class _Plan:

@@ -339,11 +339,16 @@ class TorchBackend(Backend):
                              for block, p in zip(columns.split(sizes, dim=1), primals)))
         return outputs, tuple(jac), aux
 
-    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
+    #: per_example_rows takes directions= (norms come with each example's <g_i, V>: unigrad.per_example checks them)
+    per_example_directions = True
+
+    def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None,
+                         directions=None):
         """Per-example gradients read from the ATen operations ``f`` ran: layers by their rules (``_per_example``);
         ``memo`` keeps the analysis of each program recorded."""
         from ._per_example import torch_rows
-        return torch_rows(self, f, tuple(primals), batch, norms, fname, memo, getattr(f, "closure_arrays", ()))
+        return torch_rows(self, f, tuple(primals), batch, norms, fname, memo, getattr(f, "closure_arrays", ()),
+                          directions)
 
     def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
         """``f``'s ATen graph (``make_fx`` on fake tensors) in ``unigrad.dependence``'s form (``_dependence``):

@@ -36,7 +36,7 @@ from ._inplace import LEAF_WRITE
 _MAX_PLANS = 64
 
 
-def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
+def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=(), directions=None):
     """``(outputs, blocks, paths)``: rows (or one block of norms) of per-example gradients on torch, or
     None where this path does not apply. ``cache`` (a BoundedCache) keeps the analysis of each program seen."""
     import torch
@@ -71,6 +71,7 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
                 cache.put(key, analysis)
         fast = analysis.plans
         rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
+        dots = [None] * n
         # f wrote into a tensor it closes over: the other parameters' rows from this pass, not a second run
         this_pass = [k for k in range(n) if k not in fast] if recorder.captured_writes else []
         if fast:
@@ -86,7 +87,8 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
             from ._per_example_layers import parameter_rows
 
             for k, uses in fast.items():
-                rows[k], squares[k], paths[k] = parameter_rows(uses, recorder, gs, leaves[k], batch, norms)
+                rows[k], squares[k], paths[k], dots[k] = parameter_rows(
+                    uses, recorder, gs, leaves[k], batch, norms, None if directions is None else directions[k])
         if this_pass:
             _rows_of_this_pass(losses, inputs, this_pass, rows, batch)
     losses = losses.detach()
@@ -95,7 +97,9 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=()):
         pe.materialise(b, flat_f, leaves, slow, rows)
     if not norms:
         return (losses,), tuple(r.detach() for r in rows), paths
-    return (losses,), (pe.total_norms(_ops(), squares, rows, batch).detach(),), paths
+    total = pe.total_norms(_ops(), squares, rows, batch).detach()
+    dot = None if directions is None else pe.total_dots(_ops(), dots, rows, directions, batch)
+    return (losses,), (total,) if dot is None else (total, dot.detach()), paths
 
 
 def _rows_of_this_pass(losses, inputs, slow, rows, batch):

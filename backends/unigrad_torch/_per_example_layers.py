@@ -188,8 +188,10 @@ class Use:
         return ((xs - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)).reshape(x.shape)
 
 
-def parameter_rows(uses, rec, gs, param, batch, norms):
-    """``(rows or None, squared norms or None, path)`` of one parameter from its uses' G."""
+def parameter_rows(uses, rec, gs, param, batch, norms, direction=None):
+    """``(rows or None, squared norms or None, path, dots or None)`` of one parameter from its uses' G; with
+    ``direction`` (the parameter's shape), each example's ``<L_i^T R_i, V>`` where the squared norms come
+    from the factors (``pe.total_dots``: the check of the norms), else None."""
     import torch
 
     shape, dtype = tuple(param.shape), param.dtype
@@ -198,11 +200,11 @@ def parameter_rows(uses, rec, gs, param, batch, norms):
         positions, k = math.prod(gl[0].shape[2:]), math.prod(shape[1:])
         if not norms or positions * positions > k * shape[0] // uses[0].info["groups"] or len(shape) > 4:
             # the rows by torch's own weight gradient, the examples as groups (no patches formed)
-            return uses[0].conv_rows(rec, gl[0], batch, shape).to(dtype), None, pe.CONV
+            return uses[0].conv_rows(rec, gl[0], batch, shape).to(dtype), None, pe.CONV, None
     if norms and len(uses) > 1 and {u.kind for u in uses} == {"dense", "embedding"}:
         sq = _tied_squares(uses, gl, rec, batch, shape)
         if sq is not None:
-            return None, sq.to(dtype), pe.SHARED
+            return None, sq.to(dtype), pe.SHARED, None
     facs = [u.factors(rec, g, batch) for u, g in zip(uses, gl)]
     stacked = all(f is not None for f in facs) and len({f[0].shape[1:2] + f[0].shape[3:] + f[1].shape[3:]
                                                          for f in facs}) == 1
@@ -220,24 +222,32 @@ def parameter_rows(uses, rec, gs, param, batch, norms):
                 sq = (ll * rr).sum((1, 2, 3))
             path = {"dense": pe.DENSE_OUTER if positions == 1 else pe.DENSE_GHOST, "conv": pe.CONV_GHOST,
                     "shared": pe.SHARED}[kind]
-            return None, sq.to(dtype), path
+            dot = None
+            if isinstance(direction, tuple) and left.shape[1] == 1 and (a, c) == shape:
+                u, w = (t.detach().to(left.dtype) for t in direction)  # a matrix's V = u w^T: (L_i u) (R_i w)
+                dot = ((left @ u) * (right @ w)).sum((1, 2))
+            elif direction is not None:  # example i's gradient is L_i^T R_i in the layout (groups, a, c)
+                v = torch.outer(*direction) if isinstance(direction, tuple) else direction
+                v = v.detach().to(left.dtype).reshape(left.shape[1], a, c)
+                dot = (torch.matmul(left, v) * right).sum((1, 2, 3))
+            return None, sq.to(dtype), path, dot
         rows = torch.matmul(left.transpose(2, 3), right).reshape(batch, *shape)
-        return rows.to(dtype), None, {"dense": pe.DENSE, "conv": pe.CONV, "shared": pe.SHARED}[kind]
+        return rows.to(dtype), None, {"dense": pe.DENSE, "conv": pe.CONV, "shared": pe.SHARED}[kind], None
     if len(uses) == 1:
         u, g = uses[0], gl[0]
         if norms and u.kind == "embedding":
             sq = u.embedding_squares(rec, g, batch, shape[0])
             if sq is not None:
-                return None, sq.to(dtype), pe.EMBEDDING_GHOST
+                return None, sq.to(dtype), pe.EMBEDDING_GHOST, None
         path = {"embedding": pe.EMBEDDING, "norm": pe.NORM if u.info.get("which") == "weight" else pe.BIAS,
                 "channels": pe.BIAS,
                 "broadcast": pe.BIAS if u.info.get("other") is None else pe.SCALE}[u.kind]
-        return u.rows(rec, g, batch, shape).to(dtype), None, path
+        return u.rows(rec, g, batch, shape).to(dtype), None, path, None
     total = None
     for u, g in zip(uses, gl):
         r = u.rows(rec, g, batch, shape)
         total = r if total is None else total + r
-    return total.to(dtype), None, pe.SHARED_SUMMED
+    return total.to(dtype), None, pe.SHARED_SUMMED, None
 
 
 def _tied_squares(uses, gl, rec, batch, shape):

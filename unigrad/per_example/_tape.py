@@ -17,8 +17,10 @@ from . import layers as _common
 from .layers import BIAS, DENSE, MATERIALISED, SCALE  # noqa: F401
 from .layers import check_losses as _check_losses
 
-def tape_rows(flat_f, leaves, batch, norms, fname):
-    """``(outputs, blocks, paths)``: per-example gradient rows (or one block of norms) on the tape."""
+def tape_rows(flat_f, leaves, batch, norms, fname, directions=None):
+    """``(outputs, blocks, paths)``: per-example gradient rows (or one block of norms) on the tape; with
+    ``norms`` and ``directions`` (one array per leaf), a second block: each example's ``<g_i, V>``
+    (``unigrad.per_example.layers.total_dots``), where every parameter gives one."""
     from ..tape._core import backward, record
     from ..tape._tracer import Tracer
 
@@ -31,6 +33,7 @@ def tape_rows(flat_f, leaves, batch, norms, fname):
     fast = {k: p for k, p in enumerate(plans) if p is not None}
     rows = [None] * n
     sq_norms = [None] * n
+    dots = [None] * n
     paths = [MATERIALISED] * n
     if fast:
         cts = _cotangents_at(trace, out_index, np.ones((batch,), dtype=outs[0].dtype),
@@ -41,6 +44,9 @@ def tape_rows(flat_f, leaves, batch, norms, fname):
             if g is None:
                 g = np.zeros(np.shape(entry[3]), dtype=entry[3].dtype)
             rows[k], sq_norms[k], paths[k] = _dense_rows(kind, entry, detail, g, leaves[k], batch, norms)
+            if sq_norms[k] is not None and directions is not None:
+                dots[k] = _common.matmul_dots(_NUMPY, np.asarray(entry[2][0]), np.asarray(g), batch, detail,
+                                              directions[k])
     slow = [k for k in range(n) if k not in fast]
     if slow:
         if out_index is None:  # the losses do not depend on the parameters
@@ -52,7 +58,9 @@ def tape_rows(flat_f, leaves, batch, norms, fname):
             rows[k] = full[k]
     if not norms:
         return outs, tuple(rows), paths
-    return outs, (_common.total_norms(_NUMPY, sq_norms, rows, batch),), paths
+    total = _common.total_norms(_NUMPY, sq_norms, rows, batch)
+    dot = None if directions is None else _common.total_dots(_NUMPY, dots, rows, directions, batch)
+    return outs, (total,) if dot is None else (total, dot), paths
 
 
 class _NumpyShapes:

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from .. import _checks
-from .._answer_check import failed_rows, rows_verdicts
+from .._answer_check import failed_rows, norms_verdicts, random_directions, rows_verdicts
 from .._caches import BoundedCache, CacheKind
 from .._call import prepare
 from .._plan import PLANS_WHY
@@ -280,11 +280,20 @@ def _reader(b):
     from ..tape import NumpyBackend  # (only here: the core imports the tape through the registry)
 
     if isinstance(b, NumpyBackend):
-        return lambda b, f, leaves, batch, norms, fname, memo: _tape.tape_rows(f, leaves, batch, norms, fname)
+        def tape_reader(b, f, leaves, batch, norms, fname, memo, directions=None):
+            return _tape.tape_rows(f, leaves, batch, norms, fname, directions)
+        tape_reader.directions = True
+        return tape_reader
     if type(b).per_example_rows is Backend.per_example_rows:
         return None
-    return lambda b, f, leaves, batch, norms, fname, memo: b.per_example_rows(f, leaves, batch, norms=norms,
-                                                                              fname=fname, memo=memo)
+
+    def reader(b, f, leaves, batch, norms, fname, memo, directions=None):
+        if directions is None:
+            return b.per_example_rows(f, leaves, batch, norms=norms, fname=fname, memo=memo)
+        return b.per_example_rows(f, leaves, batch, norms=norms, fname=fname, memo=memo, directions=directions)
+    # a backend whose per_example_rows takes directions= (norms with each example's <g_i, V>: checked)
+    reader.directions = bool(getattr(b, "per_example_directions", False))
+    return reader
 
 
 def _program_kernel(reader, batch, norms, fname, found, memo):
@@ -292,15 +301,33 @@ def _program_kernel(reader, batch, norms, fname, found, memo):
     parameter materialised where ``f`` called a custom rule (or the reader does not apply); the paths taken
     go to ``found["paths"]``."""
     def kernel(b, flat_f, leaves):
-        rows = _unless_custom_rules(lambda: reader(b, flat_f, leaves, batch, norms, fname, memo))
+        directions = None
+        if norms and getattr(reader, "directions", False) and all(
+                b.dtype(x) in ("float16", "bfloat16", "float32", "float64") for x in leaves):
+            directions = random_directions(b, leaves)
+        rows = _unless_custom_rules(lambda: reader(b, flat_f, leaves, batch, norms, fname, memo,
+                                                   directions=directions))
         if rows is None:
             rows = _materialised(b, flat_f, leaves, batch, norms, fname)
         outs, blocks, found["paths"] = rows
         # The rows of dense layers stand on the analysis of f's program: they check themselves
         # (unigrad._answer_check.rows_verdicts: one more backward pass of the batch, in the same program).
-        # Norms are not checked (no rows to weigh); materialised rows are Jacobian rows (exact).
+        # Norms read from factors come with each example's <g_i, V> from the same factors: with a random weight
+        # per example, their weighted sum is checked against one more backward pass (norms_verdicts).
+        # Materialised rows are Jacobian rows (exact).
         checked = b.asarray(np.zeros((2, 0), np.float32))
-        if not norms and any(path != MATERIALISED for path in found["paths"] or ()):
+        fast = any(path != MATERIALISED for path in found["paths"] or ())
+        if norms and len(blocks) == 2:
+            norm, dots = blocks
+            blocks = (norm,)
+            if fast:
+                try:
+                    checked = b.evaluate(lambda *_: norms_verdicts(b, flat_f, tuple(leaves), tuple(outs), norm,
+                                                                   dots, directions, batch), (*leaves, norm, dots))
+                    # (evaluate is handed the arrays that set its scope: the directions' dtypes are the leaves')
+                except Exception:  # f the engine cannot differentiate again as a whole (as for rows): unchecked
+                    pass
+        if not norms and fast:
             try:
                 checked = b.evaluate(lambda *_: rows_verdicts(b, flat_f, tuple(leaves), tuple(outs), tuple(blocks),
                                                               batch), (*leaves, *blocks))

@@ -73,6 +73,49 @@ def matmul_rows(ops, x, g, batch, norms, transposed, dtype):
     return ops.cast(rows, dtype), None, DENSE
 
 
+def matmul_dots(ops, x, g, batch, transposed, direction):
+    """Each example's ``<X_i^T G_i, V>`` (``V`` in the parameter's shape: ``(d, k)``, or ``(k, d)`` when
+    ``transposed``), from the same X and G as :func:`matmul_rows`' norms, without the rows: the sum over
+    positions of ``(X_i V) * G_i``. ``direction``: ``V``, or a pair ``(u, w)`` for ``V = u w^T`` (then the
+    sum of ``(X_i a) (G_i c)``, ``O(d + k)`` a position). The check of norms read from factors
+    (:func:`unigrad._answer_check.norms_verdicts`)."""
+    d, k = int(x.shape[-1]), int(g.shape[-1])
+    xs, gs = ops.reshape(x, (-1, d)), ops.reshape(g, (-1, k))
+    if isinstance(direction, tuple):
+        u, w = direction
+        a, c = (w, u) if transposed else (u, w)  # a along X's last axis, c along G's
+        xa = ops.matmul(xs, ops.reshape(ops.cast(a, g.dtype), (d, 1)))
+        gc = ops.matmul(gs, ops.reshape(ops.cast(c, g.dtype), (k, 1)))
+        return ops.sum(ops.reshape(xa * gc, (batch, -1)), (1,), False)
+    v = ops.mT(direction) if transposed else direction
+    xv = ops.matmul(xs, ops.cast(v, g.dtype))  # (B * positions, k)
+    return ops.sum(ops.reshape(xv * gs, (batch, -1)), (1,), False)
+
+
+def rows_dots(ops, rows, direction, batch):
+    """Each example's ``<rows_i, V>`` (``direction``: V, or ``(u, w)`` for ``V = u w^T``)."""
+    if isinstance(direction, tuple):
+        u, w = direction
+        n0, n1 = int(u.shape[0]), int(w.shape[0])
+        rw = ops.matmul(ops.reshape(rows, (-1, n1)), ops.reshape(ops.cast(w, rows.dtype), (n1, 1)))
+        return ops.sum(ops.reshape(rw, (batch, n0)) * ops.reshape(ops.cast(u, rows.dtype), (1, n0)), (1,), False)
+    return ops.sum(ops.reshape(rows * ops.cast(direction, rows.dtype), (batch, -1)), (1,), False)
+
+
+def total_dots(ops, dots, rows, directions, batch):
+    """Each example's ``sum_k <row_k, V_k>`` over the parameters: ``dots[k]`` where a factor formula gave
+    it, else from ``rows[k]``; None where a parameter has neither (its norm came from a formula that gives
+    no dot: the norms then go unchecked)."""
+    total = None
+    for dot, r, v in zip(dots, rows, directions):
+        if dot is None:
+            if r is None:
+                return None
+            dot = rows_dots(ops, r, v, batch)
+        total = dot if total is None else total + ops.cast(dot, total.dtype)
+    return total
+
+
 def broadcast_rows(ops, kind, g, other, shape, out_shape, sign, batch):
     """``(rows, path)`` of a parameter of ``shape`` broadcast into ``Y = Z + b`` (``kind`` "bias") or
     ``Y = Z * s`` ("scale", ``other`` is Z) of ``out_shape``: G (times Z) summed over the broadcast axes,

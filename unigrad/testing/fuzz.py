@@ -461,18 +461,22 @@ def check_batched_jacobian(case: BatchCase, backend, *, check_independence: str 
     return outcomes
 
 
-def check_per_example_grad(case: BatchCase, backend, *, compile: bool = False) -> list:
+def check_per_example_grad(case: BatchCase, backend, *, compile: bool = False, norms: bool = False) -> list:
     """One ``unigrad.per_example_grad(case.losses, argnums=0, batch_argnum=1)`` called on each input
     ``xb`` with the parameters ``case.weights``: the rows of the dense Jacobian of the per-example
-    losses (defined whether or not f mixes rows). A mixed-rows ValueError is accepted only for a
-    structurally mixed program. Returns the outcomes; raises :class:`FuzzFailure`."""
+    losses (defined whether or not f mixes rows); with ``norms``, ``per_example_grad_norms`` against
+    those rows' norms. A mixed-rows ValueError is accepted only for a structurally mixed program.
+    Returns the outcomes; raises :class:`FuzzFailure`."""
     import unigrad
 
-    what = f"per_example_grad(losses, argnums=0, batch_argnum=1, backend={_name(backend)!r}, compile={compile!r})"
-    transform = unigrad.per_example_grad(case.losses, argnums=0, batch_argnum=1, backend=backend, compile=compile)
+    name = "per_example_grad_norms" if norms else "per_example_grad"
+    what = f"{name}(losses, argnums=0, batch_argnum=1, backend={_name(backend)!r}, compile={compile!r})"
+    transform = getattr(unigrad, name)(case.losses, argnums=0, batch_argnum=1, backend=backend, compile=compile)
     outcomes = []
     for call, x in enumerate(case.inputs):
         want = dense_jacobian(case.losses, [case.weights, x], framework=case.framework)
+        if norms:
+            want = np.sqrt(np.sum(want.reshape(want.shape[0], -1) ** 2, axis=1))
         w, xb = _backend_input(case.weights, backend), _backend_input(x, backend)
         try:
             got = transform(w, xb)
@@ -481,7 +485,7 @@ def check_per_example_grad(case: BatchCase, backend, *, compile: bool = False) -
             outcomes.append("refused")
             continue
         _assert_close(unigrad.to_numpy(got), want, case, what, call, unigrad.to_numpy(xb).dtype)
-        outcomes.append("rows")
+        outcomes.append("norms" if norms else "rows")
     return outcomes
 
 

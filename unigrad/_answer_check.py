@@ -153,37 +153,45 @@ def rows_verdicts(b, flat_f, leaves, outs, rows, batch: int):
     return verdicts(b, err, scale, b.dtype(rows[0]))
 
 
-def norms_verdicts(b, flat_f, leaves, outs, norms, dots, directions, batch: int):
+def norm_weights(b, batch: int, like):
+    """The norms check's random weight per example (a fixed seed), in ``like``'s dtype and device."""
+    rng = np.random.default_rng(SEED + 1)
+    return b.asarray(rng.standard_normal((batch,)), dtype=b.dtype(like), device=b.device(like))
+
+
+def norms_verdicts(b, flat_f, leaves, outs, norms, dots, directions, weights, engine=None):
     """The check of per-example gradient norms read from factors (a dense layer's ``|x_i|^2 |g_i|^2``, a
     ghost norm): the formula that gives each norm gives, from the same factors, each example's ``<g_i, V>``
-    for a random ``V`` per parameter (``dots``). With a random weight ``r_i`` per example, ``sum_i r_i
-    <g_i, V>`` must be ``<VJP(r), V>``: one backward pass of the batch, by the same derivative rules the
-    rows check reads (torch's ``padding_idx`` gives its row no gradient, which a JVP would not know). A
-    factor read for the wrong example, a layer whose formula does not hold for ``f``, show with
+    for a random ``V`` per parameter (``dots``). With a random weight ``r_i`` per example (``weights``),
+    ``sum_i r_i <g_i, V>`` must be ``<VJP(r), V>``, the gradient of ``sum_i r_i loss_i`` by the engine's
+    own backward pass -- the same derivative rules the rows check reads (torch's ``padding_idx`` gives its
+    row no gradient, which a JVP would not know). ``engine``: that number where the reader computed it on
+    the recording it already had (``layers.direction_dot``: no second forward pass), else one VJP here.
+    A factor read for the wrong example, a layer whose formula does not hold for ``f``, show with
     probability one. The scale: ``sum_i |r_i| |g_i| |V|`` (from the norms: it bounds the products'
     magnitudes). :func:`verdicts`' array of one row."""
     xp = b.namespace()
-    losses = outs[0]
-    rng = np.random.default_rng(SEED + 1)
-    weights = b.asarray(rng.standard_normal((batch,)), dtype=b.dtype(losses), device=b.device(losses))
-    _, vjp_fn, _ = b.vjp(flat_f, leaves, has_aux=False)
-    full = vjp_fn((weights,) + tuple(xp.zeros_like(o) for o in outs[1:]))
     dtype = b.dtype(dots)
 
     def same(a):
         return xp.astype(a, dots.dtype) if b.dtype(a) != dtype else a
 
-    engine, size = None, None
-    for g, v in zip(full, directions):
-        if isinstance(v, tuple):  # V = u w^T (random_directions)
-            u, w = (same(a) for a in v)
-            term = xp.sum(xp.matmul(same(g), w) * u)
-            sq = xp.sum(u * u) * xp.sum(w * w)
-        else:
-            term = xp.sum(xp.reshape(same(g) * same(v), (-1,)))
-            sq = xp.sum(xp.reshape(same(v) * same(v), (-1,)))
-        engine = term if engine is None else engine + term
+    size = None
+    for v in directions:
+        sq = xp.sum(same(v[0]) ** 2) * xp.sum(same(v[1]) ** 2) if isinstance(v, tuple) else \
+            xp.sum(xp.reshape(same(v) * same(v), (-1,)))
         size = sq if size is None else size + sq
+    if engine is None:
+        _, vjp_fn, _ = b.vjp(flat_f, leaves, has_aux=False)
+        full = vjp_fn((xp.astype(weights, outs[0].dtype),) + tuple(xp.zeros_like(o) for o in outs[1:]))
+        for g, v in zip(full, directions):
+            if isinstance(v, tuple):  # V = u w^T (random_directions)
+                u, w = (same(a) for a in v)
+                term = xp.sum(xp.matmul(same(g), w) * u)
+            else:
+                term = xp.sum(xp.reshape(same(g) * same(v), (-1,)))
+            engine = term if engine is None else engine + term
+    engine = xp.reshape(same(engine), (-1,))[:1]
     w = same(weights)
     err = xp.reshape(xp.abs(engine - xp.sum(w * dots)), (1,))
     scale = xp.reshape(xp.sum(xp.abs(w) * same(norms)) * xp.sqrt(size) + xp.abs(engine), (1,))

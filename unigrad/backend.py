@@ -413,11 +413,13 @@ class Backend(abc.ABC):
         recorded. The core runs this inside the transform's compiled program where there is one, or
         the backend's traced one for eager calls (``traces_batched_jacobian``).
 
-        A backend that sets ``per_example_directions = True`` takes ``directions=`` too (with ``norms``: one
-        random array per parameter, its shape) and returns a second block after the norms, each example's
-        ``sum_k <g_ik, V_k>`` (``layers.matmul_dots`` / ``layers.total_dots``), or only the norms where a
-        formula gives no such product: the core checks norms read from factors with it (one more backward
-        pass, ``unigrad._answer_check.norms_verdicts``)."""
+        A backend that sets ``per_example_directions = True`` takes ``directions=`` and ``weights=`` too
+        (with ``norms``: one random direction per parameter -- an array of its shape, or a pair ``(u, w)``
+        for a matrix, ``V = u w^T`` -- and one random weight per example) and returns after the norms each
+        example's ``sum_k <g_ik, V_k>`` (``layers.matmul_dots`` / ``layers.total_dots``), then, where it can
+        from the recording it has, ``<gradient of sum_i r_i loss_i, V>`` (``layers.direction_dot``; else the
+        core takes one more VJP); only the norms where a formula gives no such product. The core checks
+        norms read from factors with them (``unigrad._answer_check.norms_verdicts``)."""
         return None
 
     #: per_example_rows takes ``directions=`` (see there); False: norms read by this backend go unchecked

@@ -467,10 +467,10 @@ class JaxBackend(Backend):
     per_example_directions = True
 
     def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None,
-                         directions=None):
+                         directions=None, weights=None):
         """Per-example gradients read from ``f``'s jaxpr: dense layers by their rules (``_per_example``)."""
         from ._per_example import jax_rows
-        return jax_rows(self, f, tuple(primals), batch, norms, fname, directions)
+        return jax_rows(self, f, tuple(primals), batch, norms, fname, directions, weights)
 
     def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
         """``f``'s jaxpr in ``unigrad.dependence``'s form (``_dependence``): JAX-native code's sparsity patterns;

@@ -21,7 +21,7 @@ from unigrad.per_example import layers as pe
 _BIAS_CHAIN = frozenset({"broadcast_in_dim", "reshape", "convert_element_type", "squeeze"})
 
 
-def jax_rows(b, flat_f, leaves, batch, norms, fname, directions=None):
+def jax_rows(b, flat_f, leaves, batch, norms, fname, directions=None, weights=None):
     """``(outputs, blocks, paths)`` (``JaxBackend.per_example_rows``) read from ``f``'s jaxpr; with ``norms``
     and ``directions``, a second block of each example's ``<g_i, V>`` (``layers.total_dots``)."""
     import jax
@@ -31,18 +31,20 @@ def jax_rows(b, flat_f, leaves, batch, norms, fname, directions=None):
     # the directions as flat arrays for evaluate (a matrix's is a pair: layers.matmul_dots)
     pairs = [isinstance(v, tuple) for v in directions or ()]
     flat = [a for v in directions or () for a in (v if isinstance(v, tuple) else (v,))]
+    flat += [weights] if directions is not None and weights is not None else []
 
     def body(*args):
-        leaves, dirs = args[:n], None
+        leaves, dirs, r = args[:n], None, None
         if directions is not None:
             rest, dirs = iter(args[n:]), []
             for pair in pairs:
                 dirs.append((next(rest), next(rest)) if pair else next(rest))
+            r = next(rest, None)
         closed = jax.make_jaxpr(flat_f)(*leaves)
         jaxpr, consts = closed.jaxpr, closed.consts
         avals = [v.aval for v in jaxpr.outvars]
         pe.check_losses(_Avals, avals, batch, fname)
-        outs, blocks, paths = _rows(jaxpr, consts, leaves, batch, norms, dirs)
+        outs, blocks, paths = _rows(jaxpr, consts, leaves, batch, norms, dirs, r)
         paths_seen["paths"] = paths
         return outs, blocks
 
@@ -65,7 +67,7 @@ def _is_var(v):
     return type(v).__name__ != "Literal"
 
 
-def _rows(jaxpr, consts, leaves, batch, norms, directions=None):
+def _rows(jaxpr, consts, leaves, batch, norms, directions=None, weights=None):
     import jax
     import jax.numpy as jnp
 
@@ -93,16 +95,18 @@ def _rows(jaxpr, consts, leaves, batch, norms, directions=None):
     n = len(leaves)
     rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
     dots = [None] * n
-    out = None
+    out = weighted = None
     if fast:
         zeros = {plan[1]: jnp.zeros(eqns[plan[1]].outvars[0].aval.shape, eqns[plan[1]].outvars[0].aval.dtype)
                  for plan in fast.values()}
 
-        def tapped(zs):
-            return _evaluate(jaxpr, consts, leaves, zs)
+        def tapped(zs, ls):
+            return _evaluate(jaxpr, consts, ls, zs)
 
-        out, vjp_fn, taps = jax.vjp(tapped, zeros, has_aux=True)
-        (cotangents,) = vjp_fn(jnp.ones_like(out))
+        out, vjp_fn, taps = jax.vjp(tapped, zeros, tuple(leaves), has_aux=True)
+        cotangents, _ = vjp_fn(jnp.ones_like(out))
+        if norms and directions is not None and weights is not None:  # the norms check's gradient, same pass
+            weighted = vjp_fn(weights.astype(out.dtype))[1]
         for k, (kind, idx, detail, chain) in fast.items():
             rows[k], squares[k], paths[k] = _dense_rows(kind, eqns[idx], detail, chain, cotangents[idx], taps[idx],
                                                         leaves[k], batch, norms)
@@ -127,7 +131,11 @@ def _rows(jaxpr, consts, leaves, batch, norms, directions=None):
         return (out,), tuple(rows), paths
     total = pe.total_norms(_ops(), squares, rows, batch)
     dot = None if directions is None else pe.total_dots(_ops(), dots, rows, directions, batch)
-    return (out,), (total,) if dot is None else (total, dot), paths
+    if dot is None:
+        return (out,), (total,), paths
+    if weighted is None:
+        return (out,), (total, dot), paths
+    return (out,), (total, dot, pe.direction_dot(_ops(), weighted, directions, dot.dtype)), paths
 
 
 def _evaluate(jaxpr, consts, args, zs):

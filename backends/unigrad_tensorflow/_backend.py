@@ -221,11 +221,11 @@ class TensorflowBackend(Backend):
     per_example_directions = True
 
     def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None,
-                         directions=None):
+                         directions=None, weights=None):
         """Per-example gradients read from ``f``'s graph while a ``tf.function`` traces (the core runs this in
         one: ``traces_batched_jacobian``): dense layers by their rules (``_per_example``)."""
         from ._per_example import tf_rows
-        return tf_rows(self, f, tuple(primals), batch, norms, fname, directions)
+        return tf_rows(self, f, tuple(primals), batch, norms, fname, directions, weights)
 
     def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
         """``f``'s ``tf.function`` graph in ``unigrad.dependence``'s form (``_dependence``): TensorFlow-native

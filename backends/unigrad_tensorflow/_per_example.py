@@ -35,7 +35,7 @@ def _ops():
                   tf.linalg.matrix_transpose, lambda a, dtype: tf.cast(a, dtype), tf.sqrt)
 
 
-def tf_rows(b, flat_f, leaves, batch, norms, fname, directions=None):
+def tf_rows(b, flat_f, leaves, batch, norms, fname, directions=None, weights=None):
     """``(outputs, blocks, paths)`` (``TensorflowBackend.per_example_rows``) read from ``f``'s graph. Called
     while a ``tf.function`` traces (the graph is read); run eagerly, every parameter is materialised."""
     import tensorflow as tf
@@ -43,7 +43,7 @@ def tf_rows(b, flat_f, leaves, batch, norms, fname, directions=None):
     n = len(leaves)
     rows, squares, paths = [None] * n, [None] * n, [pe.MATERIALISED] * n
     dots = [None] * n
-    fast, losses = {}, None
+    fast, losses, weighted = {}, None, None
     if not tf.executing_eagerly():
         graph = tf.compat.v1.get_default_graph()
         xs = [tf.identity(x) for x in leaves]  # fresh tensors: the operations reading them are f's
@@ -64,6 +64,9 @@ def tf_rows(b, flat_f, leaves, batch, norms, fname, directions=None):
                 if squares[k] is not None and directions is not None:  # (norms from X and G: matmul_rows)
                     dots[k] = pe.matmul_dots(_ops(), plan.x, g, batch, plan.transposed, directions[k])
             fast = plans
+            if norms and directions is not None and weights is not None:  # the norms check's gradient, same graph
+                weighted = tf.gradients(tf.reduce_sum(losses * tf.cast(weights, losses.dtype)), xs,
+                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
     slow = [k for k in range(n) if k not in fast]
     if slow:
         # (the other arguments as f sees them: Arrays)
@@ -75,7 +78,11 @@ def tf_rows(b, flat_f, leaves, batch, norms, fname, directions=None):
         return (losses,), tuple(rows), paths
     total = pe.total_norms(_ops(), squares, rows, batch)
     dot = None if directions is None else pe.total_dots(_ops(), dots, rows, directions, batch)
-    return (losses,), (total,) if dot is None else (total, dot), paths
+    if dot is None:
+        return (losses,), (total,), paths
+    if weighted is None:
+        return (losses,), (total, dot), paths
+    return (losses,), (total, dot, pe.direction_dot(_ops(), weighted, directions, dot.dtype)), paths
 
 
 class _Plan:

@@ -343,12 +343,12 @@ class TorchBackend(Backend):
     per_example_directions = True
 
     def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None,
-                         directions=None):
+                         directions=None, weights=None):
         """Per-example gradients read from the ATen operations ``f`` ran: layers by their rules (``_per_example``);
         ``memo`` keeps the analysis of each program recorded."""
         from ._per_example import torch_rows
         return torch_rows(self, f, tuple(primals), batch, norms, fname, memo, getattr(f, "closure_arrays", ()),
-                          directions)
+                          directions, weights)
 
     def dependence_program(self, f, primals, *, has_aux=False, unknown=()):
         """``f``'s ATen graph (``make_fx`` on fake tensors) in ``unigrad.dependence``'s form (``_dependence``):

@@ -36,7 +36,7 @@ from ._inplace import LEAF_WRITE
 _MAX_PLANS = 64
 
 
-def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=(), directions=None):
+def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=(), directions=None, weights=None):
     """``(outputs, blocks, paths)``: rows (or one block of norms) of per-example gradients on torch, or
     None where this path does not apply. ``cache`` (a BoundedCache) keeps the analysis of each program seen."""
     import torch
@@ -74,13 +74,18 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=(), direct
         dots = [None] * n
         # f wrote into a tensor it closes over: the other parameters' rows from this pass, not a second run
         this_pass = [k for k in range(n) if k not in fast] if recorder.captured_writes else []
+        # the norms check's gradient of sum_i r_i loss_i, from this recording (unigrad._answer_check.norms_verdicts)
+        weigh = bool(fast) and norms and directions is not None and weights is not None and all(
+            x.requires_grad for x in inputs)
+        weighted = None
         if fast:
             ys = [recorder.value(ref) for ref in analysis.captures]
             # (a layer output later overwritten in place: G at the value it held, by its gradient edge)
             edges = [recorder.edges.get(ref) for ref in analysis.captures]
             usable = [e is not None or y.requires_grad for y, e in zip(ys, edges)]
             grads = torch.autograd.grad(losses.sum(), [y if e is None else e for y, e, u in zip(ys, edges, usable)
-                                                        if u], allow_unused=True, retain_graph=bool(this_pass))
+                                                        if u], allow_unused=True,
+                                        retain_graph=bool(this_pass) or weigh)
             it = iter(grads)
             gs = [next(it) if u else None for u in usable]
             gs = [torch.zeros_like(y) if g is None else g for g, y in zip(gs, ys)]
@@ -89,6 +94,10 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=(), direct
             for k, uses in fast.items():
                 rows[k], squares[k], paths[k], dots[k] = parameter_rows(
                     uses, recorder, gs, leaves[k], batch, norms, None if directions is None else directions[k])
+        if weigh:
+            weighted = torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), inputs, allow_unused=True,
+                                           retain_graph=bool(this_pass))
+            weighted = [torch.zeros_like(x) if g is None else g.detach() for g, x in zip(weighted, inputs)]
         if this_pass:
             _rows_of_this_pass(losses, inputs, this_pass, rows, batch)
     losses = losses.detach()
@@ -99,7 +108,11 @@ def torch_rows(b, flat_f, leaves, batch, norms, fname, cache, dynamic=(), direct
         return (losses,), tuple(r.detach() for r in rows), paths
     total = pe.total_norms(_ops(), squares, rows, batch).detach()
     dot = None if directions is None else pe.total_dots(_ops(), dots, rows, directions, batch)
-    return (losses,), (total,) if dot is None else (total, dot.detach()), paths
+    if dot is None:
+        return (losses,), (total,), paths
+    if weighted is None:
+        return (losses,), (total, dot.detach()), paths
+    return (losses,), (total, dot.detach(), pe.direction_dot(_ops(), weighted, directions, dot.dtype).detach()), paths
 
 
 def _rows_of_this_pass(losses, inputs, slow, rows, batch):

@@ -17,10 +17,11 @@ from . import layers as _common
 from .layers import BIAS, DENSE, MATERIALISED, SCALE  # noqa: F401
 from .layers import check_losses as _check_losses
 
-def tape_rows(flat_f, leaves, batch, norms, fname, directions=None):
+def tape_rows(flat_f, leaves, batch, norms, fname, directions=None, weights=None):
     """``(outputs, blocks, paths)``: per-example gradient rows (or one block of norms) on the tape; with
     ``norms`` and ``directions`` (one array per leaf), a second block: each example's ``<g_i, V>``
-    (``unigrad.per_example.layers.total_dots``), where every parameter gives one."""
+    (``unigrad.per_example.layers.total_dots``), where every parameter gives one; with ``weights`` too, a
+    third: ``<gradient of sum_i r_i loss_i, V>`` from one more sweep of the same recording."""
     from ..tape._core import backward, record
     from ..tape._tracer import Tracer
 
@@ -60,7 +61,12 @@ def tape_rows(flat_f, leaves, batch, norms, fname, directions=None):
         return outs, tuple(rows), paths
     total = _common.total_norms(_NUMPY, sq_norms, rows, batch)
     dot = None if directions is None else _common.total_dots(_NUMPY, dots, rows, directions, batch)
-    return outs, (total,) if dot is None else (total, dot), paths
+    if dot is None:
+        return outs, (total,), paths
+    if weights is None or out_index is None or not fast:
+        return outs, (total, dot), paths
+    weighted = backward(trace, [out_index], (np.asarray(weights, dtype=outs[0].dtype),), n, leaves)
+    return outs, (total, dot, _common.direction_dot(_NUMPY, weighted, directions, dot.dtype)), paths
 
 
 class _NumpyShapes:

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from .. import _checks
-from .._answer_check import failed_rows, norms_verdicts, random_directions, rows_verdicts
+from .._answer_check import failed_rows, norm_weights, norms_verdicts, random_directions, rows_verdicts
 from .._caches import BoundedCache, CacheKind
 from .._call import prepare
 from .._plan import PLANS_WHY
@@ -280,17 +280,18 @@ def _reader(b):
     from ..tape import NumpyBackend  # (only here: the core imports the tape through the registry)
 
     if isinstance(b, NumpyBackend):
-        def tape_reader(b, f, leaves, batch, norms, fname, memo, directions=None):
-            return _tape.tape_rows(f, leaves, batch, norms, fname, directions)
+        def tape_reader(b, f, leaves, batch, norms, fname, memo, directions=None, weights=None):
+            return _tape.tape_rows(f, leaves, batch, norms, fname, directions, weights)
         tape_reader.directions = True
         return tape_reader
     if type(b).per_example_rows is Backend.per_example_rows:
         return None
 
-    def reader(b, f, leaves, batch, norms, fname, memo, directions=None):
+    def reader(b, f, leaves, batch, norms, fname, memo, directions=None, weights=None):
         if directions is None:
             return b.per_example_rows(f, leaves, batch, norms=norms, fname=fname, memo=memo)
-        return b.per_example_rows(f, leaves, batch, norms=norms, fname=fname, memo=memo, directions=directions)
+        return b.per_example_rows(f, leaves, batch, norms=norms, fname=fname, memo=memo, directions=directions,
+                                  weights=weights)
     # a backend whose per_example_rows takes directions= (norms with each example's <g_i, V>: checked)
     reader.directions = bool(getattr(b, "per_example_directions", False))
     return reader
@@ -301,12 +302,12 @@ def _program_kernel(reader, batch, norms, fname, found, memo):
     parameter materialised where ``f`` called a custom rule (or the reader does not apply); the paths taken
     go to ``found["paths"]``."""
     def kernel(b, flat_f, leaves):
-        directions = None
+        directions = weights = None
         if norms and getattr(reader, "directions", False) and all(
                 b.dtype(x) in ("float16", "bfloat16", "float32", "float64") for x in leaves):
-            directions = random_directions(b, leaves)
+            directions, weights = random_directions(b, leaves), norm_weights(b, batch, leaves[0])
         rows = _unless_custom_rules(lambda: reader(b, flat_f, leaves, batch, norms, fname, memo,
-                                                   directions=directions))
+                                                   directions=directions, weights=weights))
         if rows is None:
             rows = _materialised(b, flat_f, leaves, batch, norms, fname)
         outs, blocks, found["paths"] = rows
@@ -317,14 +318,14 @@ def _program_kernel(reader, batch, norms, fname, found, memo):
         # Materialised rows are Jacobian rows (exact).
         checked = b.asarray(np.zeros((2, 0), np.float32))
         fast = any(path != MATERIALISED for path in found["paths"] or ())
-        if norms and len(blocks) == 2:
-            norm, dots = blocks
+        if norms and len(blocks) > 1:  # (norms, dots[, the engine's side of the check])
+            norm, dots, engine = blocks[0], blocks[1], (blocks[2] if len(blocks) > 2 else None)
             blocks = (norm,)
             if fast:
                 try:
                     checked = b.evaluate(lambda *_: norms_verdicts(b, flat_f, tuple(leaves), tuple(outs), norm,
-                                                                   dots, directions, batch), (*leaves, norm, dots))
-                    # (evaluate is handed the arrays that set its scope: the directions' dtypes are the leaves')
+                                                                   dots, directions, weights, engine),
+                                         (*leaves, norm, dots))  # (the arrays that set evaluate's scope)
                 except Exception:  # f the engine cannot differentiate again as a whole (as for rows): unchecked
                     pass
         if not norms and fast:

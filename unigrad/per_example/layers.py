@@ -102,6 +102,23 @@ def rows_dots(ops, rows, direction, batch):
     return ops.sum(ops.reshape(rows * ops.cast(direction, rows.dtype), (batch, -1)), (1,), False)
 
 
+def direction_dot(ops, grads, directions, dtype):
+    """``sum_k <grads_k, V_k>`` as an array of shape ``(1,)`` (``directions``: V, or ``(u, w)`` for ``V = u
+    w^T``): the engine's side of the norms check, from a gradient of ``sum_i r_i loss_i`` the reader
+    computed on the recording it already has (:func:`unigrad._answer_check.norms_verdicts`)."""
+    total = None
+    for g, v in zip(grads, directions):
+        g = ops.cast(g, dtype)
+        if isinstance(v, tuple):
+            u, w = (ops.cast(a, dtype) for a in v)
+            gw = ops.matmul(g, ops.reshape(w, (int(w.shape[0]), 1)))
+            term = ops.sum(ops.reshape(gw, (-1,)) * u, (0,), False)
+        else:
+            term = ops.sum(ops.reshape(g * ops.cast(v, dtype), (-1,)), (0,), False)
+        total = term if total is None else total + term
+    return ops.reshape(total, (1,))
+
+
 def total_dots(ops, dots, rows, directions, batch):
     """Each example's ``sum_k <row_k, V_k>`` over the parameters: ``dots[k]`` where a factor formula gave
     it, else from ``rows[k]``; None where a parameter has neither (its norm came from a formula that gives

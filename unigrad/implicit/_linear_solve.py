@@ -94,6 +94,36 @@ def check_nested_transforms(backend):
     return _unguarded
 
 
+_NESTING_EXAMPLES = {("jvp", "vjp"): "hessian, hvp, jacfwd(grad)", ("vjp", "vjp"): "jacrev(grad), jacrev(jacrev)",
+                     ("jvp", "jvp"): "jvp of jvp, jacfwd(jacfwd)", ("vjp", "jvp"): "jacrev(jacfwd), grad of jvp"}
+
+
+def check_not_differentiated(backend, name, mode):
+    """Refuse a derivative pass (``mode``: ``"jvp"`` for the JVP rule, ``"vjp"`` for the VJP rule) that an
+    enclosing transform differentiates, on a backend that cannot differentiate it: one that offers
+    ``transforms_tracing()`` (the MLX plugin), the modes of its transforms tracing the code that runs now.
+    There ``mx.eval``, which the solvers' loops and the residual checks call, detaches what it evaluates in
+    a derivative pass from the enclosing transform's graph: second derivatives were measured zero (inner
+    forward mode) or 73% off (``jacrev(jacrev)``), and the nestings measured right were right by accident of
+    which arrays had been evaluated when, so every one is refused (docs/implicit.md)."""
+    tracing = getattr(backend, "transforms_tracing", None)
+    outer = tuple(tracing()) if tracing is not None else ()
+    if not outer:
+        return
+    nesting = "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
+    examples = _NESTING_EXAMPLES.get((outer[-1], mode))
+    examples = f" (as in {examples})" if examples else ""
+    kind = "forward-mode (JVP)" if mode == "jvp" else "reverse-mode (VJP)"
+    raise NotImplementedError(
+        f"{name} on the {backend.name} backend: second derivatives through linear_solve / custom_root / "
+        f"custom_fixed_point are not supported on MLX, in any nesting: this rule's {kind} derivative is being "
+        f"differentiated by an enclosing {outer[-1]}, the nesting {nesting}{examples}. The rule reads values in "
+        f"its derivative pass (the solver's loop, the residual check), and MLX's evaluation cuts what it reads "
+        f"off from the enclosing transform, so the result would be wrong (zeros, or 73% off, measured), not "
+        f"an error. First derivatives (grad, jacrev, jacfwd, jvp, vjp) work; for a second derivative use "
+        f"another backend (numpy, jax, torch, tensorflow). See docs/implicit.md")
+
+
 def report(on_failure, message, residual, tolerance):
     if on_failure == "raise":
         raise ConvergenceError(message, residual, tolerance)
@@ -212,6 +242,7 @@ def apply_solve(op: Operator, b, operands):
     backend = call.b
 
     def jvp_rule(primals, tangents):
+        check_not_differentiated(backend, op.name, "jvp")
         guard = check_nested_transforms(backend)
         b, operands = primals
         db, doperands = tangents
@@ -227,6 +258,7 @@ def apply_solve(op: Operator, b, operands):
         return x, (x, operands)
 
     def bwd(residuals, g):
+        check_not_differentiated(backend, op.name, "vjp")
         guard = check_nested_transforms(backend)
         x, operands = residuals
         u = guard(apply_solve(op.T, g, operands))
@@ -243,7 +275,8 @@ def apply_solve(op: Operator, b, operands):
 def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = None, maxiter: int | None = None,
                  symmetric: bool = False, transpose_solve: Any = None, on_failure: str = "raise"):
     """``x`` with ``matvec(x) = b``, matrix-free, differentiable with respect to ``b`` and to the arrays
-    ``matvec`` closes over, in both modes and to any order, on every backend.
+    ``matvec`` closes over, in both modes and to any order, on every backend (MLX: first order; a
+    second derivative raises NotImplementedError there, docs/implicit.md).
 
     The derivative does not go through the solver's iterations: it is a linear solve itself,
     ``dx = A^{-1} (db - dA x)`` in forward mode and the transposed system ``A^T u = g`` in reverse

@@ -30,8 +30,8 @@ from .._api import to_numpy
 from .._api import vjp as _vjp
 from .._custom import _Call, backend_for
 from ..backend import Rule
-from ._linear_solve import (Operator, apply_solve, check_nested_transforms, check_on_failure, check_solve,
-                            current_backend, report)
+from ._linear_solve import (Operator, apply_solve, check_nested_transforms, check_not_differentiated, check_on_failure,
+                            check_solve, current_backend, report)
 
 __all__ = ["custom_root", "custom_fixed_point"]
 
@@ -41,7 +41,7 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
                 on_failure: str = "raise") -> Callable:
     """A decorator: ``solver(init, *params) -> x`` with ``optimality(x, *params) = 0`` at its result,
     differentiated with respect to ``params`` by the implicit function theorem, in both modes and to any
-    order, on every backend.
+    order, on every backend (MLX: first order; a second derivative raises NotImplementedError there).
 
     The solver runs as plain code -- no derivative goes through its iterations, and it may use any
     operations on the values it is given (NumPy, SciPy: its result is converted to the backend's
@@ -187,6 +187,7 @@ def _solve_root(root: _RootSolver, init, params):
     optimality = root.optimality
 
     def jvp_rule(primals, tangents):
+        check_not_differentiated(backend, f"custom_root ({root.name})", "jvp")
         guard = check_nested_transforms(backend)
         init, *params = primals
         _, *dparams = tangents
@@ -199,6 +200,7 @@ def _solve_root(root: _RootSolver, init, params):
         return x, (x, params)
 
     def bwd(residuals, g):
+        check_not_differentiated(backend, f"custom_root ({root.name})", "vjp")
         guard = check_nested_transforms(backend)
         x, params = residuals
         u = guard(apply_solve(op.T, g, (x, params)))

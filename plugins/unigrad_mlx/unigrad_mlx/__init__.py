@@ -166,6 +166,16 @@ class MlxBackend(unigrad.Backend):
     def stop_gradient(self, x):
         return mx.stop_gradient(x)
 
+    def transforms_tracing(self):
+        """The modes (``"vjp"``, ``"jvp"``) of this backend's transforms that differentiate the code running
+        now, outermost first (empty at first order: a custom rule's derivative pass runs after its transform's
+        function has returned). ``unigrad.implicit`` reads it: its rules read values in their derivative
+        passes (solver loops, residual checks), and ``mx.eval`` detaches what it evaluates there from an
+        enclosing transform's graph, so a derivative pass traced by one would give a wrong second derivative;
+        they raise instead (docs/implicit.md). MLX's own transforms called directly (``mx.grad``) are not
+        seen."""
+        return _rules.TRACING.get()
+
     def apply_rule(self, rule, arrays):
         """A ``mx.custom_function`` made for this call, whose ``vjp`` and ``jvp`` call the rule (``_rules``)."""
         return _rules.apply_rule(rule, arrays)
@@ -190,7 +200,7 @@ class MlxBackend(unigrad.Backend):
         def vjp_fn(cotangents):
             cts = [_conj(c) for c in cotangents]
             with _LOCK, _indices_said_plainly():
-                _, grads = mx.vjp(_joined(traced), list(primals), [_join(cts)])
+                _, grads = mx.vjp(_rules.traced_by("vjp", _joined(traced)), list(primals), [_join(cts)])
             return tuple(_like(_conj(g), p) for g, p in zip(grads, primals))
 
         return outputs, vjp_fn, (aux_out[0] if has_aux else None)
@@ -198,7 +208,7 @@ class MlxBackend(unigrad.Backend):
     def jvp(self, f, primals, tangents, *, has_aux=False):
         traced, aux_out = _outputs(f, has_aux)
         with _LOCK, _indices_said_plainly():
-            outputs, tangents_out = mx.jvp(traced, list(primals), list(tangents))
+            outputs, tangents_out = mx.jvp(_rules.traced_by("jvp", traced), list(primals), list(tangents))
         tangents_out = tuple(_like(t, o) for t, o in zip(tangents_out, outputs))
         return tuple(outputs), tangents_out, (aux_out[-1] if has_aux else None)
 

@@ -6,13 +6,37 @@ its tangents): a VJP from the JVP rule is ``mx.vjp`` of ``t -> jvp(primals, t)``
 ``mx.vjp`` of ``g -> bwd(residuals, g)``. MLX treats what a custom function closes over as constants,
 so the residuals are recomputed from the primals inside each rule (``fwd`` again): they then carry the
 derivatives of outer transforms (second order).
+
+``TRACING`` records which of this backend's differentiating transforms are tracing the code that runs
+now (``MlxBackend.transforms_tracing``): every ``mx.vjp`` / ``mx.jvp`` the backend calls runs its function
+through :func:`traced_by`.
 """
 
 from __future__ import annotations
 
+import contextvars
+
 import mlx.core as mx
 
-__all__ = ["apply_rule"]
+__all__ = ["apply_rule", "traced_by", "TRACING"]
+
+# The modes ("vjp", "jvp") of this backend's mx.vjp / mx.jvp calls whose function is running now, outermost
+# first: what runs now is differentiated by each of them. A transform's derivative pass (a custom rule's
+# vjp or jvp, called once the function has returned) is not in its own entry. A ContextVar: each thread and
+# each asyncio task sees its own (no global state).
+TRACING: contextvars.ContextVar = contextvars.ContextVar("unigrad_mlx_tracing", default=())
+
+
+def traced_by(mode, f):
+    """``f``, recorded in ``TRACING`` as traced by a ``mode`` transform while it runs (give this, not ``f``,
+    to ``mx.vjp`` / ``mx.jvp``)."""
+    def traced(*args):
+        token = TRACING.set(TRACING.get() + (mode,))
+        try:
+            return f(*args)
+        finally:
+            TRACING.reset(token)
+    return traced
 
 
 def _tuple(x):
@@ -43,7 +67,8 @@ def apply_rule(rule, arrays):
             cts = tuple(_conj(c) for c in rule.bwd(residuals(primals), tuple(_conj(c) for c in cotangents)))
         else:
             zeros = [mx.zeros_like(p) for p in primals]
-            _, cts = mx.vjp(lambda *t: list(_tuple(rule.jvp(primals, tuple(t))[1])), zeros, cotangents)
+            _, cts = mx.vjp(traced_by("vjp", lambda *t: list(_tuple(rule.jvp(primals, tuple(t))[1]))), zeros,
+                             cotangents)
         return tuple(cts) if n > 1 else cts[0]
 
     @apply.jvp
@@ -55,7 +80,8 @@ def apply_rule(rule, arrays):
         # the transpose of bwd (unigrad's convention: no conjugation), from MLX's conjugating vjp
         res = residuals(primals)
         zeros = [mx.zeros_like(o) for o in rule.primal(*primals)]
-        _, out = mx.vjp(lambda *g: list(_tuple(rule.bwd(res, tuple(g)))), zeros, [_conj(t) for t in tangents])
+        _, out = mx.vjp(traced_by("vjp", lambda *g: list(_tuple(rule.bwd(res, tuple(g))))), zeros,
+                        [_conj(t) for t in tangents])
         return tuple(_conj(o) for o in out)
 
     return tuple(apply(*arrays))

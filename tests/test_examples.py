@@ -23,7 +23,11 @@ ALL_BACKENDS = ["mlp_loss.py", "per_example_jacobian.py"]
 def test_every_example_is_run_here():
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
     assert scripts == set(PER_BACKEND + ALL_BACKENDS + ["native_torch_and_tensorflow.py", "torch_model_in_jax_loss.py",
-                                                        "using_models.py"])
+                                                        "using_models.py"] + IMPLICIT)
+
+
+# Derivatives of solutions (issue 39): run one backend per case by tests/test_implicit_examples.py.
+IMPLICIT = ["deep_equilibrium.py", "bilevel_logistic.py", "batched_roots.py"]
 
 
 def _main(script):

@@ -7,6 +7,8 @@ naming the rows. Issue 36, repros r15 and r24.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -309,3 +311,28 @@ def test_per_example_norms_from_a_wrong_analysis_give_way_to_the_exact_norms(bac
     got = unigrad.to_numpy(wrong(w.astype(dtype), xb.astype(dtype)))
     np.testing.assert_allclose(got, truth, rtol=1e-5)
     assert set(wrong.paths.values()) == {"materialised"}, wrong.paths
+
+
+def test_the_checks_run_in_the_arrays_scope_on_jax():
+    """The checks' arithmetic on float64 JAX arrays runs inside the backend's scope (JAX's 64-bit mode), as
+    the products it compares do: outside it JAX truncates to float32 (with a warning), and a float64 check
+    held to float64's tolerance would be computed in float32."""
+    pytest.importorskip("jax")
+    from scipy import sparse
+
+    rng = np.random.default_rng(5)
+    x, w, xb = rng.standard_normal((4, 3)), rng.standard_normal((3, 2)), rng.standard_normal((5, 3))
+    pattern = sparse.csr_array(np.eye(3, dtype=bool) | np.eye(3, k=1, dtype=bool) | np.eye(3, k=-1, dtype=bool))
+
+    def banded(v):
+        xp = unigrad.namespace(v)
+        return xp.sin(v) * xp.concat([v[1:], v[:1] * 0.0]) + xp.concat([v[:1] * 0.0, v[:-1]])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # JAX's "float64 ... will be truncated to dtype float32"
+        unigrad.batched_jacobian(lambda v: rowmix_big(v), backend="jax", mode="fwd")(x)  # (a custom rule: checked)
+        unigrad.batched_jacobian(lambda v: rowmix_big(v), backend="jax", mode="rev")(x)
+        for mode in ("fwd", "rev"):  # a given pattern: checked
+            unigrad.sparse_jacobian(banded, sparsity=pattern, backend="jax", mode=mode)(x[0])
+        unigrad.per_example_grad(_losses, backend="jax")(w, xb)
+        unigrad.per_example_grad_norms(_losses, backend="jax")(w, xb)

@@ -45,8 +45,12 @@ def checked_kernel(kernel, has_aux: bool, forward: bool = True):
     mode, so it differentiates ``f`` by the rules the user gave (a ``custom_vjp``'s in reverse mode)."""
     def kernel_checked(b, flat_f, leaves):
         outs, blocks, aux = kernel(b, flat_f, leaves)
-        err, scale = row_residuals(b, flat_f, tuple(leaves), tuple(outs), tuple(blocks), has_aux, forward)
-        return outs, tuple(blocks) + (verdicts(b, err, scale, b.dtype(blocks[0]) if blocks else "float64"),), aux
+        dtype = b.dtype(blocks[0]) if blocks else "float64"
+
+        def checked(*_):  # (inside evaluate: the backend's scope for the arrays, JAX's 64-bit mode)
+            err, scale = _row_residuals(b, flat_f, tuple(leaves), tuple(outs), tuple(blocks), has_aux, forward)
+            return verdicts(b, err, scale, dtype)
+        return outs, tuple(blocks) + (b.evaluate(checked, (*leaves, *outs, *blocks)),), aux
     return kernel_checked
 
 

@@ -263,11 +263,14 @@ def verdict_of(b, xp, plan, values, product, against, dtype):
     ``product . against`` (``J v . u``, or ``u^T J . v``)."""
     device = b.device(values)
     w = b.asarray(check_vectors(plan)[2], dtype=dtype, device=device)
-    terms = values * w
-    engine = product * against
-    err = xp.reshape(xp.abs(xp.sum(engine) - xp.sum(terms)), (1,))
-    scale = xp.reshape(xp.sum(xp.abs(terms)) + xp.sum(xp.abs(engine)), (1,))
-    return verdicts(b, err, scale, dtype)
+
+    def verdict(*_):  # (inside evaluate: the backend's scope for the arrays, JAX's 64-bit mode)
+        terms = values * w
+        engine = product * against
+        err = xp.reshape(xp.abs(xp.sum(engine) - xp.sum(terms)), (1,))
+        scale = xp.reshape(xp.sum(xp.abs(terms)) + xp.sum(xp.abs(engine)), (1,))
+        return verdicts(b, err, scale, dtype)
+    return b.evaluate(verdict, (values, product, against, w))
 
 
 def check_values(plan, b, flat_f, leaves, values, has_aux):

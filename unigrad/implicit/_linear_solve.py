@@ -164,6 +164,7 @@ class Operator:
     on_failure: str = "raise"
     rmatvec: Callable | None = None
     name: str = "linear_solve"
+    transposes: Callable | None = None  # (the operator .T was made from: its matvec, whose VJP this one is)
 
     def apply(self, v, operands):
         return self.matvec(v, operands)
@@ -185,7 +186,31 @@ class Operator:
             return self
         return dataclasses.replace(self, matvec=self.apply_transpose, rmatvec=self.matvec,
                                    solve=self.transpose_solve or self.solve, transpose_solve=self.solve,
-                                   name=f"{self.name} (transposed)")
+                                   name=f"{self.name} (transposed)", transposes=self.matvec)
+
+    def _linear_maps(self, operands, like):
+        """``(mv, rmv, check)`` for an iterative solve on values: ``A v``, ``A^T u`` and the ``A v`` the residual
+        is checked with. The transpose is ONE pullback of ``matvec`` (it is linear: its VJP at any point is
+        ``A^T``), built once and reused by every iteration, where a fresh VJP per product would run the forward
+        pass again each time; a transposed operator iterates with that pullback of the operator it transposes;
+        with ``symmetric`` the pullback serves as ``A`` too (one backward pass an iteration, where ``matvec``
+        may be a JVP), and the residual is still checked with ``matvec`` itself, so a ``symmetric=True`` that
+        does not hold is seen there."""
+        xp = namespace(like)
+        base = self.transposes if self.transposes is not None else self.matvec
+        # linear: any point will do, but not zeros (see apply_transpose)
+        _, pullback = _vjp(lambda v: base(v, operands), xp.ones_like(like), backend=current_backend())
+
+        def transposed(u):
+            return pullback(u)[0]
+
+        def direct(v):
+            return base(v, operands)
+        if self.transposes is not None:  # this is A^T of base: A^T v by the pullback, (A^T)^T = base
+            return transposed, direct, transposed
+        if self.symmetric:
+            return transposed, transposed, direct
+        return direct, transposed, direct
 
     # ------------------------------------------------------------------ the primal computation, on values
     def primal(self, b, operands):
@@ -206,8 +231,8 @@ class Operator:
         bnorm = norm(xp, b)
         if bnorm == 0.0:
             return xp.zeros_like(b)  # the tangent of an unperturbed input, often: no work, and exact
-        rmv = lambda u: self.apply_transpose(u, operands)  # noqa: E731
         backend = current_backend()
+        mv, rmv, check = self._linear_maps(operands, b)
         if callable(self.solve):
             x, iterations, method = self.solve(mv, b), None, getattr(self.solve, "__name__", "solve")
         else:
@@ -217,7 +242,7 @@ class Operator:
             raise TypeError(f"{self.name}: matvec uses a traced array it does not expose (a global?), whose "
                             f"derivative the rule cannot give; reach it through a closure, a default argument, "
                             f"functools.partial or an object's attribute, which linear_solve differentiates")
-        residual = norm(xp, mv(x) - b) / bnorm
+        residual = norm(xp, check(x) - b) / bnorm
         bound = 10.0 * tol
         if not residual <= bound:  # (NaN fails too)
             spent = f" after {iterations} iterations (maxiter={maxiter})" if iterations is not None else ""

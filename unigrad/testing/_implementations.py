@@ -337,7 +337,8 @@ class ImplementationComparison:
 
     @property
     def reasons(self) -> list:
-        lines = [f"{i.label}: {i.result.message}" for i in self.implementations if i.status != "ok"]
+        # an implementation that ran can carry a note too (finite differences or taps it could not check)
+        lines = [f"{i.label}: {i.result.message}" for i in self.implementations if i.result.message]
         lines += [r.describe() for r in self.differences]
         for name, kind in ((self.first_forward_difference, "forward"), (self.first_cotangent_difference, "cotangent")):
             if name is not None:
@@ -789,7 +790,7 @@ def compare_implementations(impls: dict, args, *, argnums=0, dtype: str | None =
     judge = _Judge(worst, tol)
 
     # rounding: the same implementations in float64
-    runs64 = {}
+    runs64, computes_low = {}, {}
     for impl, problem, run in ok:
         impl.taps = _record_taps(run)
         if not judge.low or "pairwise" in tol:
@@ -801,24 +802,42 @@ def compare_implementations(impls: dict, args, *, argnums=0, dtype: str | None =
         # the arguments as the compared run got them (already rounded to the compared dtype), in float64
         _, run64, r64 = _run(impl.label, run.b, problem.f, problem.args, argnums_t, "float64", seed, jacobian,
                              order, 0, device, names)
-        if r64.status == "ok":
+        # a port that computes in float32 whatever its inputs (a Flax module's dtype, a Keras layer's policy)
+        # returns float32 from its "float64" run: no measure of its rounding, and no float64 reference
+        low64 = sorted({d for q in ("value", "jvp") for d in r64.dtypes.get(q, [])
+                        if d in PAIRWISE_TOLERANCES and d not in ("float64", "complex128")})
+        if r64.status == "ok" and not low64:
             impl.result64, runs64[impl.label] = r64, run64
             impl.taps64 = _record_taps(run64)
             impl.rounding = "float64 run"
+        elif r64.status == "ok":
+            impl.rounding = f"none: given float64 inputs, it computed its outputs in {', '.join(low64)}"
+            computes_low[impl.label] = ", ".join(low64)
         else:
-            impl.rounding = f"none: the float64 run failed ({r64.message})"
+            impl.rounding = f"none: the float64 run failed ({r64.message.splitlines()[0] if r64.message else ''})"
 
     # each against finite differences of itself
     for impl, problem, run in ok:
         out_names = _output_names(problem.f, problem, run) or [f"output {k}" for k in range(len(run.result.outputs))]
         impl.output_names = out_names
-        if finite_differences:
+        if finite_differences and impl.label in computes_low:
+            # finite differences step in float64 and would read its float32 rounding as derivatives
+            run.result.message = (run.result.message + "; " if run.result.message else "") + (
+                f"not checked against finite differences: it computes in {computes_low[impl.label]} whatever "
+                f"its inputs' dtype")
+        elif finite_differences:
             # in float64 where it ran there: every argument in float64 (a port may refuse mixed dtypes),
             # and the tighter tolerances show more
             fd_run = runs64.get(impl.label, run)
             t = _tolerances(fd_run.p, [fd_run.result], fd_overrides, impl.label)
-            run.result.checks += own_checks(fd_run, fd_run.p, t, lambda k, n=out_names: _at(n, k, "output"),
-                                            lambda k: _at(names, k, "input"))
+            try:
+                run.result.checks += own_checks(fd_run, fd_run.p, t, lambda k, n=out_names: _at(n, k, "output"),
+                                                lambda k: _at(names, k, "input"))
+            except Exception as exc:  # f cannot be evaluated where finite differences need it (a port refusing
+                # the float64 points a float32 run's perturbations make): the comparisons stand, the checks not
+                run.result.message = (run.result.message + "; " if run.result.message else "") + (
+                    f"not checked against finite differences: evaluating f there raised {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}")
         statuses = {c.status for c in run.result.checks}
         run.result.verdict = (DISAGREE if "fail" in statuses else INCONCLUSIVE if "inconclusive" in statuses
                               else CONVENTION if "kink" in statuses else AGREE)

@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE))
 
 import unigrad  # noqa: E402
 from unigrad import _memory  # noqa: E402
-from bench_tape import ratio, show, timed_rounds  # noqa: E402
+from bench_tape import have, ratio, show, timed_rounds  # noqa: E402
 
 TOL = 1e-10
 RIDGE = dict(train=200, valid=100, features=50, lam=0.7)
@@ -60,14 +60,6 @@ MEMORY_SIZE = {"numpy": 300, "torch": 1000}
 
 def _load():
     return round(os.getloadavg()[0], 2)
-
-
-def _have(module):
-    try:
-        __import__(module)
-        return True
-    except Exception:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,10 +364,10 @@ def _as_list(g):
 def peers(backends, quick=False):
     results = {}
     cases = []
-    if "jax" in backends and _have("jaxopt"):
+    if "jax" in backends and have("jaxopt"):
         cases += [("jax", "jaxopt", problem, compiled) for problem in ("ridge", "fixed_point")
                   for compiled in (True, False)]
-    if "torch" in backends and _have("torchopt"):
+    if "torch" in backends and have("torchopt"):
         cases += [("torch", "torchopt", problem, False) for problem in ("ridge", "fixed_point")]
     for backend, peer, problem, compiled in cases:
         if backend == "jax":
@@ -444,7 +436,7 @@ def beyond(backends, quick=False):
             np.testing.assert_allclose(got, want, rtol=1e-8, err_msg=f"{backend} {name}")
             rounds = timed_rounds([lambda: _block(fn(lam))], 2 if quick else 5, 3 if quick else 7)
             rows[name] = {"seconds": min(r[0] for r in rounds), "value": got, "closed_form": want}
-        if backend == "jax" and _have("jaxopt"):
+        if backend == "jax" and have("jaxopt"):
             theirs = jaxopt_ridge(*consts)
 
             def attempt(transform):
@@ -453,7 +445,7 @@ def beyond(backends, quick=False):
 
             rows["jacfwd"]["jaxopt"] = _try(lambda: attempt(jax.jacfwd))[0]
             rows["hessian"]["jaxopt"] = _try(lambda: attempt(jax.hessian))[0]
-        if backend == "torch" and _have("torchopt"):
+        if backend == "torch" and have("torchopt"):
             import torch
 
             theirs = torchopt_ridge(*consts)

@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 
 import unigrad  # noqa: E402
 from unigrad import _memory  # noqa: E402
-from bench_tape import ratio, show, timed_rounds  # noqa: E402
+from bench_tape import have, ratio, show, timed_rounds  # noqa: E402
 from brusselator_newton import brusselator, brusselator_pattern, initial_state  # noqa: E402
 
 
@@ -157,7 +157,7 @@ def run(backends, quick=False):
             if dense_at is None:
                 fns.append(_dense_fn(kind, f, args, backend))
             asdex_colours = None
-            if backend == "jax" and _have("asdex"):
+            if backend == "jax" and have("asdex"):
                 asdex_call, asdex_colours = _asdex_fn(kind, f, args)
             rounds = _time(fns, quick)
             row["sparse_seconds"] = min(r[0] for r in rounds)
@@ -210,14 +210,6 @@ def eager_tensorflow(size=32):
     rounds = _time([lambda: sparse_t(*call_args), lambda: dense_t(*call_args)], True)
     return {"unknowns": n, "sparse_first_seconds": first, "sparse_seconds": min(r[0] for r in rounds),
             "dense_seconds": min(r[1] for r in rounds), "speedup": 1.0 / ratio(rounds, 0, 1)}
-
-
-def _have(module):
-    try:
-        __import__(module)
-        return True
-    except Exception:
-        return False
 
 
 def report(results):

@@ -39,6 +39,15 @@ def timed_rounds(fns, number, repeat):
     return [[timeit.timeit(fn, number=number) / number for fn in fns] for _ in range(repeat)]
 
 
+def have(module):
+    """Whether ``module`` imports (a peer a benchmark compares with, skipped when absent)."""
+    try:
+        __import__(module)
+        return True
+    except Exception:
+        return False
+
+
 def ratio(rounds, i, j):
     """Time of function i over time of function j: the median of the per-round ratios. A round's two
     runs are adjacent in time, so a machine whose speed drifts from round to round (shared cores)

@@ -3,6 +3,7 @@ against closed forms and finite differences; and the checks that refuse a non-co
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 
@@ -400,16 +401,40 @@ def test_a_batch_of_root_problems_under_vmap(backend):
     np.testing.assert_allclose(_np(per_example).reshape(-1, 1), want, rtol=1e-9)
 
 
+@pytest.mark.parametrize("solve", ["cg", "normal_cg", "gmres"])
 @pytest.mark.parametrize("route", ["linear_solve", "custom_root"])
-def test_compiled(backend, route):
-    """compile=True: no values to iterate on, so the systems are solved densely; JAX and TensorFlow give the
-    closed form."""
+def test_compiled(backend, route, solve, monkeypatch):
+    """compile=True: no values for a Python loop to read. CG (and CG on the normal equations) runs as the
+    backend's compiled loop where it has one (JAX's lax.while_loop), the other solvers and backends solve
+    densely; all give the closed form."""
     if backend not in ("jax", "tensorflow"):
         pytest.skip("compile=True runs eagerly on this backend (the other tests cover it)")
-    fn = loss_by_linear_solve if route == "linear_solve" else loss_by_root
+    from unigrad.implicit import _linear_solve
+
+    looped = []
+    real = _linear_solve.looped_cg
+    monkeypatch.setattr(_linear_solve, "looped_cg", lambda *a, **k: looped.append(1) or real(*a, **k))
+    fn = functools.partial(loss_by_linear_solve if route == "linear_solve" else loss_by_root, solve=solve)
     _, gradient, _ = _ridge_closed_form(LAM)
     got = float(_np(unigrad.grad(fn, backend=backend, compile=True)(np.array(LAM))))
     np.testing.assert_allclose(got, gradient, rtol=1e-9)
+    assert bool(looped) == (backend == "jax" and solve in ("cg", "normal_cg")), looped
+
+
+def test_a_compiled_loop_that_does_not_converge_gives_nan():
+    """In a compiled program the residual is symbolic: a CG loop that stops short (maxiter) cannot raise, so
+    its solution comes out NaN -- loud, never a wrong number."""
+    pytest.importorskip("jax")
+    a_spd = unigrad.asarray(A_SPD, backend="jax")
+
+    def total(b, maxiter=None):  # the gradient in b: A^{-1} 1 (A symmetric), by the transposed solve
+        return unigrad.namespace(b).sum(unigrad.linear_solve(lambda v: a_spd @ v, b, maxiter=maxiter))
+
+    b = np.asarray(B_RHS)
+    short = unigrad.grad(functools.partial(total, maxiter=2), backend="jax", compile=True)(b)
+    assert np.all(np.isnan(_np(short)))
+    full = unigrad.grad(total, backend="jax", compile=True)(b)
+    np.testing.assert_allclose(_np(full), np.linalg.solve(A_SPD, np.ones(4)), rtol=1e-9)
 
 
 def test_a_non_converged_linear_solve_raises_or_warns():

@@ -425,6 +425,11 @@ class Backend(abc.ABC):
     #: per_example_rows takes ``directions=`` (see there); False: norms read by this backend go unchecked
     per_example_directions = False
 
+    #: ``while_loop(cond, body, state) -> state``: a loop on symbolic values (in a compiled program, under
+    #: ``vmap``), where the backend has one (JAX: ``lax.while_loop``); None: ``unigrad.linear_solve`` solves
+    #: densely there instead of iterating
+    while_loop = None
+
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """``batched_jacobian`` for an ``f`` that may also be evaluated one example at a time
         (``f(x)[i] == f(x[i:i+1])[0]``: the core checks it once per signature when it probes the batch).

@@ -506,6 +506,11 @@ class JaxBackend(Backend):
             _, hv = jax.jvp(gradient, primals, _like(tangents, primals))
         return tuple(hv)
 
+    def while_loop(self, cond, body, state):
+        """``jax.lax.while_loop``: a loop in a compiled program or under ``vmap`` (``unigrad.linear_solve``'s CG
+        on symbolic values, where a Python loop cannot read its residual)."""
+        return lax.while_loop(cond, body, state)
+
     def checkpoint(self, f, primals):
         """``jax.checkpoint`` of the block (``unigrad.checkpoint``): its residuals are recomputed in the
         backward pass. JAX traces the values ``f`` closes over as inputs, so closures work."""

@@ -30,7 +30,7 @@ from .. import _registry
 from .._custom import _Call, backend_for
 from ..backend import Rule
 from . import _closure
-from ._solvers import SOLVERS, NoValue, dense_solve, norm, scalar
+from ._solvers import SOLVERS, NoValue, dense_solve, looped_cg, norm, scalar
 
 __all__ = ["linear_solve", "ConvergenceError", "ConvergenceWarning"]
 
@@ -220,8 +220,34 @@ class Operator:
             return self._iterate(b, operands, mv)
         except NoValue:
             # inside vmap (a Jacobian's batch of tangents, a batch of problems) or a compiled program: no value
-            # to steer a loop by, so A is materialised and solved densely; no residual can be read to check
+            # to steer a Python loop by. CG runs as the backend's compiled loop where it has one (its residual,
+            # symbolic, checked in the program: a solution that did not converge comes out NaN); else A is
+            # materialised and solved densely
+            looped = self._looped(b, operands)
+            if looped is not None:
+                return guard(looped)
             return guard(dense_solve(mv, b, current_backend()))
+
+    def _looped(self, b, operands):
+        """The solution by :func:`looped_cg` (``"cg"``, or ``"normal_cg"`` on the normal equations), where the
+        backend has a compiled loop (``while_loop``); None otherwise. NaN where it did not converge."""
+        backend = current_backend()
+        loop = getattr(backend, "while_loop", None)
+        if loop is None or self.solve not in ("cg", "normal_cg"):
+            return None
+        xp = namespace(b)
+        tol = self.tol if self.tol is not None else default_tol(str(b.dtype))
+        size = int(np.prod(tuple(int(s) for s in b.shape)))
+        maxiter = self.maxiter if self.maxiter is not None else max(10 * size, 100)
+        mv, rmv, _ = self._linear_maps(operands, b)
+        if self.solve == "normal_cg":
+            x, _ = looped_cg(lambda v: rmv(mv(v)), rmv(b), tol=tol, maxiter=maxiter, loop=loop)
+            bb = xp.sum(b * b)
+            residual = xp.sqrt(xp.sum((mv(x) - b) ** 2) / xp.where(bb > 0, bb, xp.ones_like(bb)))
+        else:
+            x, residual = looped_cg(mv, b, tol=tol, maxiter=maxiter, loop=loop)
+        converged = (residual <= 10.0 * tol) | (xp.sum(b * b) == 0)
+        return x * xp.where(converged, xp.ones_like(residual), xp.ones_like(residual) * float("nan"))
 
     def _iterate(self, b, operands, mv):
         xp = namespace(b)

@@ -6,8 +6,8 @@ maps an array of ``b``'s shape to one of the same shape, ``rmatvec`` is its tran
 derivative of a solution comes from the implicit rules in ``_linear_solve``), as plain Python loops
 whose convergence tests read Python floats. Where a value cannot be read (inside ``vmap``, or a compiled
 program: JAX's tracers, TensorFlow's graph tensors) :func:`scalar` raises :class:`NoValue`, and
-``_linear_solve`` solves densely instead; compiled loops (``jax.lax.while_loop``, ``tf.while_loop``)
-are the next step.
+``_linear_solve`` runs ``"cg"`` / ``"normal_cg"`` as one compiled loop where the backend has one
+(:func:`looped_cg`: ``jax.lax.while_loop``) and solves densely otherwise.
 
 The stopping test of the iterative solvers is relative: ``|b - A x| <= tol * |b|`` (2-norms); the
 caller checks the true residual afterwards, whatever the solver says.
@@ -19,7 +19,7 @@ import numpy as np
 
 from .._api import namespace, to_numpy
 
-__all__ = ["SOLVERS", "NoValue", "scalar", "dot", "norm", "dense_solve"]
+__all__ = ["SOLVERS", "NoValue", "scalar", "dot", "norm", "dense_solve", "looped_cg"]
 
 
 class NoValue(NotImplementedError):
@@ -163,6 +163,40 @@ def _dense(matvec, b, backend):
     identity = xp.eye(size, dtype=b.dtype)
     columns = [xp.reshape(matvec(xp.reshape(identity[i], _shape(b))), (size,)) for i in range(size)]
     return xp.stack(columns, axis=1), size
+
+
+def looped_cg(matvec, b, *, tol, maxiter, loop):
+    """Conjugate gradients as one compiled loop (``loop(cond, body, state) -> state``: the backend's
+    ``while_loop``, ``jax.lax.while_loop``), for symbolic values (a compiled program, ``vmap``), where
+    :func:`cg`'s Python loop cannot read its residual. Returns ``(x, relative residual |b - A x| / |b|)``
+    as arrays: the caller makes a solution that did not converge loud (it cannot raise on a symbolic
+    value). Stops where ``p^T A p <= 0`` (``A`` not positive definite along ``p``), as :func:`cg`."""
+    xp = namespace(b)
+    bb = dot(xp, b, b)
+    bound = (tol * tol) * bb
+    zero = xp.zeros_like(bb)
+
+    def cond(state):
+        x, r, p, rs, k, stopped = state
+        return (k < maxiter) & (rs > bound) & (stopped == 0)
+
+    def body(state):
+        x, r, p, rs, k, stopped = state
+        ap = matvec(p)
+        curvature = dot(xp, p, ap)
+        good = curvature > zero
+        alpha = xp.where(good, rs / xp.where(good, curvature, xp.ones_like(curvature)), zero)
+        x = x + alpha * p
+        r = r - alpha * ap
+        rs_new = dot(xp, r, r)
+        beta = rs_new / xp.where(rs > zero, rs, xp.ones_like(rs))
+        p = r + beta * p
+        return x, r, p, rs_new, k + 1, xp.where(good, stopped, stopped + 1)
+
+    start = (xp.zeros_like(b), b, b, bb, xp.asarray(0), xp.asarray(0))
+    x, *_ = loop(cond, body, start)
+    residual = xp.sqrt(dot(xp, b - matvec(x), b - matvec(x)) / xp.where(bb > zero, bb, xp.ones_like(bb)))
+    return x, residual
 
 
 def dense_solve(matvec, b, backend=None):

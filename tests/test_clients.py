@@ -196,8 +196,11 @@ def test_batched_jacobian_of_a_closure_mlp_takes_the_proved_path(monkeypatch):
         for _ in range(2):
             torch.testing.assert_close(ours(x), torch.func.vmap(torch.func.jacrev(f))(x).detach())
     assert ran == []
-    # (the spies see a check where one runs: a shortcut's answer is checked)
+    # (the spies see a check where one runs: a shortcut's answer is checked -- in forward mode: in reverse mode a
+    # proof over the program takes the exact sum trick even where the caller declared f separable)
     unigrad.batched_jacobian(lambda x: torch.tanh(x @ w1), separable=True)(x)
+    assert ran == []
+    unigrad.batched_jacobian(lambda x: torch.tanh(x @ w1), separable=True, mode="fwd")(x)
     assert ran
 
 

@@ -293,18 +293,21 @@ def _no_probe(*args, **kwargs):
 
 
 def test_batched_jacobian_of_a_scan_is_proved_and_native(monkeypatch):
-    """A JAX-native RNN-like scan: proved (no probe), computed as vmap(jacrev(one row)), equal to it."""
+    """A JAX-native RNN-like scan: proved (no probe), equal to vmap(jacrev(one row)); in forward mode computed
+    in that native per-example form (vmap(jacfwd(one row))), in reverse mode by the exact sum trick."""
     monkeypatch.setattr(_batched, "_settle_independence", _no_probe)
     used = []
     cls = type(unigrad.get_backend("jax"))
     original = cls.per_example_jacobian
     monkeypatch.setattr(cls, "per_example_jacobian", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
     x = jnp.asarray(X)
-    for compile in (False, True):
-        got = np.asarray(unigrad.batched_jacobian(rnn, backend="jax", compile=compile)(x))
-        want = np.asarray(jax.vmap(jax.jacrev(lambda r: rnn(r[None])[0]))(x))
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
-    assert used  # the native per-example form, taken because the rows were proved
+    want = np.asarray(jax.vmap(jax.jacrev(lambda r: rnn(r[None])[0]))(x))
+    for mode in ("fwd", "rev"):
+        used.clear()
+        for compile in (False, True):
+            got = np.asarray(unigrad.batched_jacobian(rnn, backend="jax", compile=compile, mode=mode)(x))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+        assert bool(used) == (mode == "fwd")  # the native per-example form, taken because the rows were proved
 
 
 @pytest.mark.parametrize("name", ["where_min_predicate", "argmax_over_batch", "stop_gradient_of_batch_mean"])

@@ -39,7 +39,11 @@ SLOW_CASES = {"test_ridge_hyperparameter_second_derivative[jax-linear_solve]",
               "test_linear_solve_second_order_in_a_non_symmetric_closed_over_matrix[tensorflow-lu]",
               "test_fixed_point_against_finite_differences[tensorflow]",
               "test_a_batch_of_root_problems_under_vmap[tensorflow]",
-              "test_ridge_second_derivative_in_every_nesting[tensorflow]"}
+              "test_ridge_second_derivative_in_every_nesting[tensorflow]",
+              "test_a_dict_solution_second_derivative[jax]",
+              "test_a_dict_solution_second_derivative[tensorflow]",
+              "test_a_tuple_solution_of_a_fixed_point[jax]",
+              "test_a_tuple_solution_of_a_fixed_point[tensorflow]"}
 
 
 def _np(x):
@@ -492,3 +496,227 @@ def test_the_docs_example():
     w = np.linalg.solve(a, scope["X"].T @ scope["y"])
     r = scope["X_valid"] @ w - scope["y_valid"]
     np.testing.assert_allclose(_np(scope["g"]), r @ (scope["X_valid"] @ -np.linalg.solve(a, w)), rtol=1e-8)
+
+
+# ------------------------------------------------------------------ pytrees of solutions, has_aux
+
+def _intercept_ridge_closed_form(lam):
+    """{"w", "b"} minimising 0.5 |X w + b - y|^2 + 0.5 lam |w|^2 (b not penalised), the validation loss, and
+    its first and second derivatives in lam: theta = A^{-1} Xa^T y with Xa = [X, 1], A = Xa^T Xa + lam D."""
+    xa, xva = np.hstack([X_TRAIN, np.ones((20, 1))]), np.hstack([X_VALID, np.ones((10, 1))])
+    d = np.diag([1.0] * 4 + [0.0])
+    a = xa.T @ xa + lam * d
+    theta = np.linalg.solve(a, xa.T @ Y_TRAIN)
+    dtheta = -np.linalg.solve(a, d @ theta)
+    d2theta = -2 * np.linalg.solve(a, d @ dtheta)
+    r = xva @ theta - Y_VALID
+    return theta, 0.5 * r @ r, r @ (xva @ dtheta), (xva @ dtheta) @ (xva @ dtheta) + r @ (xva @ d2theta)
+
+
+def _intercept_ridge_gradient(p, lam):  # a dict in, the same dict out: zero at the solution
+    xp = unigrad.namespace(lam)
+    x, y = _data(lam, X_TRAIN, Y_TRAIN)
+    r = x @ p["w"] + p["b"] - y
+    return {"w": xp.matrix_transpose(x) @ r + lam * p["w"], "b": xp.sum(r)}
+
+
+def _intercept_ridge_solver(init, lam):  # plain code; b a 0-d array
+    xp = unigrad.namespace(lam)
+    (x, y), ones = _data(lam, X_TRAIN, Y_TRAIN), xp.ones((20, 1), dtype=lam.dtype)
+    xa = xp.concat([x, ones], axis=1)
+    d = xp.asarray(np.diag([1.0] * 4 + [0.0]), dtype=lam.dtype)
+    theta = xp.linalg.solve(xp.matrix_transpose(xa) @ xa + lam * d, (xp.matrix_transpose(xa) @ y)[:, None])[:, 0]
+    return {"w": theta[:4], "b": theta[4]}
+
+
+def _intercept_validation_loss(p):
+    xp = unigrad.namespace(p["w"])
+    x, y = _data(p["w"], X_VALID, Y_VALID)
+    r = x @ p["w"] + p["b"] - y
+    return 0.5 * xp.sum(r * r)
+
+
+def loss_by_dict_root(lam):
+    p = unigrad.custom_root(_intercept_ridge_gradient, solve="cg", symmetric=True)(_intercept_ridge_solver)(None, lam)
+    return _intercept_validation_loss(p)
+
+
+def test_a_dict_solution_of_a_ridge_problem_with_an_intercept(backend):
+    """custom_root on a solution {"w": (4,), "b": ()}: the value and the derivative in lam in both modes
+    against the closed form (second order where the backend has it)."""
+    theta, _, gradient, _ = _intercept_ridge_closed_form(LAM)
+    rtol = _tolerance(backend)
+    lam = np.array(LAM)
+    p = unigrad.evaluate(lambda lam: unigrad.custom_root(_intercept_ridge_gradient)(_intercept_ridge_solver)(None, lam),
+                         lam, backend=backend)
+    assert isinstance(p, dict) and sorted(p) == ["b", "w"] and tuple(p["b"].shape) == ()
+    np.testing.assert_allclose(_np(p["w"]), theta[:4], rtol=rtol)
+    np.testing.assert_allclose(float(_np(p["b"])), theta[4], rtol=rtol)
+    np.testing.assert_allclose(float(_np(unigrad.grad(loss_by_dict_root, backend=backend)(lam))), gradient,
+                               rtol=rtol)
+    # forward mode: the Jacobian of each leaf in lam, d theta / d lam = -A^{-1} D theta
+    xa = np.hstack([X_TRAIN, np.ones((20, 1))])
+    dtheta = -np.linalg.solve(xa.T @ xa + LAM * np.diag([1.0] * 4 + [0.0]), np.append(theta[:4], 0.0))
+    jac = unigrad.jacfwd(lambda lam: unigrad.custom_root(_intercept_ridge_gradient)(_intercept_ridge_solver)(
+        None, lam), backend=backend)(lam)
+    np.testing.assert_allclose(_np(jac["w"]), dtheta[:4], rtol=rtol * 10, atol=1e-9)
+    np.testing.assert_allclose(float(_np(jac["b"])), dtheta[4], rtol=rtol * 10, atol=1e-9)
+
+
+def test_a_dict_solution_second_derivative(backend):
+    if backend in NO_SECOND_ORDER:
+        pytest.skip(f"{backend}: see NO_SECOND_ORDER")
+    _, _, _, second = _intercept_ridge_closed_form(LAM)
+    np.testing.assert_allclose(float(_np(unigrad.hessian(loss_by_dict_root, backend=backend)(np.array(LAM)))),
+                               second, rtol=1e-8)
+
+
+M_BLOCK = _spd(5)  # the system on a tuple (v: (4,), s: ()): [[M11, m12], [m12^T, m22]] [v; s] = [b1; b2]
+
+
+def _block_matvec(m):
+    return lambda t: (m[:4, :4] @ t[0] + m[:4, 4] * t[1], unigrad.namespace(m).sum(m[4, :4] * t[0]) + m[4, 4] * t[1])
+
+
+def test_a_tuple_solution_of_linear_solve(backend):
+    """linear_solve with b a tuple (a (4,) array, a 0-d array) and a matvec on that structure: the solution,
+    and the gradient in b (u = M^{-1} g) and in the closed-over matrix (-u x^T) against NumPy, in both modes."""
+    b1, b2 = B_RHS, np.array(0.8)
+    x = np.linalg.solve(M_BLOCK, np.append(b1, b2))
+
+    def f(m, b):
+        xp = unigrad.namespace(m)
+        v, s = unigrad.linear_solve(_block_matvec(m), b, symmetric=True)
+        return xp.sum(xp.sin(v)) + 2.0 * s
+
+    rtol = _tolerance(backend)
+    got = unigrad.evaluate(lambda m, b: unigrad.linear_solve(_block_matvec(m), b, solve="gmres"), M_BLOCK, (b1, b2),
+                           backend=backend)
+    assert isinstance(got, tuple) and tuple(got[1].shape) == ()
+    np.testing.assert_allclose(np.append(_np(got[0]), _np(got[1])), x, rtol=rtol)
+    u = np.linalg.solve(M_BLOCK, np.append(np.cos(x[:4]), 2.0))
+    gm, (gb1, gb2) = unigrad.grad(f, argnums=(0, 1), backend=backend)(M_BLOCK, (b1, b2))
+    np.testing.assert_allclose(_np(gm), -np.outer(u, x), rtol=rtol * 10, atol=1e-7)
+    np.testing.assert_allclose(np.append(_np(gb1), _np(gb2)), u, rtol=rtol * 10)
+    # forward mode: the tangent along one direction of (M, b)
+    dm, db1, db2 = RNG.standard_normal((5, 5)), RNG.standard_normal(4), np.array(0.3)
+    _, tangent = unigrad.jvp(f, (M_BLOCK, (b1, b2)), (dm, (db1, db2)), backend=backend)
+    dx = np.linalg.solve(M_BLOCK, np.append(db1, db2) - dm @ x)
+    np.testing.assert_allclose(float(_np(tangent)), np.append(np.cos(x[:4]), 2.0) @ dx, rtol=rtol * 10)
+
+
+def test_a_tuple_solution_of_a_fixed_point(backend):
+    """custom_fixed_point on a tuple (x, y) = (tanh(W x + p), 0.5 cos(y) + q): finite differences at first
+    order (second on the tape and JAX), and the derivative of the unrolled iterations."""
+    def t(z, p, q):
+        xp = unigrad.namespace(p)
+        return _tanh_map(z[0], p), 0.5 * xp.cos(z[1]) + q
+
+    def iterate(init, p, q):
+        z = init
+        for _ in range(100):
+            z = t(z, p, q)
+        return z
+
+    solver = unigrad.custom_fixed_point(t)(iterate)
+
+    def fn(p, q):
+        xp = unigrad.namespace(p)
+        x, y = solver((xp.zeros(3, dtype=p.dtype), xp.zeros(2, dtype=p.dtype)), p, q)
+        return xp.concat([x, y * y])
+
+    p, q = np.array([0.3, -0.2, 0.5]), np.array([0.1, 0.4])
+    order = 2 if backend in ("numpy", "jax") else 1
+    if backend not in NO_SECOND_ORDER:
+        check_grads(fn, (p, q), order=order, backend=backend)
+    implicit = unigrad.jacobian(fn, argnums=(0, 1), backend=backend)(p, q)
+
+    def unrolled(p, q):
+        xp = unigrad.namespace(p)
+        x, y = iterate((xp.zeros(3, dtype=p.dtype), xp.zeros(2, dtype=p.dtype)), p, q)
+        return xp.concat([x, y * y])
+
+    want = unigrad.jacobian(unrolled, argnums=(0, 1), backend=backend)(p, q)
+    for got, expected in zip(implicit, want):
+        np.testing.assert_allclose(_np(got), _np(expected), rtol=_tolerance(backend) * 100, atol=1e-6)
+
+
+def test_has_aux_returns_aux_undifferentiated(backend):
+    """has_aux=True: the solver returns (x, aux); aux comes back as the solver gave it (a Python count, an
+    array of the backend) with a zero derivative, x with the implicit one (1 / (2 sqrt a)); also compiled."""
+    def newton(init, a):
+        x = _newton_sqrt(init, a)
+        return x, {"iterations": 30, "a_seen": a * 1.0, "x": x}
+
+    def with_an_integer_array(init, a):
+        return _newton_sqrt(init, a), unigrad.namespace(a).asarray([30])
+
+    root = unigrad.custom_root(lambda x, a: x ** 2 - a, has_aux=True)(newton)
+    a = np.array([4.0, 9.0])
+
+    def f(a):
+        xp = unigrad.namespace(a)
+        x, aux = root(xp.ones(a.shape, dtype=a.dtype), a)
+        return xp.sum(x) + xp.sum(aux["x"]) + xp.sum(aux["a_seen"]), aux
+
+    rtol = _tolerance(backend)
+    for compile_ in ((False, True) if backend in ("jax", "tensorflow") else (False,)):
+        g, aux = unigrad.grad(f, has_aux=True, backend=backend, compile=compile_)(a)
+        np.testing.assert_allclose(_np(g), 0.5 / np.sqrt(a), rtol=rtol)  # aux adds nothing
+        assert aux["iterations"] == 30
+        np.testing.assert_allclose(_np(aux["x"]), np.sqrt(a), rtol=rtol)
+        np.testing.assert_allclose(_np(aux["a_seen"]), a, rtol=rtol)
+    jac = unigrad.jacfwd(lambda a: root(unigrad.namespace(a).ones(a.shape, dtype=a.dtype), a)[0], backend=backend)(a)
+    np.testing.assert_allclose(_np(jac), np.diag(0.5 / np.sqrt(a)), rtol=rtol, atol=1e-7)
+    with pytest.raises(TypeError, match=r"has_aux=True the solver must return a pair \(x, aux\); got ndarray"):
+        unigrad.custom_root(lambda x, a: x ** 2 - a, has_aux=True)(_newton_sqrt)(np.ones(2), a)
+    # an integer array in aux: kept where it has a value; refused in a compiled program (it would leak)
+    counted = unigrad.custom_root(lambda x, a: x ** 2 - a, has_aux=True)(with_an_integer_array)
+
+    def g(a):
+        x, steps = counted(unigrad.namespace(a).ones(a.shape, dtype=a.dtype), a)
+        return unigrad.namespace(a).sum(x), steps
+
+    if backend in ("jax", "tensorflow"):
+        with pytest.raises(TypeError, match=r"aux leaf \(the root\) is a symbolic .* array of dtype int"):
+            unigrad.grad(g, has_aux=True, backend=backend, compile=True)(a)
+    gradient, steps = unigrad.grad(g, has_aux=True, backend=backend)(a)
+    np.testing.assert_allclose(_np(gradient), 0.5 / np.sqrt(a), rtol=rtol)
+    assert _np(steps).tolist() == [30]
+
+
+def test_pytree_solution_errors_name_the_leaves():
+    """Mixed dtypes, integer leaves, and an optimality or matvec of another structure or shape: TypeError or
+    ValueError naming what is wrong, never a silent promotion."""
+    two = np.array([4.0, 9.0])
+    mixed = unigrad.custom_root(lambda x, a: x)(lambda init, a: {"u": a, "v": a.astype(np.float32)})
+    with pytest.raises(TypeError, match=r"share one floating dtype.*\['u'\]: float64, \['v'\]: float32"):
+        mixed(None, two)
+    integer = unigrad.custom_root(lambda x, a: x)(lambda init, a: (a, np.arange(2)))
+    with pytest.raises(TypeError, match=r"leaf \[1\] has dtype int64"):
+        integer(None, two)
+    other = unigrad.custom_root(lambda x, a: x["u"])(lambda init, a: {"u": a})
+    with pytest.raises(TypeError, match="optimality.*has structure.*solution's structure"):
+        other(None, two)
+    shape = unigrad.custom_root(lambda x, a: {"u": x["u"][:1]})(lambda init, a: {"u": a})
+    with pytest.raises(ValueError, match=r"optimality.*shape \(1,\) at leaf \['u'\].*shape \(2,\)"):
+        shape(None, two)
+    with pytest.raises(TypeError, match=r"linear_solve: b: .*share one floating dtype"):
+        unigrad.linear_solve(lambda t: t, (two, two.astype(np.float32)))
+    with pytest.raises(TypeError, match=r"matvec\(v\) has structure"):
+        unigrad.linear_solve(lambda t: t[0], (two, two))
+
+
+def test_the_docs_pytree_example():
+    """docs/implicit.md's dict-solution example, against the closed form d theta / d lam = -A^{-1} D theta."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "implicit.md").read_text()
+    code = next(c for c in re.findall(r"```python\n(.*?)```", text, flags=re.S) if 'p["w"]' in c)
+    scope: dict = {}
+    exec(compile(code, "docs/implicit.md", "exec"), scope)
+    xa = np.hstack([scope["X"], np.ones((30, 1))])
+    d = np.diag([1.0, 1.0, 1.0, 0.0])
+    a = xa.T @ xa + 0.7 * d
+    want = -np.linalg.solve(a, d @ np.linalg.solve(a, xa.T @ scope["y"]))
+    np.testing.assert_allclose(np.append(_np(scope["jac"]["w"]), _np(scope["jac"]["b"])), want, rtol=1e-8)

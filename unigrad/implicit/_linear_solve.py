@@ -30,6 +30,7 @@ from .. import _registry
 from .._custom import _Call, backend_for
 from ..backend import Rule
 from . import _closure
+from ._flat import Flat, is_single
 from ._solvers import SOLVERS, NoValue, dense_solve, looped_cg, norm, scalar
 
 __all__ = ["linear_solve", "ConvergenceError", "ConvergenceWarning"]
@@ -334,11 +335,14 @@ def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = 
     mode (``A^T`` from a VJP of ``matvec``, or ``matvec`` itself where ``symmetric=True``).
 
     Args:
-      matvec: ``v -> A v``, linear in ``v``, mapping an array of ``b``'s shape to one of the same shape.
+      matvec: ``v -> A v``, linear in ``v``, mapping an array of ``b``'s shape to one of the same shape
+        (a pytree of ``b``'s structure and shapes to another, for a pytree ``b``).
         The arrays it closes over (closure cells, default arguments, ``functools.partial`` arguments,
         pytrees of them, and those of the functions it holds) are differentiated; arrays reached
         through globals or object attributes are constants.
-      b: the right-hand side, a floating-point array of any shape.
+      b: the right-hand side, a floating-point array of any shape, or a pytree (tuple, list, dict) of
+        arrays of one real floating dtype: solved as one vector (the leaves ravelled and concatenated; a
+        mixed-dtype pytree raises a TypeError naming the leaves).
       solve: ``"cg"`` (``A`` symmetric positive definite), ``"gmres"``, ``"bicgstab"``, ``"normal_cg"``
         (any non-singular ``A``), ``"lu"`` or ``"cholesky"`` (dense: ``A`` materialised by ``matvec``
         of the identity columns, then the namespace's ``linalg``), or a callable
@@ -353,7 +357,7 @@ def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = 
         default), ``"warn"`` (:class:`ConvergenceWarning`) or ``"ignore"``.
 
     Returns:
-      ``x``, an array of ``b``'s shape, dtype and backend.
+      ``x``, an array of ``b``'s shape, dtype and backend (a pytree of ``b``'s structure for a pytree ``b``).
 
     Example:
       >>> def solution(scale):
@@ -368,20 +372,26 @@ def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = 
     check_on_failure(on_failure)
     if not callable(matvec):
         raise TypeError(f"linear_solve: matvec must be a callable v -> A v; got {type(matvec).__name__}")
-    if isinstance(b, (tuple, list, dict)):
-        raise TypeError("linear_solve: b must be one array (pytrees of arrays are not supported yet); got a "
-                        f"{type(b).__name__}")
     rebuild, found = _closure.convert(matvec, keep=_floating_array)
     backend = backend_for(optree.tree_leaves(b) + list(found))
-    if not backend.is_array(b):
-        b = asarray(b, backend=backend)
+    flat = None
+    if is_single(b):
+        if not backend.is_array(b):
+            b = asarray(b, backend=backend)
 
-    def closed(v, operands):
-        return rebuild(operands)(v)
+        def closed(v, operands):
+            return rebuild(operands)(v)
+    else:  # a pytree: solved as one vector (its leaves ravelled and concatenated), cut back at the end
+        flat = Flat(b, backend, "linear_solve: b")
+        b = flat.ravel(b, "b")
+
+        def closed(v, operands):
+            return flat.ravel(rebuild(operands)(flat.unravel(v)), "matvec(v)")
 
     op = Operator(closed, solve=solve, transpose_solve=transpose_solve, symmetric=symmetric, tol=tol,
                   maxiter=maxiter, on_failure=on_failure)
-    return apply_solve(op, b, tuple(found))
+    x = apply_solve(op, b, tuple(found))
+    return x if flat is None else flat.unravel(x)
 
 
 def _floating_array(x) -> bool:

@@ -13,7 +13,8 @@ call on the explicit arrays ``(init, *params)``:
 
 ``x*`` inside the rules is this same function called again, so its own derivative (second order:
 the rules differentiated) is the implicit one too; the linear solves are ``linear_solve``'s rule,
-differentiable in their operands. ``init`` gets a zero derivative.
+differentiable in their operands. ``init`` gets a zero derivative. A pytree solution is one vector inside
+(``_Solution``, ``_flat``); ``has_aux``'s floating-point arrays are extra outputs of zero derivative.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from .._api import jvp as _jvp
 from .._api import to_numpy
 from .._api import vjp as _vjp
 from .._custom import _Call, backend_for
+from .._dtypes import INEXACT
 from ..backend import Rule
+from ._flat import Flat, is_single
 from ._linear_solve import (Operator, apply_solve, check_nested_transforms, check_not_differentiated, check_on_failure,
                             check_solve, current_backend, report)
 
@@ -38,7 +41,7 @@ __all__ = ["custom_root", "custom_fixed_point"]
 
 def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None = None,
                 linear_tol: float | None = None, maxiter: int | None = None, symmetric: bool = False,
-                on_failure: str = "raise") -> Callable:
+                on_failure: str = "raise", has_aux: bool = False) -> Callable:
     """A decorator: ``solver(init, *params) -> x`` with ``optimality(x, *params) = 0`` at its result,
     differentiated with respect to ``params`` by the implicit function theorem, in both modes and to any
     order, on every backend (MLX: first order; a second derivative raises NotImplementedError there).
@@ -49,8 +52,8 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
     linear solve with ``d_x F`` (matrix-free: JVPs and VJPs of ``F``).
 
     Args:
-      optimality: ``F(x, *params)``, an array of ``x``'s shape, zero at the solution. For an argmin,
-        the gradient of the objective (``d_x F`` is then its Hessian: symmetric).
+      optimality: ``F(x, *params)``, of ``x``'s shape (``x``'s structure for a pytree solution), zero at the
+        solution. For an argmin, the gradient of the objective (``d_x F`` is then its Hessian: symmetric).
       solve: the linear solver for ``d_x F`` (see :func:`unigrad.linear_solve`; default ``"gmres"``;
         ``"cg"`` with ``symmetric=True`` for an argmin at a minimum, ``"lu"`` for small dense problems).
       tol: the largest ``max |F(x, *params)|`` accepted at the solver's result (default 1e-6 in
@@ -60,10 +63,15 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
       symmetric: ``d_x F`` is symmetric (an argmin): the transposed system uses ``d_x F`` itself.
       on_failure: a failed check (optimality residual or linear solve residual): ``"raise"``
         (:class:`unigrad.implicit.ConvergenceError`, the default), ``"warn"`` or ``"ignore"``.
+      has_aux: the solver returns ``(x, aux)``; the decorated function returns ``(x, aux)`` too, ``aux``
+        as the solver gave it and not differentiated (its floating-point arrays of the backend with a
+        zero derivative; an integer array of a compiled program is refused: return a count as a Python int).
 
     Returns:
-      A decorator; the decorated function is called as ``solver(init, *params)``. ``init`` (an array
-      or None) gets a zero derivative; ``params`` may be pytrees; the solution ``x`` is one array.
+      A decorator; the decorated function is called as ``solver(init, *params)``. ``init`` (an array,
+      a pytree or None) gets a zero derivative; ``params`` may be pytrees; the solution ``x`` is an
+      array or a pytree of arrays (a tuple, list or dict) sharing one real floating dtype, solved as one
+      vector (its leaves ravelled and concatenated; a mixed-dtype pytree raises a TypeError).
 
     Example:
       >>> def sqrt_newton(init, a):           # x with x**2 - a = 0, by Newton's method
@@ -84,7 +92,7 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
         if not callable(solver):
             raise TypeError(f"custom_root: the decorated solver must be callable; got {type(solver).__name__}")
         return _RootSolver(solver, optimality, dict(solve=solve, tol=tol, linear_tol=linear_tol, maxiter=maxiter,
-                                                    symmetric=symmetric, on_failure=on_failure))
+                                                    symmetric=symmetric, on_failure=on_failure), has_aux=has_aux)
 
     return decorator
 
@@ -113,7 +121,14 @@ def custom_fixed_point(fixed_point: Callable, **options) -> Callable:
         raise TypeError(f"custom_fixed_point: T must be a callable T(x, *params); got {type(fixed_point).__name__}")
 
     def residual(x, *params):
-        return fixed_point(x, *params) - x
+        t = fixed_point(x, *params)
+        if is_single(x):
+            return t - x
+        try:  # a pytree solution: leaf by leaf
+            return optree.tree_map(lambda t, x: t - x, t, x)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"custom_fixed_point: T(x, *params) has structure {optree.tree_structure(t)}; it must "
+                            f"have the solution's structure {optree.tree_structure(x)} ({exc})") from None
 
     residual.__name__ = f"{getattr(fixed_point, '__name__', 'T')} - x"
     return custom_root(residual, **options)
@@ -122,13 +137,21 @@ def custom_fixed_point(fixed_point: Callable, **options) -> Callable:
 class _RootSolver:
     """The decorated solver: one custom-rule call per use (see the module docstring)."""
 
-    def __init__(self, solver, optimality, options):
+    def __init__(self, solver, optimality, options, has_aux=False):
         functools.update_wrapper(self, solver)
-        self.solver, self.optimality, self.options = solver, optimality, options
+        self.solver, self.optimality, self.options, self.has_aux = solver, optimality, options, has_aux
         self.name = getattr(solver, "__name__", type(solver).__name__)
 
     def __call__(self, init, *params):
-        return _solve_root(self, init, params)
+        call = _Solution(self)
+        x = _solve_root(call, init, params)
+        aux = None
+        if self.has_aux:
+            x, arrays = x
+            aux = call.rebuild_aux(arrays)
+        if call.flat is not None:
+            x = call.flat.unravel(x)
+        return (x, aux) if self.has_aux else x
 
     def operator(self):
         o = self.options
@@ -146,9 +169,6 @@ class _RootSolver:
         x = self.solver(init, *params)
         b = backend
         if not b.is_array(x):
-            if isinstance(x, (tuple, list, dict)):
-                raise TypeError(f"{self.name}: the solver returned a {type(x).__name__}; custom_root supports one "
-                                f"array as the solution (pytrees of solutions are not supported yet)")
             x = asarray(x, backend=b)
         residual_value = self.optimality(x, *params)
         if tuple(b.shape(residual_value)) != tuple(b.shape(x)):
@@ -170,15 +190,83 @@ class _RootSolver:
         return x
 
 
-def _solve_root(root: _RootSolver, init, params):
+class _Solution(_RootSolver):
+    """One call of a decorated solver, on its solution as one vector: a pytree solution (the solver's result a
+    tuple, list or dict of arrays) ravelled into one (``_flat``), ``optimality`` called on the pytree and its
+    result ravelled the same way; a single array as it is. The structure is the solver's result's, known once
+    the solver has run (every rule runs it first: ``x*`` inside the rules is this same call again).
+
+    With ``has_aux`` the solver returns ``(x, aux)``, ``aux`` not differentiated: its floating-point arrays of
+    the backend leave the rule as extra outputs of zero derivative (so a compiled program's traced values are
+    returned, not leaked), its other leaves (numbers, strings, integer arrays with a value) are kept as the
+    first run gave them; an integer array without a value (a compiled program's) raises a TypeError."""
+
+    def __init__(self, root: _RootSolver):  # (not _RootSolver's: nothing to wrap)
+        self.root, self.options, self.name, self.has_aux = root, root.options, root.name, False
+        self.solver, self.optimality = self._solve, self._optimality
+        self.flat = self.aux_tree = None
+        self.aux_leaves, self.aux_outputs, self.aux_arrays = [], [], ()
+
+    def _solve(self, init, *params):
+        out = self.root.solver(init, *params)
+        backend = current_backend() or backend_for(optree.tree_leaves((init, params)))
+        if self.root.has_aux:
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                got = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) else \
+                    type(out).__name__
+                raise TypeError(f"{self.name}: with has_aux=True the solver must return a pair (x, aux); got {got}")
+            out, aux = out
+            self._keep_aux(aux, backend)
+        if is_single(out):
+            self.flat = None
+            return out
+        self.flat = Flat(out, backend, f"{self.name}: the solution")
+        return self.flat.ravel(out, "the solver's result")
+
+    def _keep_aux(self, aux, backend):
+        paths, leaves, tree = optree.tree_flatten_with_path(aux)
+        arrays, outputs = [], []
+        for path, leaf in zip(paths, leaves):
+            output = backend.is_array(leaf) and backend.dtype(leaf) in INEXACT
+            if backend.is_array(leaf) and not output:
+                try:  # an integer or bool array with a value: kept as it is
+                    to_numpy(leaf)
+                except Exception:  # symbolic (a compiled program): it cannot leave the rule but as an output
+                    raise TypeError(
+                        f"{self.name}: aux leaf {''.join(f'[{k!r}]' for k in path) or '(the root)'} is a symbolic "
+                        f"{backend.name} array of dtype {backend.dtype(leaf)} (a compiled program); aux may hold "
+                        f"floating-point arrays there, and numbers (an iteration count: a Python int)") from None
+            outputs.append(output)
+            if output:
+                arrays.append(leaf)
+        if self.aux_tree is None:  # (the first run's; the later runs, at the same point, give the same)
+            self.aux_tree, self.aux_leaves, self.aux_outputs = tree, leaves, outputs
+        self.aux_arrays = tuple(arrays)
+
+    def rebuild_aux(self, arrays):
+        """``aux`` with the rule's outputs in place of its floating-point arrays."""
+        arrays = iter(arrays)
+        leaves = [next(arrays) if output else leaf for leaf, output in zip(self.aux_leaves, self.aux_outputs)]
+        return optree.tree_unflatten(self.aux_tree, leaves)
+
+    def _optimality(self, x, *params):
+        if self.flat is None:
+            return self.root.optimality(x, *params)
+        return self.flat.ravel(self.root.optimality(self.flat.unravel(x), *params), "optimality(x, *params)")
+
+
+def _solve_root(root: _Solution, init, params):
+    """``x`` (one array), or ``(x, aux_arrays)`` with ``has_aux``, from one custom-rule call."""
     backend = backend_for(optree.tree_leaves((init, params)))
     # a NumPy start on another backend: that backend's arrays (the solver then meets one kind of array)
     init = optree.tree_map(lambda v: asarray(v, backend=backend) if isinstance(v, np.ndarray) and not
                            backend.is_array(v) else v, init)
     args = (init, *params)
+    with_aux = root.root.has_aux
 
     def custom_root_call(init, *params):  # (the name errors show)
-        return root.primal(backend, init, params)
+        x = root.primal(backend, init, params)
+        return (x, root.aux_arrays) if with_aux else x
 
     call = _Call("jvp", custom_root_call, (), args)
     call.name = root.name
@@ -186,23 +274,30 @@ def _solve_root(root: _RootSolver, init, params):
     op = root.operator()
     optimality = root.optimality
 
+    def solution(init, params):
+        out = _solve_root(root, init, params)
+        return out if with_aux else (out, ())
+
     def jvp_rule(primals, tangents):
         check_not_differentiated(backend, f"custom_root ({root.name})", "jvp")
         guard = check_nested_transforms(backend)
         init, *params = primals
         _, *dparams = tangents
-        x = _solve_root(root, init, tuple(params))
+        x, arrays = solution(init, tuple(params))
         _, change = _jvp(lambda *params: optimality(x, *params), tuple(params), tuple(dparams), backend=backend)
-        return x, guard(apply_solve(op, -change, (x, tuple(params))))
+        dx = guard(apply_solve(op, -change, (x, tuple(params))))
+        return ((x, arrays), (dx, tuple(None for _ in arrays))) if with_aux else (x, dx)
 
     def fwd(init, *params):
-        x = _solve_root(root, init, params)
-        return x, (x, params)
+        x, arrays = solution(init, params)
+        return ((x, arrays) if with_aux else x), (x, params)
 
     def bwd(residuals, g):
         check_not_differentiated(backend, f"custom_root ({root.name})", "vjp")
         guard = check_nested_transforms(backend)
         x, params = residuals
+        if with_aux:
+            g = g[0]  # (aux has no derivative)
         u = guard(apply_solve(op.T, g, (x, params)))
         _, pullback = _vjp(lambda *params: optimality(x, *params), *params, backend=backend)
         cts = pullback(u)

@@ -1018,6 +1018,79 @@ def test_stop_gradient_has_a_zero_derivative(backend):
         _close(unigrad.hessian(f, backend=backend)(x), np.diag(2 * x))
 
 
+# ------------------------------------------------------------------ derivatives of solutions (unigrad.implicit)
+# linear_solve and custom_root are custom rules (docs/implicit.md): first order, on a backend that declares
+# custom_rules; one that does not must refuse them, never differentiate through the solver's iterations.
+
+_SPD = np.array([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
+_RHS = np.array([1.0, -2.0, 0.5])
+
+
+def _close_solution(a, b):
+    """``_close`` for an iterative solver's result: its tolerance (1e-5 relative in float32) on top."""
+    single = _single_precision(np.asarray(_np(a))) or _single_precision(np.asarray(_np(b)))
+    _close(a, b, *((1e-4, 1e-5) if single else (1e-8, 1e-10)))
+
+
+def _refuses_without_custom_rules(backend, fn, *args):
+    if _caps(backend).custom_rules:
+        return False
+    with pytest.raises(NotImplementedError, match="custom"):
+        unigrad.grad(fn, backend=backend)(*args)
+    return True
+
+
+def test_linear_solve_value_and_first_derivatives(backend):
+    """``x = A^{-1} b`` (a small SPD system, CG, the matrix closed over by matvec): the value, the gradient in
+    ``b`` (``u = A^{-1} cos x``) and in the matrix (``-u x^T``), and the JVP, against NumPy's closed forms."""
+    def solution(a, b):
+        return unigrad.linear_solve(lambda v: a @ v, b, solve="cg", symmetric=True)
+
+    def loss(a, b):
+        return unigrad.namespace(a, b).sum(unigrad.namespace(a, b).sin(solution(a, b)))
+
+    if _refuses_without_custom_rules(backend, loss, _SPD, _RHS):
+        pytest.skip(f"{backend} does not declare custom_rules (and refuses linear_solve's, as it must)")
+    x = np.linalg.solve(_SPD, _RHS)
+    u = np.linalg.solve(_SPD, np.cos(x))
+    _close_solution(unigrad.evaluate(solution, _SPD, _RHS, backend=backend), x)
+    ga, gb = unigrad.grad(loss, argnums=(0, 1), backend=backend)(_SPD, _RHS)
+    _close_solution(gb, u)
+    _close_solution(ga, -np.outer(u, x))
+    if _caps(backend).forward_mode:
+        da, db = np.outer([0.3, -0.1, 0.2], [0.5, 0.4, -0.6]), np.array([0.2, 0.1, -0.3])
+        _, tangent = unigrad.jvp(loss, (_SPD, _RHS), (da, db), backend=backend)
+        _close_solution(tangent, np.cos(x) @ np.linalg.solve(_SPD, db - da @ x))
+
+
+def _newton_sqrt(init, a):
+    x = init
+    for _ in range(30):
+        x = 0.5 * (x + a / x)
+    return x
+
+
+def test_custom_root_value_and_first_derivatives(backend):
+    """The square root as the root of ``x**2 - a`` (Newton's method, run on values): the value and the
+    derivative ``1 / (2 sqrt a)`` in reverse and forward mode (the implicit function theorem, a GMRES solve
+    with the optimality Jacobian and its transpose)."""
+    root = unigrad.custom_root(lambda x, a: x ** 2 - a)(_newton_sqrt)
+    a = np.array([4.0, 9.0, 2.0])
+
+    def sqrt(a):
+        return root(unigrad.namespace(a).ones(a.shape, dtype=a.dtype), a)
+
+    def total(a):
+        return unigrad.namespace(a).sum(sqrt(a))
+
+    if _refuses_without_custom_rules(backend, total, a):
+        pytest.skip(f"{backend} does not declare custom_rules (and refuses custom_root's, as it must)")
+    _close_solution(unigrad.evaluate(sqrt, a, backend=backend), np.sqrt(a))
+    _close_solution(unigrad.grad(total, backend=backend)(a), 0.5 / np.sqrt(a))
+    if _caps(backend).forward_mode:
+        _close_solution(unigrad.jacfwd(sqrt, backend=backend)(a), np.diag(0.5 / np.sqrt(a)))
+
+
 # ------------------------------------------------------------------ capabilities, random programs
 
 _CAPABILITIES = ("forward_mode", "vmap", "compile", "higher_order", "complex", "float64", "custom_rules")

@@ -318,9 +318,9 @@ def _nonlinearity(xp, b, once, doubled):
 def failed_rows(b, checked):
     """The rows whose check failed (a list of ints, empty where every row agrees) and the worst relative
     difference among them, from :func:`verdicts`' array."""
-    checked = np.asarray(b.to_numpy(checked), dtype=np.float64)
-    if checked.size == 0:
+    if 0 in tuple(b.shape(checked)):  # nothing was checked: no read (a transfer that waits for the program)
         return [], 0.0
+    checked = np.asarray(b.to_numpy(checked), dtype=np.float64)
     bad = np.flatnonzero(checked[0] > 0)
     return [int(r) for r in bad], (float(checked[1][bad].max()) if bad.size else 0.0)
 

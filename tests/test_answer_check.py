@@ -336,3 +336,23 @@ def test_the_checks_run_in_the_arrays_scope_on_jax():
             unigrad.sparse_jacobian(banded, sparsity=pattern, backend="jax", mode=mode)(x[0])
         unigrad.per_example_grad(_losses, backend="jax")(w, xb)
         unigrad.per_example_grad_norms(_losses, backend="jax")(w, xb)
+
+
+def test_always_checks_the_answer_of_a_proof_too(monkeypatch):
+    """A proof over the program that runs is trusted by default (the exact sum trick, unchecked);
+    check_independence="always" checks it too. Here the proof is made wrong on purpose (f mixes rows, the
+    proof is forced to say it does not): the default gives the sum trick's blocks unchecked, "always" refuses
+    them with the ValueError naming the rows."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((4, 3))
+
+    def centred(x):
+        xp = unigrad.namespace(x)
+        return xp.tanh(x - xp.mean(x, axis=0))
+
+    real = _batched.prove_independence
+    monkeypatch.setattr(_batched, "prove_independence",
+                        lambda call, *a, **k: ("row", None, real(call, *a, **k)[2], False, True))
+    unigrad.batched_jacobian(centred, mode="rev")(x)  # the forced proof trusted: no check, no error
+    with pytest.raises(ValueError, match="fail their check.*VJP in reverse mode"):
+        unigrad.batched_jacobian(centred, mode="rev", check_independence="always")(x)

@@ -90,7 +90,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
         on the tape for another engine, a one-example shortcut) are checked on every call by one JVP
         (or VJP) of the whole batch with a random vector on every row (``unigrad._answer_check``): a
         shortcut that fails it gives way to the sum trick, anything else raises ValueError naming the
-        rows.
+        rows. With ``"always"`` blocks that stand on a proof are checked too.
       separable: the caller states that ``f`` may also be evaluated one example at a time,
         ``f(x)[b] == f(x[b:b+1])[0]`` (f uses neither the batch size nor positions in the batch).
         A backend may then vectorise batch-of-one Jacobians (``jax.vmap`` of ``jax.jacfwd``), which
@@ -228,7 +228,9 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             # fast as the shortcut in reverse mode, docs/performance.md). Forward mode keeps the shortcut, whose
             # unbatched unit tangents fold into the first product where the sum trick repeats them B times.
             shortcut = per_example if not (exact and m == "rev") else False
-            check = check_independence != "never" and batch >= 2 and not (exact and not shortcut)
+            # "always": the proof is checked too (one more product a call), as a probe runs every call
+            check = check_independence != "never" and batch >= 2 and (
+                check_independence == "always" or not (exact and not shortcut))
             return m, run(call, m, shortcut, recorded, check, key, verdict) + (shortcut,)
 
         if mode == "auto":  # forward mode that raises (no forward rule for f) falls back to reverse
@@ -238,7 +240,8 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             chosen, (blocks, aux, rows, shortcut) = attempt(chosen)
         if rows and shortcut:  # the shortcut's analysis was wrong: the sum trick, exact for independent rows
             refuted.store(call, True)
-            blocks, aux, rows = run(call, chosen, False, None, not exact, key, verdict)
+            blocks, aux, rows = run(call, chosen, False, None, not exact or check_independence == "always", key,
+                                    verdict)
         if rows:
             raise _check_error(rows[0], rows[1])
         jac = call.blocks_tree(blocks)

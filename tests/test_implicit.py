@@ -409,8 +409,8 @@ def test_a_batch_of_root_problems_under_vmap(backend):
 @pytest.mark.parametrize("route", ["linear_solve", "custom_root"])
 def test_compiled(backend, route, solve, monkeypatch):
     """compile=True: no values for a Python loop to read. CG (and CG on the normal equations) runs as the
-    backend's compiled loop where it has one (JAX's lax.while_loop), the other solvers and backends solve
-    densely; all give the closed form."""
+    backend's compiled loop where it has one (JAX's lax.while_loop, TensorFlow's tf.while_loop), the other
+    solvers and backends solve densely; all give the closed form."""
     if backend not in ("jax", "tensorflow"):
         pytest.skip("compile=True runs eagerly on this backend (the other tests cover it)")
     from unigrad.implicit import _linear_solve
@@ -422,7 +422,7 @@ def test_compiled(backend, route, solve, monkeypatch):
     _, gradient, _ = _ridge_closed_form(LAM)
     got = float(_np(unigrad.grad(fn, backend=backend, compile=True)(np.array(LAM))))
     np.testing.assert_allclose(got, gradient, rtol=1e-9)
-    assert bool(looped) == (backend == "jax" and solve in ("cg", "normal_cg")), looped
+    assert bool(looped) == (backend in ("jax", "tensorflow") and solve in ("cg", "normal_cg")), looped
 
 
 def test_a_compiled_loop_that_does_not_converge_gives_nan():
@@ -720,3 +720,63 @@ def test_the_docs_pytree_example():
     a = xa.T @ xa + 0.7 * d
     want = -np.linalg.solve(a, d @ np.linalg.solve(a, xa.T @ scope["y"]))
     np.testing.assert_allclose(np.append(_np(scope["jac"]["w"]), _np(scope["jac"]["b"])), want, rtol=1e-8)
+
+
+def _fixed_point_loss(p):
+    """0.5 |z|^2 at z = tanh(W z + p): a non-symmetric d_x F, solved by normal-equation CG."""
+    xp = unigrad.namespace(p)
+    (w,) = _data(p, 0.4 * np.eye(4) + 0.1 * np.arange(16.0).reshape(4, 4) / 16)
+
+    def step(z, p):
+        return xp.tanh(w @ z + p)
+
+    def iterate(init, p):
+        z = init
+        for _ in range(200):
+            z = step(z, p)
+        return z
+    z = unigrad.custom_fixed_point(step, solve="normal_cg")(iterate)(xp.zeros_like(p), p)
+    return 0.5 * xp.sum(z * z)
+
+
+@pytest.mark.parametrize("solve", ["cg", "gmres", "normal_cg"])
+def test_torch_iterates_with_plain_autograd_products_and_checks_them(monkeypatch, solve):
+    """On torch the iterative solvers' products come from one recording, by plain ``torch.autograd.grad``
+    (``linear_products``: ``J^T u`` a backward pass, ``J v`` the backward pass differentiated in its
+    cotangent), not ``torch.func``'s transforms -- d_x F for custom_root, at the solution: the same
+    derivatives (closed forms, finite differences). Their answers stand checked: the residual is checked
+    with the operator itself, so a wrong product is a ConvergenceError, never a wrong derivative."""
+    pytest.importorskip("torch")
+    import torch
+
+    b = type(unigrad.get_backend("torch"))
+    real = b.linear_products
+    served = []
+
+    def spy(self, f, point):
+        out = real(self, f, point)
+        served.append(out is not None)
+        return out
+    monkeypatch.setattr(b, "linear_products", spy)
+    lam = torch.tensor(LAM, dtype=torch.float64)
+    _, gradient, _ = _ridge_closed_form(LAM)
+    for fn in (loss_by_linear_solve, loss_by_root):
+        del served[:]
+        got = unigrad.grad(functools.partial(fn, solve=solve), backend="torch")(lam)
+        np.testing.assert_allclose(float(got), gradient, rtol=1e-8)
+        assert served and all(served), served
+    p = np.array([0.3, -0.2, 0.5, 0.1])
+    del served[:]
+    check_grads(_fixed_point_loss, (p,), order=1, modes=("rev",), backend="torch")
+    assert served and all(served), served
+    # second order: the rules differentiated (where a torch.func transform runs, the hook stands aside)
+    h = unigrad.hessian(functools.partial(loss_by_root, solve=solve), backend="torch")(lam)
+    np.testing.assert_allclose(float(h), _ridge_closed_form(LAM)[2], rtol=1e-7)
+
+    def wrong(self, f, point):  # J v and J^T u doubled: the iterations solve 2 A x = b
+        out = real(self, f, point)
+        return None if out is None else tuple((lambda v, g=g: 2.0 * g(v)) for g in out)
+    monkeypatch.setattr(b, "linear_products", wrong)
+    for fn in (loss_by_linear_solve, loss_by_root):
+        with pytest.raises(ConvergenceError, match="did not converge"):
+            unigrad.grad(functools.partial(fn, solve=solve), backend="torch")(lam)

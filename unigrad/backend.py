@@ -430,6 +430,15 @@ class Backend(abc.ABC):
     #: densely there instead of iterating
     while_loop = None
 
+    #: ``linear_products(f, point) -> (matvec, rmatvec)``, or None: ``v -> J v`` and ``u -> J^T u`` with ``J`` the
+    #: Jacobian of ``f`` at ``point`` (``f``, ``point`` and the products of one shape), for products on VALUES
+    #: that nothing differentiates (``unigrad.linear_solve``'s iterative solvers run them every step: ``f`` the
+    #: operator itself, or custom_root's optimality in ``x`` at the solution), where the backend has leaner
+    #: products than :meth:`vjp`'s pullback and :meth:`jvp`, which must nest and be differentiable (torch: plain
+    #: ``torch.autograd.grad`` on one retained recording, outside ``torch.func``'s transforms). The hook may
+    #: return None for a call it does not serve. None: ``vjp``'s pullback and the operator itself
+    linear_products = None
+
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """``batched_jacobian`` for an ``f`` that may also be evaluated one example at a time
         (``f(x)[i] == f(x[i:i+1])[0]``: the core checks it once per signature when it probes the batch).

@@ -166,6 +166,10 @@ class Operator:
     rmatvec: Callable | None = None
     name: str = "linear_solve"
     transposes: Callable | None = None  # (the operator .T was made from: its matvec, whose VJP this one is)
+    #: ``linearized(operands) -> (g, point)``: ``A`` (of the operator ``.T`` was made from, where ``transposes``) is
+    #: the Jacobian of ``g`` at ``point`` (custom_root: the optimality in ``x``, at the solution), for a backend's
+    #: ``linear_products``; None: the matvec itself, at any point (it is linear)
+    linearized: Callable | None = None
 
     def apply(self, v, operands):
         return self.matvec(v, operands)
@@ -196,17 +200,33 @@ class Operator:
         pass again each time; a transposed operator iterates with that pullback of the operator it transposes;
         with ``symmetric`` the pullback serves as ``A`` too (one backward pass an iteration, where ``matvec``
         may be a JVP), and the residual is still checked with ``matvec`` itself, so a ``symmetric=True`` that
-        does not hold is seen there."""
+        does not hold is seen there. Where the backend offers ``linear_products`` (torch, outside its transforms),
+        both products come from its one recording of the operator (of custom_root's optimality at the solution,
+        ``linearized``) instead, and the residual is checked with ``matvec`` as ever: a wrong product is a failed
+        residual, never a wrong solution."""
         xp = namespace(like)
         base = self.transposes if self.transposes is not None else self.matvec
+        backend = current_backend()
+        hook = getattr(backend, "linear_products", None)
+        products = None
+        if hook is not None:
+            g, point = (self.linearized(operands) if self.linearized is not None else
+                        ((lambda v: base(v, operands)), xp.ones_like(like)))
+            products = hook(g, point)
+
+        def direct(v):
+            return base(v, operands)
+        if products is not None:  # the backend's leaner products of base (the residual: base itself)
+            forward, transposed = products
+            if self.transposes is not None:
+                return transposed, forward, transposed
+            return (transposed if self.symmetric else forward), transposed, direct
         # linear: any point will do, but not zeros (see apply_transpose)
-        _, pullback = _vjp(lambda v: base(v, operands), xp.ones_like(like), backend=current_backend())
+        _, pullback = _vjp(lambda v: base(v, operands), xp.ones_like(like), backend=backend)
 
         def transposed(u):
             return pullback(u)[0]
 
-        def direct(v):
-            return base(v, operands)
         if self.transposes is not None:  # this is A^T of base: A^T v by the pullback, (A^T)^T = base
             return transposed, direct, transposed
         if self.symmetric:

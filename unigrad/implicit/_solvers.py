@@ -29,6 +29,10 @@ class NoValue(NotImplementedError):
 def scalar(value) -> float:
     """A 0-d array's value as a Python float (the solvers' loop tests need one); :class:`NoValue` where
     it has none (JAX's tracers and TensorFlow's graph tensors, a value inside torch's or MLX's vmap)."""
+    try:  # float(): a tensor's own read (torch's item(); JAX's, TensorFlow's, MLX's), without a host copy
+        return float(value)
+    except Exception:
+        pass
     try:
         return float(np.asarray(to_numpy(value)))
     except Exception as exc:

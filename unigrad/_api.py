@@ -11,6 +11,7 @@ budget in ``_memory.py``.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -443,8 +444,8 @@ def _first_pass(call: Call, programs, shapes, fallbacks):
     if ((programs is not None and b.capabilities.compile) or not b.capabilities.forward_mode
             or shapes.lookup(call) is not None or fallbacks.lookup(call) is not None):
         return None
-    if b.forward_ratio > 1:
-        return "rev" if type(b).jacrev is Backend.jacrev else None
+    if b.forward_ratio > 1:  # (a backend's own jacrev evaluates f first: only through its record_for_jacrev)
+        return "rev" if type(b).jacrev is Backend.jacrev or b.record_for_jacrev is not None else None
     return "fwd" if type(b).jacfwd is Backend.jacfwd else None
 
 
@@ -456,14 +457,20 @@ def _first_call(call: Call, first, shapes, fallbacks, chunk_size, has_aux, rever
     b = call.backend
     if first == "rev":
         try:
-            outputs, vjp_fn, aux = b.vjp(call.flat_f, call.diff, has_aux=has_aux)
+            recorded = None if b.record_for_jacrev is None else b.record_for_jacrev(call.flat_f, call.diff,
+                                                                                    has_aux=has_aux)
+            if recorded is None:
+                outputs, vjp_fn, aux = b.vjp(call.flat_f, call.diff, has_aux=has_aux)
+                finish = functools.partial(b.jacobian_of_vjp, outputs, vjp_fn, call.diff)
+            else:
+                outputs, finish, aux = recorded
         except Exception:  # (f without a reverse rule where forward mode may be chosen: the caller's path
             return None    # decides, and raises f's own error where both fail)
         if mode_for_shapes(call, shapes.store(call, tuple(b.shape(o) for o in outputs)), False) != "rev":
             return None
         if real_to_complex(b, outputs, call.diff):  # reverse rows would hold Re J alone: the caller goes forward
             return None
-        jac = b.jacobian_of_vjp(outputs, vjp_fn, call.diff, chunk_size)
+        jac = finish(chunk_size)
         return _flatten_blocks(promoted_blocks(b, outputs, call.diff, jac)), (aux or ())
     outputs, aux, push_f = b._forward(call.flat_f, call.diff, has_aux)
     if mode_for_shapes(call, shapes.store(call, tuple(b.shape(o) for o in outputs)), False) != "fwd":

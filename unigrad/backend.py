@@ -50,6 +50,9 @@ method                     status    default / note
 ``value_and_grad(f, primals, *, has_aux, check)``  optional  one ``vjp`` with a unit cotangent
 ``vmap(f, in_axes, out_axes, chunk_size)``  optional  a Python loop (``capabilities.vmap`` False)
 ``jacrev`` / ``jacfwd``    optional  ``vjp`` / ``jvp`` over a unit basis, via ``map_chunks``
+``record_for_jacrev``      optional  None: ``mode="auto"`` learns shapes from ``vjp`` (torch: one plain recording)
+``linear_products(f, point)``  optional  None: ``linear_solve`` iterates with ``vjp``'s pullback (torch: plain autograd)
+``while_loop(cond, body, state)``  optional  None: ``linear_solve`` solves densely on symbolic values (JAX: ``lax``)
 ``vmap_rows(fn, n_args)``  optional  ``vmap`` over axis 0, for ``map_chunks``' own basis rows (torch: no copies)
 ``batched_jacobian``       optional  the sum trick over the per-example basis
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
@@ -426,8 +429,9 @@ class Backend(abc.ABC):
     per_example_directions = False
 
     #: ``while_loop(cond, body, state) -> state``: a loop on symbolic values (in a compiled program, under
-    #: ``vmap``), where the backend has one (JAX: ``lax.while_loop``); None: ``unigrad.linear_solve`` solves
-    #: densely there instead of iterating
+    #: ``vmap``), where the backend has one (JAX: ``lax.while_loop``; TensorFlow: ``tf.while_loop``, a property
+    #: that is None where TensorFlow would differentiate the loop's graph itself); None: ``unigrad.linear_solve``
+    #: solves densely there instead of iterating
     while_loop = None
 
     #: ``linear_products(f, point) -> (matvec, rmatvec)``, or None: ``v -> J v`` and ``u -> J^T u`` with ``J`` the
@@ -438,6 +442,13 @@ class Backend(abc.ABC):
     #: ``torch.autograd.grad`` on one retained recording, outside ``torch.func``'s transforms). The hook may
     #: return None for a call it does not serve. None: ``vjp``'s pullback and the operator itself
     linear_products = None
+
+    #: ``record_for_jacrev(f, primals, *, has_aux=False) -> (outputs, finish, aux)``, or None: ``f`` evaluated
+    #: once for :meth:`jacrev`, ``finish(chunk_size)`` its blocks, where the backend's own ``jacrev`` has such a
+    #: split (torch: a plain autograd recording; the method may return None for a call it does not serve).
+    #: ``jacobian(mode="auto")`` learns a new signature's output shapes from that evaluation and finishes from
+    #: it where reverse mode is chosen, as it does from :meth:`vjp` for the base class's ``jacrev``
+    record_for_jacrev = None
 
     def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):
         """``batched_jacobian`` for an ``f`` that may also be evaluated one example at a time

@@ -814,3 +814,35 @@ def test_a_batch_of_pytree_root_problems_under_vmap(backend):
     np.testing.assert_allclose(_np(got).reshape(50, 2), want, rtol=1e-9)
     per_example = unigrad.batched_jacobian(both, backend=backend)(a)
     np.testing.assert_allclose(_np(per_example).reshape(50, 2), want, rtol=1e-9)
+
+
+def test_torch_products_fall_back_where_a_backward_is_not_differentiable():
+    """A matvec through a custom torch.autograd.Function marked once_differentiable: ``J v`` by the
+    recording's double backward cannot run, so the solver's products fall back to the matvec itself, and
+    the solution and its gradient are still the closed forms (non-symmetric A, GMRES and normal CG)."""
+    torch = pytest.importorskip("torch")
+    from torch.autograd.function import once_differentiable
+
+    a_np = np.array([[3.0, 1.0, 0.0], [0.5, 2.0, 0.3], [0.0, -0.4, 1.5]])
+    a = torch.tensor(a_np)
+
+    class Apply(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, v):
+            return a @ v
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, g):
+            return a.T @ g
+
+    b_np = np.array([1.0, -2.0, 0.5])
+    for solve in ("gmres", "normal_cg"):
+        def loss(b):
+            x = unigrad.linear_solve(Apply.apply, b, solve=solve)
+            return (x * x).sum()
+        b = torch.tensor(b_np)
+        x = np.linalg.solve(a_np, b_np)
+        np.testing.assert_allclose(float(loss(b)), x @ x, rtol=1e-8)
+        got = unigrad.grad(loss, backend="torch")(b)
+        np.testing.assert_allclose(got.numpy(), 2 * np.linalg.solve(a_np.T, x), rtol=1e-7)

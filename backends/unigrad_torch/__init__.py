@@ -271,17 +271,19 @@ class TorchBackend(Backend):
             (g,) = torch.autograd.grad(out, point, u, retain_graph=True, allow_unused=True)
             return torch.zeros_like(like) if g is None else g
 
-        def forward(v):
+        def forward(v):  # (RuntimeError where f's backward is not differentiable: the core then takes f's JVP)
             if not recorded:  # A^T w for a symbolic w, recorded once
                 with torch.enable_grad():
                     w = torch.zeros_like(like).requires_grad_(True)
                     (g,) = torch.autograd.grad(out, point, w, retain_graph=True, create_graph=True)
+                if g is None or g.grad_fn is None:
+                    raise RuntimeError("linear_products: the backward pass is not differentiable in its cotangent")
                 recorded.append((w, g))
             w, g = recorded[0]
-            if g.grad_fn is None:  # (f's backward is not differentiable in its cotangent: never, for torch's ops)
-                raise RuntimeError("linear_products: the backward pass is not differentiable in its cotangent")
             (av,) = torch.autograd.grad(g, w, v, retain_graph=True, allow_unused=True)
-            return torch.zeros_like(like) if av is None else av
+            if av is None:  # the backward pass does not reach w (once_differentiable's Error node): not A v = 0
+                raise RuntimeError("linear_products: the backward pass is not differentiable in its cotangent")
+            return av
         return forward, transposed
 
     # ------------------------------------------------------------------ gradients on plain autograd
@@ -387,7 +389,7 @@ class TorchBackend(Backend):
             return None
         live = [k for k, o in enumerate(outputs) if o.requires_grad]
         recorded = tuple(outputs[k] for k in live)
-        outputs = tuple(o.detach() for o in outputs)
+        outputs = _fresh(tuple(o.detach() for o in outputs), primals)  # (an output that is an input: a copy)
 
         def pull(*cotangents):  # (unused leaves: zeros, which vmap repeats over the rows)
             grads = torch.autograd.grad(recorded, leaves, cotangents, retain_graph=True, allow_unused=True)

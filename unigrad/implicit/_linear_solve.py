@@ -217,7 +217,16 @@ class Operator:
         def direct(v):
             return base(v, operands)
         if products is not None:  # the backend's leaner products of base (the residual: base itself)
-            forward, transposed = products
+            product, transposed = products
+            failed = []
+
+            def forward(v):  # A v by the backend's product, or by base where that cannot run (a backward pass
+                if not failed:  # that is not differentiable: a custom torch.autograd.Function's), from then on
+                    try:
+                        return product(v)
+                    except RuntimeError:
+                        failed.append(True)
+                return base(v, operands)
             if self.transposes is not None:
                 return transposed, forward, transposed
             return (transposed if self.symmetric else forward), transposed, direct

@@ -52,7 +52,7 @@ method                     status    default / note
 ``jacrev`` / ``jacfwd``    optional  ``vjp`` / ``jvp`` over a unit basis, via ``map_chunks``
 ``record_for_jacrev``      optional  None: ``mode="auto"`` learns shapes from ``vjp`` (torch: one plain recording)
 ``linear_products(f, point)``  optional  None: ``linear_solve`` iterates with ``vjp``'s pullback (torch: plain autograd)
-``while_loop(cond, body, state)``  optional  None: ``linear_solve`` solves densely on symbolic values (JAX: ``lax``)
+``while_loop(cond, body, state)``  optional  None: ``linear_solve`` solves densely on symbolic values (JAX, TF: loops)
 ``vmap_rows(fn, n_args)``  optional  ``vmap`` over axis 0, for ``map_chunks``' own basis rows (torch: no copies)
 ``batched_jacobian``       optional  the sum trick over the per-example basis
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)

@@ -32,6 +32,8 @@ import warnings
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.eager import record as _record  # noqa: E402
+from tensorflow.python.framework.func_graph import FuncGraph as _FuncGraph  # noqa: E402
 
 import unigrad  # noqa: E402
 from unigrad import Backend, Capabilities  # noqa: E402
@@ -333,6 +335,15 @@ class TensorflowBackend(Backend):
 
         return checkpoint(f, primals)
 
+    @property
+    def while_loop(self):
+        """``tf.while_loop`` (:func:`_while_loop`) for ``unigrad.linear_solve``'s CG on symbolic values, or None
+        (it then solves densely) where the graph being built is one that TensorFlow differentiates
+        symbolically (:func:`_symbolically_differentiated`): there custom rules are not seen, and TensorFlow
+        would differentiate the loop's iterations -- measured: errors in pfor's conversion of ``while_grad``,
+        or an approximate derivative; the dense solve's LU is differentiated exactly."""
+        return None if _symbolically_differentiated() else _while_loop
+
     # ---------------------------------------------------------------- vmap and compile
     def vmap(self, f, in_axes, out_axes=0, chunk_size=None):
         in_axes = list(in_axes)
@@ -353,7 +364,7 @@ class TensorflowBackend(Backend):
                 return tuple(_plain(o) for o in _call(f, call))
 
             try:
-                pieces = [tf.vectorized_map(body, tuple(e[start:stop] for e in elems))
+                pieces = [_vectorized_map(body, tuple(e[start:stop] for e in elems))
                           for start, stop in (_chunks(size, chunk_size) or [(0, 0)])]
             except Exception as exc:
                 # TensorFlow could not vectorise f. Either f uses an array's value in Python (an if on it):
@@ -455,6 +466,63 @@ class TensorflowBackend(Backend):
 
 
 # -------------------------------------------------------------------- helpers
+
+def _symbolically_differentiated() -> bool:
+    """Whether the ops being built now may be differentiated by TensorFlow's symbolic gradients (which
+    ignore the tapes' recorded custom rules) rather than by the tapes: a pfor loop body (``tf.vectorized_map``,
+    the Jacobians' ``tape.jacobian`` / ``batch_jacobian``: pfor traces it under the name scope ``loop_body``)
+    or a graph nested in another (a ``tf.while_loop`` or ``tf.map_fn`` body, a ``tf.function`` called from
+    one), whose enclosing tapes record the call and differentiate its graph."""
+    if tf.executing_eagerly():
+        return False
+    if any(part.startswith("loop_body") for part in tf.get_current_name_scope().split("/")):
+        return True
+    graph, functions = tf.compat.v1.get_default_graph(), 0
+    while isinstance(graph, _FuncGraph):
+        functions += 1
+        graph = graph.outer_graph
+    return functions > 1
+
+
+def _while_loop(cond, body, state):
+    """``tf.while_loop`` on a tuple ``state`` of arrays whose dtypes and shapes ``body`` keeps; ``cond`` and
+    ``body`` see :class:`Array` s, TensorFlow tensors. Nothing differentiates the loop (the implicit rules
+    give the solution's derivatives): a symbolic gradient through it is NaN (:func:`_not_differentiated`)."""
+    state = tuple(state)
+    inside = any(type(s) is Array for s in state)
+    tensors = tuple(tf.convert_to_tensor(_plain(s)) for s in state)
+
+    def loop_cond(*values):
+        return tf.convert_to_tensor(_plain(cond(tuple(Array(v) for v in values))))
+
+    def loop_body(*values):
+        out = tuple(tf.convert_to_tensor(_plain(o)) for o in body(tuple(Array(v) for v in values)))
+        for k, (o, v) in enumerate(zip(out, tensors)):
+            if o.dtype != v.dtype or not o.shape.is_compatible_with(v.shape):
+                raise TypeError(f"while_loop: body changes state[{k}] from {v.dtype.name} {v.shape} to "
+                                f"{o.dtype.name} {o.shape}; the state must keep its dtypes and shapes")
+        return out
+
+    out = _not_differentiated(*tf.while_loop(loop_cond, loop_body, tensors))
+    return tuple(Array(o) for o in out) if inside else tuple(out)
+
+
+@tf.custom_gradient
+def _not_differentiated(*values):
+    """The loop's results, whose symbolic gradient is NaN (loud: the derivative of the iterations would be an
+    approximation), with a warning where TensorFlow builds it: a ``tf.GradientTape`` outside a ``tf.function``
+    that holds the loop (a unigrad transform compiled there) sees the function's graph, not linear_solve's
+    rules. (TensorFlow may build that gradient as soon as the function is called under such a tape.)"""
+    def nan(*cotangents, **kwargs):
+        warnings.warn("linear_solve's CG loop (tf.while_loop) is being differentiated by TensorFlow's symbolic "
+                      "gradients of the graph that holds it (as for a tf.GradientTape around a compiled unigrad "
+                      "transform), which do not apply linear_solve's derivative rules: that derivative is NaN. "
+                      "Take derivatives with unigrad's transforms (compile=True) instead", RuntimeWarning,
+                      stacklevel=2)
+        return [None if c is None or not c.dtype.is_floating else c * tf.constant(float("nan"), c.dtype)
+                for c in cotangents]
+    return values, nan
+
 
 def _fresh(primals):
     """New tensors for the primals (see the module docstring: TensorFlow watches tensors by identity)."""
@@ -605,6 +673,10 @@ def _tape_jacobian(tape, target, sources, chunk_size, batch=False):
     remedy (``experimental_use_pfor=False``), with a :class:`SlowMapWarning`: the same values."""
     jacobian = tape.batch_jacobian if batch else tape.jacobian
     options = _pfor_options(chunk_size)
+    if options["experimental_use_pfor"] and not tf.executing_eagerly() and _record.could_possibly_record():
+        # in a program, under a tape that may differentiate the Jacobian: pfor in a function of its own, as
+        # eagerly (see _pfor_apart)
+        jacobian = _pfor_apart(jacobian)
     try:
         return jacobian(target, sources, unconnected_gradients=_ZERO, **options)
     except ValueError as exc:
@@ -616,6 +688,32 @@ def _tape_jacobian(tape, target, sources, chunk_size, batch=False):
                   f"at a time ({rows} in a loop; the same values, more slowly)", SlowMapWarning, stacklevel=4)
     return jacobian(target, sources, unconnected_gradients=_ZERO, experimental_use_pfor=False,
                     parallel_iterations=chunk_size)
+
+
+def _pfor_apart(jacobian):
+    """``jacobian`` run in a ``tf.function`` of its own. In a program pfor builds its loop body in the program's
+    graph and converts its ops there; a tape around it then differentiates the converted ops, not the custom
+    rules recorded on the body's (whose code runs on copies that tapes do not see): a compiled
+    ``jacrev(jacrev(f))`` through ``unigrad.linear_solve`` gave half the closed form. Eagerly pfor runs in a
+    function of its own, which the tape differentiates from its graph (TensorFlow's symbolic gradients, that
+    see through the copies): the right value; so here too."""
+    def apart(target, sources, **options):
+        return tf.function(lambda: jacobian(target, sources, **options), autograph=False)()
+    return apart
+
+
+def _vectorized_map(body, elems):
+    """``tf.vectorized_map``; in a program under a tape or accumulator that may differentiate the map, in a
+    function of its own (as eagerly: see :func:`_pfor_apart`; a compiled ``jacrev(jacfwd(f))`` through a
+    custom rule gave zeros on the diagonal)."""
+    if not tf.executing_eagerly() and _record.could_possibly_record():
+        try:
+            return tf.function(lambda: tf.vectorized_map(body, elems), autograph=False)()
+        except Exception:  # noqa: BLE001
+            # TensorFlow's forward mode could not record the call (measured: "'NoneType' object cannot be
+            # interpreted as an integer" in record_operation, jacfwd(jacfwd) of a scalar's linear_solve): inlined
+            pass
+    return tf.vectorized_map(body, elems)
 
 
 def _columns_to_blocks(columns, rows_like, primals):

@@ -15,6 +15,12 @@ call on the explicit arrays ``(init, *params)``:
 the rules differentiated) is the implicit one too; the linear solves are ``linear_solve``'s rule,
 differentiable in their operands. ``init`` gets a zero derivative. A pytree solution is one vector inside
 (``_Solution``, ``_flat``); ``has_aux``'s floating-point arrays are extra outputs of zero derivative.
+
+``d_p F`` is taken over the floating-point array leaves of the params that ``argnums`` selects (all params by
+default, ``_Params``); the other leaves (Python numbers, strings, integer arrays, options) are held as they
+are. The params outside ``argnums`` stay explicit arrays of the rule, but pass ``stop_gradient`` first: their
+derivative is zero at every order (inside the rules too, so a second derivative is the one of the solution
+with those params frozen), and no rule closes over a traced array.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from .._api import asarray
 from .._api import jvp as _jvp
 from .._api import to_numpy
 from .._api import vjp as _vjp
-from .._custom import _Call, backend_for
+from .._custom import _Call, _stop_one, backend_for
 from .._dtypes import INEXACT
 from ..backend import Rule
 from ._flat import Flat, is_single
@@ -41,7 +47,8 @@ __all__ = ["custom_root", "custom_fixed_point"]
 
 def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None = None,
                 linear_tol: float | None = None, maxiter: int | None = None, symmetric: bool = False,
-                on_failure: str = "raise", has_aux: bool = False) -> Callable:
+                on_failure: str = "raise", has_aux: bool = False, argnums: int | tuple[int, ...] | None = None
+                ) -> Callable:
     """A decorator: ``solver(init, *params) -> x`` with ``optimality(x, *params) = 0`` at its result,
     differentiated with respect to ``params`` by the implicit function theorem, in both modes and to any
     order, on every backend (MLX: first order; a second derivative raises NotImplementedError there).
@@ -66,12 +73,23 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
       has_aux: the solver returns ``(x, aux)``; the decorated function returns ``(x, aux)`` too, ``aux``
         as the solver gave it and not differentiated (its floating-point arrays of the backend with a
         zero derivative; an integer array of a compiled program is refused: return a count as a Python int).
+      argnums: which params the solution is differentiated with respect to: an int or a tuple of ints,
+        positions in the solver's call ``solver(init, *params)`` -- ``init`` is 0 (it is also the position
+        of the solution ``x`` in ``optimality(x, *params)``, as in torchopt's ``argnums``), the first param
+        is 1, negative positions count from the end; a position naming ``init``, out of range or repeated
+        raises a ValueError. Default None: every param. A param outside ``argnums`` is a constant of the
+        implicit rule: its derivative is zero (also where a transform asks for it, and at every order:
+        the derivatives are those of the solution with that param frozen, as for JAX's
+        ``nondiff_argnums``), ``d_params F`` is taken over the others only (fewer JVP/VJP inputs), and
+        it may be anything (a Python int such as an iteration count, a string, a dict of options, None).
 
     Returns:
       A decorator; the decorated function is called as ``solver(init, *params)``. ``init`` (an array,
-      a pytree or None) gets a zero derivative; ``params`` may be pytrees; the solution ``x`` is an
-      array or a pytree of arrays (a tuple, list or dict) sharing one real floating dtype, solved as one
-      vector (its leaves ravelled and concatenated; a mixed-dtype pytree raises a TypeError).
+      a pytree or None) gets a zero derivative; ``params`` may be pytrees, whose floating-point array
+      leaves are differentiated (their other leaves -- Python numbers, strings, integer arrays -- are
+      constants); the solution ``x`` is an array or a pytree of arrays (a tuple, list or dict) sharing
+      one real floating dtype, solved as one vector (its leaves ravelled and concatenated; a mixed-dtype
+      pytree raises a TypeError).
 
     Example:
       >>> def sqrt_newton(init, a):           # x with x**2 - a = 0, by Newton's method
@@ -87,12 +105,14 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
         raise TypeError(f"custom_root: optimality must be a callable F(x, *params); got {type(optimality).__name__}")
     check_solve(solve)
     check_on_failure(on_failure)
+    argnums = _check_argnums(argnums)
 
     def decorator(solver: Callable) -> Callable:
         if not callable(solver):
             raise TypeError(f"custom_root: the decorated solver must be callable; got {type(solver).__name__}")
         return _RootSolver(solver, optimality, dict(solve=solve, tol=tol, linear_tol=linear_tol, maxiter=maxiter,
-                                                    symmetric=symmetric, on_failure=on_failure), has_aux=has_aux)
+                                                    symmetric=symmetric, on_failure=on_failure), has_aux=has_aux,
+                           argnums=argnums)
 
     return decorator
 
@@ -103,7 +123,8 @@ def custom_fixed_point(fixed_point: Callable, **options) -> Callable:
 
     Args:
       fixed_point: ``T(x, *params)``.
-      **options: those of :func:`custom_root`.
+      **options: those of :func:`custom_root` (``argnums`` too: positions in ``solver(init, *params)``,
+        ``init`` being 0).
 
     Returns:
       A decorator for ``solver(init, *params) -> x`` with ``x = T(x, *params)`` at its result.
@@ -137,13 +158,20 @@ def custom_fixed_point(fixed_point: Callable, **options) -> Callable:
 class _RootSolver:
     """The decorated solver: one custom-rule call per use (see the module docstring)."""
 
-    def __init__(self, solver, optimality, options, has_aux=False):
+    def __init__(self, solver, optimality, options, has_aux=False, argnums=None):
         functools.update_wrapper(self, solver)
         self.solver, self.optimality, self.options, self.has_aux = solver, optimality, options, has_aux
+        self.argnums = argnums
         self.name = getattr(solver, "__name__", type(solver).__name__)
 
     def __call__(self, init, *params):
         call = _Solution(self)
+        wrt = _resolve_argnums(self.argnums, len(params), self.name)
+        if wrt is not None:  # the constants: a zero derivative at every order, before the rule sees them
+            backend = backend_for(optree.tree_leaves((init, params)))
+            params = tuple(p if i in wrt else optree.tree_map(lambda v: _stop_one(backend, v), p)
+                           for i, p in enumerate(params))
+        call.wrt = wrt
         x = _solve_root(call, init, params)
         aux = None
         if self.has_aux:
@@ -153,17 +181,23 @@ class _RootSolver:
             x = call.flat.unravel(x)
         return (x, aux) if self.has_aux else x
 
-    def operator(self):
+    def operator(self, split):
         o = self.options
         optimality = self.optimality
 
         def matvec(v, operands):  # d_x F(x, *params) v
-            x, params = operands
+            x, arrays = operands
+            params = split.rebuild(arrays)
             return _jvp(lambda x: optimality(x, *params), (x,), (v,), backend=current_backend())[1]
+
+        def linearized(operands):  # d_x F is the Jacobian of x -> F(x, *params) at x*
+            x, arrays = operands  # (the params' floating-point arrays: split.rebuild puts them in place)
+            params = split.rebuild(arrays)
+            return (lambda x: optimality(x, *params)), x
 
         return Operator(matvec, solve=o["solve"], symmetric=o["symmetric"], tol=o["linear_tol"],
                         maxiter=o["maxiter"], on_failure=o["on_failure"],
-                        name=f"{self.name}: the linear solve with d_x optimality")
+                        name=f"{self.name}: the linear solve with d_x optimality", linearized=linearized)
 
     def primal(self, backend, init, params):
         x = self.solver(init, *params)
@@ -204,6 +238,7 @@ class _Solution(_RootSolver):
     def __init__(self, root: _RootSolver):  # (not _RootSolver's: nothing to wrap)
         self.root, self.options, self.name, self.has_aux = root, root.options, root.name, False
         self.solver, self.optimality = self._solve, self._optimality
+        self.wrt = None  # the 0-based positions in params of those differentiated (None: all)
         self.flat = self.aux_tree = None
         self.aux_leaves, self.aux_outputs, self.aux_arrays = [], [], ()
 
@@ -271,21 +306,33 @@ def _solve_root(root: _Solution, init, params):
     call = _Call("jvp", custom_root_call, (), args)
     call.name = root.name
     backend = call.b
-    op = root.operator()
+    split = _Params(params, backend, root.wrt)
+    op = root.operator(split)
     optimality = root.optimality
 
     def solution(init, params):
         out = _solve_root(root, init, params)
         return out if with_aux else (out, ())
 
+    def d_params(x, params):  # p -> F(x, p) over the differentiated leaves of params, and where it is taken
+        leaves = split.leaves(params)
+        primals = tuple(leaves[k] for k in split.wrt_at)
+        return (lambda *w: optimality(x, *split.rebuild_wrt(leaves, w))), primals
+
     def jvp_rule(primals, tangents):
         check_not_differentiated(backend, f"custom_root ({root.name})", "jvp")
         guard = check_nested_transforms(backend)
         init, *params = primals
         _, *dparams = tangents
-        x, arrays = solution(init, tuple(params))
-        _, change = _jvp(lambda *params: optimality(x, *params), tuple(params), tuple(dparams), backend=backend)
-        dx = guard(apply_solve(op, -change, (x, tuple(params))))
+        params = tuple(params)
+        x, arrays = solution(init, params)
+        if split.wrt_at:
+            f, p = d_params(x, params)
+            dleaves = split.leaves(tuple(dparams))
+            _, change = _jvp(f, p, tuple(dleaves[k] for k in split.wrt_at), backend=backend)
+            dx = guard(apply_solve(op, -change, (x, split.arrays(params))))
+        else:  # nothing differentiated: (a call with argnums naming only params without floating-point arrays)
+            dx = None
         return ((x, arrays), (dx, tuple(None for _ in arrays))) if with_aux else (x, dx)
 
     def fwd(init, *params):
@@ -298,10 +345,90 @@ def _solve_root(root: _Solution, init, params):
         x, params = residuals
         if with_aux:
             g = g[0]  # (aux has no derivative)
-        u = guard(apply_solve(op.T, g, (x, params)))
-        _, pullback = _vjp(lambda *params: optimality(x, *params), *params, backend=backend)
-        cts = pullback(u)
-        return (None, *optree.tree_map(lambda c: -c, tuple(cts)))
+        if not split.wrt_at:
+            return (None,) * (1 + len(params))
+        u = guard(apply_solve(op.T, g, (x, split.arrays(params))))
+        f, p = d_params(x, params)
+        _, pullback = _vjp(f, *p, backend=backend)
+        return (None, *split.cotangents([-c for c in pullback(u)]))
 
     call.user_jvp, call.user_fwd, call.user_bwd = jvp_rule, fwd, bwd
     return call.apply(Rule(root.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd, jvp=call.flat_jvp))
+
+
+class _Params:
+    """Where the derivative with respect to ``params`` is taken: their leaves that are floating-point arrays
+    of ``backend`` (the rule's arrays, ``diff_at``; the linear solves' operands), among those the leaves of
+    the params in ``wrt`` (0-based positions; None: all), ``wrt_at``, over which ``d_params F`` is taken.
+    The other leaves (numbers, strings, integer arrays, None...) are held as the first call gave them: the
+    rules meet params of the same structure, arrays in place of arrays."""
+
+    def __init__(self, params, backend, wrt):
+        paths, leaves, self.treedef = optree.tree_flatten_with_path(tuple(params))
+        self.static = leaves
+        self.diff_at = tuple(k for k, v in enumerate(leaves) if backend.is_array(v) and backend.dtype(v) in INEXACT)
+        self.wrt_at = tuple(k for k in self.diff_at if wrt is None or paths[k][0] in wrt)
+
+    def leaves(self, params):
+        return self.treedef.flatten_up_to(tuple(params))
+
+    def arrays(self, params):
+        leaves = self.leaves(params)
+        return tuple(leaves[k] for k in self.diff_at)
+
+    def rebuild(self, arrays):
+        """The params with ``arrays`` (those of ``diff_at``) in place."""
+        leaves = list(self.static)
+        for k, a in zip(self.diff_at, arrays):
+            leaves[k] = a
+        return tuple(optree.tree_unflatten(self.treedef, leaves))
+
+    def rebuild_wrt(self, leaves, arrays):
+        """The params of ``leaves`` with ``arrays`` (those of ``wrt_at``) in place."""
+        leaves = list(leaves)
+        for k, a in zip(self.wrt_at, arrays):
+            leaves[k] = a
+        return tuple(optree.tree_unflatten(self.treedef, leaves))
+
+    def cotangents(self, cts):
+        """One cotangent pytree per param from the cotangents of the ``wrt_at`` leaves (None elsewhere: zeros)."""
+        leaves = [None] * self.treedef.num_leaves
+        for k, c in zip(self.wrt_at, cts):
+            leaves[k] = c
+        return tuple(optree.tree_unflatten(self.treedef, leaves))
+
+
+def _check_argnums(argnums):
+    """``custom_root``'s ``argnums`` as a tuple of ints (None as it is), the checks that need no call."""
+    if argnums is None:
+        return None
+    single = isinstance(argnums, int) and not isinstance(argnums, bool)
+    seq = (argnums,) if single else argnums
+    if not isinstance(seq, (tuple, list)) or not seq or not all(
+            isinstance(a, int) and not isinstance(a, bool) for a in seq):
+        raise TypeError(f"custom_root: argnums must be None, an int or a non-empty tuple of ints (positions in "
+                        f"solver(init, *params), init being 0); got {argnums!r}")
+    if 0 in seq:
+        raise ValueError(f"custom_root: argnums={argnums!r} names position 0, init (the solution's place in "
+                         f"optimality(x, *params)), which has no derivative; the params are positions 1, 2, ...")
+    return tuple(int(a) for a in seq)
+
+
+def _resolve_argnums(argnums, n, name):
+    """The 0-based positions in ``params`` (``n`` of them) that ``argnums`` names, or None for all."""
+    if argnums is None:
+        return None
+    out = []
+    for a in argnums:
+        if not -n <= a <= n or a == 0:
+            what = "init (position 0)" if a in (0, -n - 1) else "no argument"
+            raise ValueError(
+                f"{name}: argnums names position {a}, {what}: the solver was called as "
+                f"solver(init, *params) with {n} param{'s' if n != 1 else ''}, so argnums must lie in "
+                + (f"1..{n} (or -{n}..-1 from the end)" if n else "nothing (there are no params)")
+                + "; init has no derivative")
+        i = a - 1 if a > 0 else n + a
+        if i in out:
+            raise ValueError(f"{name}: argnums={argnums!r} names param {i + 1} twice")
+        out.append(i)
+    return frozenset(out)

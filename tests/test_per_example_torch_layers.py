@@ -416,13 +416,27 @@ def test_closed_over_write_with_a_backward_that_has_no_batching_rule():
 
 
 def test_batch_norm_in_training_mode_under_torch_func_is_a_clear_error():
-    """Where the transform runs on torch.func (jacobian, vjp: per_example_grad runs such an f on plain
-    autograd), a write into a captured tensor is a TypeError that names the operation and what to do."""
+    """Where the transform runs on torch.func (vjp, a forward-mode jacobian), a write into a captured tensor
+    is a TypeError that names the operation and what to do. A reverse-mode jacobian records f once on plain
+    autograd (as per_example_grad does): torch.autograd.functional.jacobian's values, and the running
+    statistics moved as by one call of the model in training mode."""
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).to(DT).train()
     params = {k: v.detach() for k, v in model.named_parameters()}
     x = torch.randn(B, 3, dtype=DT)
-    with pytest.raises(TypeError, match=r"wrote in place \(aten::add_.Tensor\).*running statistics.*model\.eval"):
-        unigrad.jacobian(lambda p: torch.func.functional_call(model, p, (x,)))(params)
+    f = lambda p: torch.func.functional_call(model, p, (x,))  # noqa: E731
+    for transform in (lambda: unigrad.vjp(f, params), lambda: unigrad.jacobian(f, mode="fwd")(params)):
+        with pytest.raises(TypeError, match=r"wrote in place \(aten::add_.Tensor\).*running statistics.*model\.eval"):
+            transform()
+    twin = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).to(DT).train()
+    twin.load_state_dict(model.state_dict())
+    seen = int(model[1].num_batches_tracked)
+    jac = unigrad.jacobian(f, mode="rev")(params)
+    want = torch.autograd.functional.jacobian(lambda *v: torch.func.functional_call(twin, dict(zip(params, v)), (x,)),
+                                              tuple(params.values()))
+    for name, w in zip(params, want):
+        torch.testing.assert_close(jac[name], w, rtol=1e-10, atol=1e-12)
+    assert int(model[1].num_batches_tracked) == seen + 1
+    torch.testing.assert_close(model[1].running_mean, twin[1].running_mean, rtol=0, atol=0)
 
 
 def test_f_that_writes_into_a_parameter():

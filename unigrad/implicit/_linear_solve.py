@@ -226,7 +226,7 @@ class Operator:
                         return product(v)
                     except RuntimeError:
                         failed.append(True)
-                return base(v, operands)
+                return direct(v)
             if self.transposes is not None:
                 return transposed, forward, transposed
             return (transposed if self.symmetric else forward), transposed, direct

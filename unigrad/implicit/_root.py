@@ -185,15 +185,14 @@ class _RootSolver:
         o = self.options
         optimality = self.optimality
 
-        def matvec(v, operands):  # d_x F(x, *params) v
-            x, arrays = operands
-            params = split.rebuild(arrays)
-            return _jvp(lambda x: optimality(x, *params), (x,), (v,), backend=current_backend())[1]
-
         def linearized(operands):  # d_x F is the Jacobian of x -> F(x, *params) at x*
             x, arrays = operands  # (the params' floating-point arrays: split.rebuild puts them in place)
             params = split.rebuild(arrays)
             return (lambda x: optimality(x, *params)), x
+
+        def matvec(v, operands):  # d_x F(x, *params) v
+            g, x = linearized(operands)
+            return _jvp(g, (x,), (v,), backend=current_backend())[1]
 
         return Operator(matvec, solve=o["solve"], symmetric=o["symmetric"], tol=o["linear_tol"],
                         maxiter=o["maxiter"], on_failure=o["on_failure"],
@@ -376,26 +375,24 @@ class _Params:
         leaves = self.leaves(params)
         return tuple(leaves[k] for k in self.diff_at)
 
+    def _placed(self, leaves, at, values):
+        """The params of ``leaves`` with ``values`` at the leaf positions ``at``."""
+        leaves = list(leaves)
+        for k, v in zip(at, values):
+            leaves[k] = v
+        return tuple(optree.tree_unflatten(self.treedef, leaves))
+
     def rebuild(self, arrays):
         """The params with ``arrays`` (those of ``diff_at``) in place."""
-        leaves = list(self.static)
-        for k, a in zip(self.diff_at, arrays):
-            leaves[k] = a
-        return tuple(optree.tree_unflatten(self.treedef, leaves))
+        return self._placed(self.static, self.diff_at, arrays)
 
     def rebuild_wrt(self, leaves, arrays):
         """The params of ``leaves`` with ``arrays`` (those of ``wrt_at``) in place."""
-        leaves = list(leaves)
-        for k, a in zip(self.wrt_at, arrays):
-            leaves[k] = a
-        return tuple(optree.tree_unflatten(self.treedef, leaves))
+        return self._placed(leaves, self.wrt_at, arrays)
 
     def cotangents(self, cts):
         """One cotangent pytree per param from the cotangents of the ``wrt_at`` leaves (None elsewhere: zeros)."""
-        leaves = [None] * self.treedef.num_leaves
-        for k, c in zip(self.wrt_at, cts):
-            leaves[k] = c
-        return tuple(optree.tree_unflatten(self.treedef, leaves))
+        return self._placed([None] * self.treedef.num_leaves, self.wrt_at, cts)
 
 
 def _check_argnums(argnums):

@@ -313,6 +313,34 @@ def test_per_example_norms_from_a_wrong_analysis_give_way_to_the_exact_norms(bac
     assert set(wrong.paths.values()) == {"materialised"}, wrong.paths
 
 
+def test_norms_without_their_dots_are_read_as_rows_and_checked(monkeypatch):
+    """A reader whose norms come without each example's <g_i, V> (a plugin without directions=, a formula that
+    gives none) cannot have them checked: the core asks it for rows instead, checks those, and makes the norms
+    from them. Here the tape's reader gives wrong norms and no dots: they are never used; its rows are right
+    (the fast path, checked), then read for the wrong examples (refused: materialised). Norms right throughout."""
+    from unigrad.per_example import _tape, layers
+
+    rng = np.random.default_rng(7)
+    w, xb = rng.standard_normal((3, 2)), rng.standard_normal((5, 3))
+    truth = np.sqrt(np.sum(unigrad.to_numpy(unigrad.jacrev(_losses)(w, xb)).reshape(5, -1) ** 2, axis=1))
+    real, calls, swap = _tape.tape_rows, [], [False]
+
+    def no_dots(f, leaves, batch, norms, *a):
+        calls.append(norms)
+        outs, blocks, paths = real(f, leaves, batch, norms, *a)
+        if norms:
+            return outs, (2.0 * blocks[0],), paths
+        return outs, tuple(np.asarray(x)[[1, 0, 2, 3, 4]] for x in blocks) if swap[0] else blocks, paths
+
+    monkeypatch.setattr(_tape, "tape_rows", no_dots)
+    norms = unigrad.per_example_grad_norms(_losses, argnums=0, batch_argnum=1)
+    np.testing.assert_allclose(norms(w, xb), truth, rtol=1e-12)
+    assert calls == [True, False] and set(norms.paths.values()) == {layers.DENSE}, (calls, norms.paths)
+    swap[0] = True
+    np.testing.assert_allclose(norms(w, xb), truth, rtol=1e-12)
+    assert set(norms.paths.values()) == {"materialised"}, norms.paths
+
+
 def test_the_checks_run_in_the_arrays_scope_on_jax():
     """The checks' arithmetic on float64 JAX arrays runs inside the backend's scope (JAX's 64-bit mode), as
     the products it compares do: outside it JAX truncates to float32 (with a warning), and a float64 check

@@ -224,6 +224,52 @@ def test_weight_used_twice_views_and_transposes():
     assert norms["E"] == pe.SHARED  # lookups' one-hot rows stacked with the projection's: ghost clipped
 
 
+def _lookup_model(tied):
+    """Norms by the lookups' index comparison: a table used by lookups alone (ghost), or tied to an output
+    projection too (stacked with its dense factors)."""
+    torch.manual_seed(9)
+    params = {"E": torch.randn(40, 4, dtype=DT), "W": torch.randn(4, 4, dtype=DT)}
+    idx = torch.tensor([[1, 1, 0], [5, 2, 5], [0, 3, 11], [7, 7, 7]])
+
+    def losses(p, i):
+        h = torch.tanh(F.embedding(i, p["E"], padding_idx=0) @ p["W"])
+        if tied:
+            return torch.log_softmax(h @ p["E"].T, -1)[..., 1].sum(1)
+        return (h ** 2).sum((1, 2))
+    return losses, params, idx
+
+
+@pytest.mark.parametrize("directions", [True, False])
+@pytest.mark.parametrize("tied", [False, True])
+def test_norms_of_lookup_tables_check_themselves(tied, directions, monkeypatch):
+    """The ghost norms of a lookup table, and of a table tied to an output projection, come with each
+    example's <g_i, V> from the same lookups and factors, checked against one backward pass of
+    sum_i r_i loss_i. With the lookups' G read for the wrong examples, the check refuses the formula and
+    the table is materialised: the norms stay right. A reader that takes no directions (as a plugin's may
+    not) is asked for rows, checked the same way."""
+    from unigrad_torch import _per_example_layers as torch_layers
+
+    if not directions:
+        monkeypatch.setattr(type(unigrad.get_backend("torch")), "per_example_directions", False)
+    losses, params, idx = _lookup_model(tied)
+    _, want = reference(losses, params, (idx,))
+    norms_f = unigrad.per_example_grad_norms(losses, batch_argnum=1)
+    torch.testing.assert_close(norms_f(params, idx), want, rtol=1e-10, atol=0)
+    fast = (pe.SHARED if tied else pe.EMBEDDING_GHOST) if directions else (
+        pe.SHARED_SUMMED if tied else pe.EMBEDDING)  # (rows: each use's, summed)
+    assert norms_f.paths["argument 0['E']"] == fast, norms_f.paths
+
+    real = torch_layers.Use._lookups
+
+    def rolled(self, rec, g, batch):  # example i's lookups paired with example i-1's G
+        idx, gs = real(self, rec, g, batch)
+        return idx, gs.roll(1, 0)
+    monkeypatch.setattr(torch_layers.Use, "_lookups", rolled)
+    wrong = unigrad.per_example_grad_norms(losses, batch_argnum=1)
+    torch.testing.assert_close(wrong(params, idx), want, rtol=1e-10, atol=0)
+    assert set(wrong.paths.values()) == {pe.MATERIALISED}, wrong.paths
+
+
 def test_rows_mixed_after_a_layer_are_materialised():
     """Batch norm in training mode (statistics over the batch) after a convolution and an embedding's
     output centred over the batch: those parameters materialised, values equal to the Jacobian rows;

@@ -422,10 +422,13 @@ class Backend(abc.ABC):
         example's ``sum_k <g_ik, V_k>`` (``layers.matmul_dots`` / ``layers.total_dots``), then, where it can
         from the recording it has, ``<gradient of sum_i r_i loss_i, V>`` (``layers.direction_dot``; else the
         core takes one more VJP); only the norms where a formula gives no such product. The core checks
-        norms read from factors with them (``unigrad._answer_check.norms_verdicts``)."""
+        norms read from factors with them (``unigrad._answer_check.norms_verdicts``). Norms that come without
+        the products (a backend without ``directions=``, a formula that gives none) are never used: the
+        core asks for the rows instead (``norms=False``), checks them and makes the norms from them."""
         return None
 
-    #: per_example_rows takes ``directions=`` (see there); False: norms read by this backend go unchecked
+    #: per_example_rows takes ``directions=`` (see there); False: the core asks this backend for rows, never
+    #: norms, so that what it reads is checked
     per_example_directions = False
 
     #: ``while_loop(cond, body, state) -> state``: a loop on symbolic values (in a compiled program, under

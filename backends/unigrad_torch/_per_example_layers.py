@@ -154,8 +154,10 @@ class Use:
             return (c.sum(axes) if axes else c).reshape(batch, *shape)
         raise AssertionError(kind)
 
-    def embedding_squares(self, rec, g, batch, vocabulary):
-        """Squared norms of one embedding use, or None where forming the rows is cheaper."""
+    def embedding_squares(self, rec, g, batch, vocabulary, direction=None):
+        """``(squared norms, dots or None)`` of one embedding use -- the dots each example's ``<g_i, V>``
+        from the same lookups (the norms' check) where ``direction`` is given -- or None where forming the
+        rows is cheaper."""
         import torch
 
         idx, gs = self._lookups(rec, g, batch)
@@ -163,7 +165,8 @@ class Use:
         if positions * positions > vocabulary:
             return None
         same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(gs.dtype)
-        return (same * torch.matmul(gs, gs.transpose(1, 2))).sum((1, 2))
+        sq = (same * torch.matmul(gs, gs.transpose(1, 2))).sum((1, 2))
+        return sq, None if direction is None else _lookup_dots(idx, gs, direction)
 
     def _lookups(self, rec, g, batch):
         idx = rec.value(self.refs["indices"]).reshape(batch, -1).long()
@@ -202,9 +205,9 @@ def parameter_rows(uses, rec, gs, param, batch, norms, direction=None):
             # the rows by torch's own weight gradient, the examples as groups (no patches formed)
             return uses[0].conv_rows(rec, gl[0], batch, shape).to(dtype), None, pe.CONV, None
     if norms and len(uses) > 1 and {u.kind for u in uses} == {"dense", "embedding"}:
-        sq = _tied_squares(uses, gl, rec, batch, shape)
-        if sq is not None:
-            return None, sq.to(dtype), pe.SHARED, None
+        tied = _tied_squares(uses, gl, rec, batch, shape, direction)
+        if tied is not None:
+            return None, tied[0].to(dtype), pe.SHARED, tied[1]
     facs = [u.factors(rec, g, batch) for u, g in zip(uses, gl)]
     stacked = all(f is not None for f in facs) and len({f[0].shape[1:2] + f[0].shape[3:] + f[1].shape[3:]
                                                          for f in facs}) == 1
@@ -236,9 +239,9 @@ def parameter_rows(uses, rec, gs, param, batch, norms, direction=None):
     if len(uses) == 1:
         u, g = uses[0], gl[0]
         if norms and u.kind == "embedding":
-            sq = u.embedding_squares(rec, g, batch, shape[0])
-            if sq is not None:
-                return None, sq.to(dtype), pe.EMBEDDING_GHOST, None
+            ghost = u.embedding_squares(rec, g, batch, shape[0], direction)
+            if ghost is not None:
+                return None, ghost[0].to(dtype), pe.EMBEDDING_GHOST, ghost[1]
         path = {"embedding": pe.EMBEDDING, "norm": pe.NORM if u.info.get("which") == "weight" else pe.BIAS,
                 "channels": pe.BIAS,
                 "broadcast": pe.BIAS if u.info.get("other") is None else pe.SCALE}[u.kind]
@@ -250,12 +253,30 @@ def parameter_rows(uses, rec, gs, param, batch, norms, direction=None):
     return total.to(dtype), None, pe.SHARED_SUMMED, None
 
 
-def _tied_squares(uses, gl, rec, batch, shape):
-    """Squared norms of a table used both by embeddings and by dense layers (tied input and output
-    embeddings, ``h @ E.T``): every use is ``L^T R`` with ``L`` of width ``V`` -- one-hot rows for a
-    lookup, G or X for a dense use -- stacked along positions, ghost clipped with the lookups' block of
+def _lookup_dots(idx, gs, direction):
+    """Each example's ``<g_i, V>`` for the gradient of a table from lookups, ``g_i = sum_p e_{idx_ip} gs_ip^T``:
+    ``sum_p u[idx_ip] (gs_ip . w)`` for ``V = u w^T``, else ``sum_p <V[idx_ip], gs_ip>``."""
+    if isinstance(direction, tuple):
+        u, w = (t.detach().to(gs.dtype) for t in direction)
+        return (u[idx] * (gs @ w)).sum(1)
+    return (direction.detach().to(gs.dtype)[idx] * gs).sum((1, 2))
+
+
+def _factor_dots(left, right, direction):
+    """Each example's ``<L_i^T R_i, V>`` for factors ``(B, P, a)`` and ``(B, P, c)``."""
+    if isinstance(direction, tuple):
+        u, w = (t.detach().to(left.dtype) for t in direction)
+        return ((left @ u) * (right @ w)).sum(1)
+    return ((left @ direction.detach().to(left.dtype)) * right).sum((1, 2))
+
+
+def _tied_squares(uses, gl, rec, batch, shape, direction=None):
+    """``(squared norms, dots or None)`` of a table used both by embeddings and by dense layers (tied input
+    and output embeddings, ``h @ E.T``): every use is ``L^T R`` with ``L`` of width ``V`` -- one-hot rows for
+    a lookup, G or X for a dense use -- stacked along positions, ghost clipped with the lookups' block of
     ``L L^T`` from index comparisons and the mixed blocks gathered from the dense ``L`` at the indices.
-    None where ``P^2 > V d`` (then the rows are formed)."""
+    With ``direction``, each example's ``<g_i, V>`` from the same factors (the norms' check: every use's
+    dot, summed). None where ``P^2 > V d`` (then the rows are formed)."""
     import torch
 
     vocabulary, width = shape
@@ -288,7 +309,12 @@ def _tied_squares(uses, gl, rec, batch, shape):
                 blocks.append(torch.matmul(left_i, left_j.transpose(1, 2)))
         rows.append(torch.cat(blocks, 2))
     gram = torch.cat(rows, 1)
-    return (gram * torch.matmul(right, right.transpose(1, 2))).sum((1, 2))
+    sq = (gram * torch.matmul(right, right.transpose(1, 2))).sum((1, 2))
+    if direction is None:
+        return sq, None
+    dots = [_lookup_dots(idx, gs, direction) if idx is not None else _factor_dots(left, gs, direction)
+            for idx, left, gs in parts]
+    return sq, sum(dots[1:], dots[0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -303,12 +303,23 @@ def _program_kernel(reader, batch, norms, fname, found, memo):
     go to ``found["paths"]``."""
     def kernel(b, flat_f, leaves):
         directions = weights = None
-        if norms and getattr(reader, "directions", False) and all(
-                b.dtype(x) in ("float16", "bfloat16", "float32", "float64") for x in leaves):
+        floating = all(b.dtype(x) in ("float16", "bfloat16", "float32", "float64") for x in leaves)
+        if norms and getattr(reader, "directions", False) and floating:
             directions, weights = random_directions(b, leaves), norm_weights(b, batch, leaves[0])
-        rows = _unless_custom_rules(lambda: reader(b, flat_f, leaves, batch, norms, fname, memo,
-                                                   directions=directions, weights=weights))
+        def read(as_norms, directions, weights):
+            return _unless_custom_rules(lambda: reader(b, flat_f, leaves, batch, as_norms, fname, memo,
+                                                       directions=directions, weights=weights))
+
+        # A reader that gives norms without each example's <g_i, V> (a plugin without directions=, a formula
+        # that gives none) is asked for rows: those are checked below, and the norms made from them.
+        as_rows = norms and directions is None and floating
+        rows = read(norms and not as_rows, directions, weights)
+        if rows is not None and norms and not as_rows and floating and len(rows[1]) == 1 and any(
+                path != MATERIALISED for path in rows[2]):
+            as_rows = True
+            rows = read(False, None, None)
         if rows is None:
+            as_rows = False
             rows = _materialised(b, flat_f, leaves, batch, norms, fname)
         outs, blocks, found["paths"] = rows
         # The rows of dense layers stand on the analysis of f's program: they check themselves
@@ -318,7 +329,7 @@ def _program_kernel(reader, batch, norms, fname, found, memo):
         # Materialised rows are Jacobian rows (exact).
         checked = b.asarray(np.zeros((2, 0), np.float32))
         fast = any(path != MATERIALISED for path in found["paths"] or ())
-        if norms and len(blocks) > 1:  # (norms, dots[, the engine's side of the check])
+        if norms and not as_rows and len(blocks) > 1:  # (norms, dots[, the engine's side of the check])
             norm, dots, engine = blocks[0], blocks[1], (blocks[2] if len(blocks) > 2 else None)
             blocks = (norm,)
             if fast:
@@ -328,12 +339,14 @@ def _program_kernel(reader, batch, norms, fname, found, memo):
                                          (*leaves, norm, dots))  # (the arrays that set evaluate's scope)
                 except Exception:  # f the engine cannot differentiate again as a whole (as for rows): unchecked
                     pass
-        if not norms and fast:
+        if (not norms or as_rows) and fast:
             try:
                 checked = b.evaluate(lambda *_: rows_verdicts(b, flat_f, tuple(leaves), tuple(outs), tuple(blocks),
                                                               batch), (*leaves, *blocks))
             except Exception:  # f the engine cannot differentiate again as a whole (torch.func refuses a write into
                 pass           # batch norm's running statistics, before writing): the rows go unchecked
+        if as_rows:
+            blocks = (b.evaluate(lambda *r: _norm_of_rows(b, r, batch), tuple(blocks)),)
         return outs, tuple(blocks) + (checked,), ()
 
     return kernel

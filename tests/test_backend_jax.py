@@ -317,6 +317,42 @@ def test_x64_scope_is_thread_local():
     np.testing.assert_array_equal(_np(result["g"]), [12.0, 27.0])
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_compiled_calls_x64_scope_is_left_as_found(monkeypatch, fast):
+    """A compiled repeat enters the thread-local x64 scope by JAX's state object itself (``in_x64``: no
+    context manager on the hot path; ``fast`` False: the public ``jax.enable_x64`` where that object is not
+    as expected). Either way the result is float64, and the scope is left as found: after a call, after a
+    call that raised, and inside a scope the caller entered (nested, still on after the call). Copies of
+    one NumPy argument or of two give the same results."""
+    from unigrad_jax import _x64scope
+
+    if not fast:
+        monkeypatch.setattr(_x64scope, "_X64_STATE", None)
+    elif _x64scope._X64_STATE is None:
+        pytest.skip("this JAX keeps its x64 state otherwise: the public context manager is used")
+
+    def f(x, w, c):
+        return jnp.sum(jnp.sin(x * w) * c)
+
+    g = unigrad.grad(f, argnums=(0, 1), backend="jax", compile=True)
+    x, w = np.linspace(-1.0, 1.0, 7), np.linspace(0.5, 1.5, 7)
+    g1 = unigrad.grad(lambda x, c: jnp.sum(jnp.sin(x) * c), backend="jax", compile=True)
+    for _ in range(3):  # the first call builds the program; the others are repeats
+        gx, gw = g(x, w, 0.5)
+        assert gx.dtype == jnp.float64 and not _x64_on()
+        np.testing.assert_allclose(np.asarray(gx), np.cos(x * w) * w * 0.5, rtol=1e-14)
+        one = g1(x, 0.5)
+        assert one.dtype == jnp.float64 and not _x64_on()
+        np.testing.assert_allclose(np.asarray(one), np.cos(x) * 0.5, rtol=1e-14)
+    with pytest.raises(Exception):
+        g(x, w[:3], 0.5)  # (shapes that do not broadcast: raises inside the program's trace)
+    assert not _x64_on()
+    with jax.enable_x64(True):
+        g(x, w, 0.5), g1(x, 0.5)
+        assert _x64_on()
+    assert not _x64_on()
+
+
 def test_no_float64_truncation_anywhere_in_the_transforms(data):
     """JAX warns when it truncates a 64-bit value; the backend's own work never triggers that.
 

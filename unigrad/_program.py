@@ -122,7 +122,9 @@ class Program:
 
         A compiled function may offer ``specialize(args) -> (fn, translate)``: ``fn`` is itself, leaner,
         for arguments with the types, shapes and dtypes of ``args`` (those of the signature), and
-        ``translate(exc)`` the error to raise for an error ``fn`` raised (None: that error).
+        ``translate(exc)`` the error to raise for an error ``fn`` raised (None: that error). One that
+        sets ``specialize_copies`` takes ``specialize(args, copies)``: ``fn`` then hands the program a copy
+        of the NumPy arrays at positions ``copies`` itself.
         """
         plan = call.plan
         if call.treedef is not None or (plan.convert and not self._takes_as_given(call)):
@@ -131,10 +133,17 @@ class Program:
         if sorted(order) != list(range(len(call.args))):  # (a static leaf: not a repeat's signature)
             return None
         specialize = getattr(self.compiled, "specialize", None)
-        fn, translate = (self.compiled, None) if specialize is None else specialize(
-            tuple([call.args[p] for p in order]))
-        if plan.convert:  # NumPy arrays handed to the program: each a private copy (see _takes_as_given)
-            fn = _on_numpy_copies(fn, tuple(sorted(order.index(p) for p in plan.convert)))
+        # NumPy arrays handed to the program: each a private copy (see _takes_as_given), made by the
+        # specialised function itself where it offers to (``specialize_copies``: one frame for the call)
+        copies = tuple(sorted(order.index(p) for p in plan.convert))
+        if specialize is None:
+            fn, translate = self.compiled, None
+        elif copies and getattr(self.compiled, "specialize_copies", False):
+            (fn, translate), copies = specialize(tuple([call.args[p] for p in order]), copies), ()
+        else:
+            fn, translate = specialize(tuple([call.args[p] for p in order]))
+        if copies:
+            fn = _on_numpy_copies(fn, copies)
         f, has_aux, fname = call.f, call.has_aux, call.fname
         in_order = order == tuple(range(len(order)))
 

@@ -51,7 +51,7 @@ from . import _namespace as _jax_namespace
 
 __all__ = ["JaxBackend"]
 
-from ._x64scope import _NO_CONTEXT, _WIDE_CHARS, _WIDE_FLOAT_CHARS, _wide, _x64, _x64_dtypes  # noqa: F401
+from ._x64scope import _NO_CONTEXT, _WIDE_CHARS, _WIDE_FLOAT_CHARS, _wide, _x64, _x64_dtypes, copying, in_x64  # noqa: F401
 
 
 def _numpy_calls_rejected(method):
@@ -545,28 +545,30 @@ class JaxBackend(Backend):
         @functools.wraps(fn)
         def compiled(*args):  # the hot path of every compiled call: no context manager (nor config read) unless needed
             try:
-                if (wide_closure or _wide(args)) and not jax.config.jax_enable_x64:
-                    with jax.enable_x64(True):
-                        return jitted(*args)
+                if wide_closure or _wide(args):
+                    return in_x64(jitted, args)
                 return jitted(*args)
             except jax.errors.TracerArrayConversionError as exc:
                 raise _numpy_call_error() from exc
 
-        def specialize(args):
+        def specialize(args, copies=()):
             """``(fn, translate)`` for calls whose arguments have the types, shapes and dtypes of ``args``:
             ``fn`` is the jitted function itself when neither they nor the closure are 64-bit (then x64
             does not apply, whatever the configuration says), and ``translate(exc)`` is the error to
             raise instead of an error ``fn`` raised (None: raise it as it is). For 64-bit arguments ``fn``
-            enters the x64 scope without testing them again (a repeat's float64 NumPy input: issue 37)."""
-            return (wide if wide_closure or _wide(args) else jitted), _translate
+            enters the x64 scope without testing them again (a repeat's float64 NumPy input: issue 37).
+            ``copies``: positions of NumPy arrays ``fn`` hands the program a copy of (the core's
+            ``Program.flat_runner``), in the same frame."""
+            x64 = bool(wide_closure or _wide(args))
+            if copies:
+                return copying(jitted, tuple(copies), x64), _translate
+            return (wide if x64 else jitted), _translate
 
         def wide(*args):
-            if jax.config.jax_enable_x64:
-                return jitted(*args)
-            with jax.enable_x64(True):
-                return jitted(*args)
+            return in_x64(jitted, args)
 
         compiled.specialize = specialize
+        compiled.specialize_copies = True
         compiled.takes_numpy = True  # jit takes NumPy arrays as jnp.asarray converts them (float64 under x64)
         return compiled
 

@@ -67,6 +67,28 @@ def test_an_inline_jacobian_evaluates_f_no_more_than_its_mode_needs(backend):
     assert len(calls) == {"torch": 1, "autograd": 3, "numpy": 2}[backend]
 
 
+def test_a_looped_forward_jacobian_evaluates_f_once_per_column():
+    """On a backend without a vectorising vmap (the autograd plugin) forward mode loops one JVP per input
+    element; the outputs and aux come from the first of them, with no plain evaluation besides: a reused
+    transform runs ``f`` once per column, with one primal or two, with aux or without, and gives the
+    closed form."""
+    pytest.importorskip("autograd")
+    u = np.array([0.7, 0.3])
+    calls = []
+    jac = unigrad.jacobian(counted(immersion, calls), backend="autograd", mode="fwd")
+    for _ in range(2):
+        del calls[:]
+        np.testing.assert_allclose(jac(u), immersion_jacobian(u), rtol=1e-12)
+        assert len(calls) == 2
+    two = unigrad.jacobian(counted(lambda a, b: (immersion(unigrad.namespace(a).stack([a[0], b[0]])), {"k": 1}),
+                                   calls), argnums=(0, 1), has_aux=True, backend="autograd", mode="fwd")
+    for _ in range(2):
+        del calls[:]
+        (ja, jb), aux = two(u[:1], u[1:])
+        np.testing.assert_allclose(np.concatenate([ja, jb], axis=1), immersion_jacobian(u), rtol=1e-12)
+        assert aux == {"k": 1} and len(calls) == 2
+
+
 def test_an_inline_jacobian_whose_forward_mode_raises_falls_back_to_reverse(monkeypatch):
     """On the autograd plugin a first call's forward mode runs from its plain evaluation; where the engine
     has no forward rule (here: every JVP raises, as HIPS autograd does for an operation without one), the

@@ -318,9 +318,25 @@ class Backend(abc.ABC):
         return self._split_rows(rows, outputs, primals, rows_are_outputs=True)
 
     def jacfwd(self, f, primals, *, chunk_size=None, has_aux=False):
-        """Forward-mode Jacobian: returns ``(outputs, jac, aux)``; pushes the input basis through ``jvp``."""
-        outputs, aux, push_f = self._forward(f, primals, has_aux)
-        return outputs, self.jacobian_of_jvp(outputs, push_f, primals, chunk_size), aux
+        """Forward-mode Jacobian: returns ``(outputs, jac, aux)``; pushes the input basis through ``jvp``.
+        Without a vectorising ``vmap`` (one JVP per column, in a Python loop) the first column's JVP gives
+        the outputs and aux too: no plain evaluation of ``f`` besides the JVPs."""
+        n_in = sum(math.prod(self.shape(p)) for p in primals)
+        if self.capabilities.vmap or n_in == 0:
+            outputs, aux, push_f = self._forward(f, primals, has_aux)
+            return outputs, self.jacobian_of_jvp(outputs, push_f, primals, chunk_size), aux
+        first = tuple(r[0] for r in self.unit_basis(primals, 0, 1))
+        outputs, column, aux = self.jvp(f, primals, first, has_aux=has_aux)
+        outputs, column = tuple(outputs), tuple(column)
+        push_f = (lambda *p: f(*p)[0]) if has_aux else f
+        xp = self.namespace()
+        cols = tuple(xp.stack([c]) for c in column)  # per output: (1, *out.shape)
+        if n_in > 1:
+            rest = self.map_chunks(lambda *t: self.jvp(push_f, primals, t, has_aux=False)[1],
+                                   lambda a, b: self.unit_basis(primals, a + 1, b + 1), n_in - 1, chunk_size,
+                                   self._specs(outputs))
+            cols = tuple(xp.concat([c, r], axis=0) for c, r in zip(cols, rest))
+        return outputs, self._split_rows(cols, primals, outputs, rows_are_outputs=False), aux
 
     def jacobian_of_jvp(self, outputs, push_f, primals, chunk_size=None):
         """The blocks ``jac[i][j]`` of :meth:`jacfwd` after its plain evaluation (``outputs`` of ``f`` at

@@ -216,6 +216,35 @@ def test_mlx_refuses_every_second_derivative(route, nesting):
         nested(_ROUTES[route], np.array(LAM))
 
 
+@pytest.mark.parametrize("closure", [True, False])
+def test_mlx_defect_behind_the_refusal(closure):
+    """The cause of the refusal above, in MLX alone (docs/implicit.md): a custom function's forward that runs an
+    ``mx.vjp`` of a function closing over the custom function's input, then reads the result, loses the outer
+    derivative: ``grad(grad)`` of ``lam^2`` gives 0, not 2. With the input a primal of the nested ``mx.vjp``
+    instead, 2. unigrad's solvers do the first (a pullback of ``matvec`` at its operands, then reads). When this
+    test fails with closure=True, MLX has fixed it: the refusal may be revisited."""
+    _mlx_or_skip()
+    import mlx.core as mx
+
+    @mx.custom_function
+    def square(lam):
+        if closure:
+            product = mx.vjp(lambda w: [lam * w], [mx.ones(())], [mx.ones(())])[1][0]
+        else:
+            product = mx.vjp(lambda l, w: [l * w], [lam, mx.ones(())], [mx.ones(())])[1][1]
+        float(product)  # a read, as the solvers' loops make
+        return lam * lam
+
+    @square.vjp
+    def square_vjp(primals, cotangent, output):
+        lam = primals[0] if isinstance(primals, (list, tuple)) else primals
+        return 2 * lam * cotangent
+
+    x = mx.array(1.5)
+    assert mx.grad(square)(x).item() == 3.0
+    assert mx.grad(mx.grad(square))(x).item() == (0.0 if closure else 2.0)
+
+
 @pytest.mark.parametrize("route", sorted(_ROUTES))
 def test_mlx_first_derivatives_in_every_mode(route):
     """The refusal leaves first derivatives alone: grad, jacrev, jacfwd, jvp and vjp against the closed form

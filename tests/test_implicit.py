@@ -20,10 +20,10 @@ X_VALID, Y_VALID = RNG.standard_normal((10, 4)), RNG.standard_normal(10)
 LAM = 0.7
 W_MIX = RNG.standard_normal((3, 3)) * 0.3
 
-# MLX: first order in both modes agrees with the closed forms; second derivatives through these rules were
-# measured wrong (zeros wherever the inner derivative is forward mode, 73% off in jacrev(jacrev)): a value read
-# in a rule's derivative pass (the solvers' loops, the residual checks) detaches what it reads from the outer
-# transform's graph (docs/implicit.md), so they raise NotImplementedError there (test_mlx_refuses_*).
+# MLX: first order in both modes agrees with the closed forms; of second derivatives, those over one VJP (hessian,
+# hvp, jacfwd(grad), jacrev(grad)) do, and the other nestings raise NotImplementedError (docs/implicit.md;
+# test_mlx_*). The generic second-order tests below skip MLX: they take the refused nestings, or float32 is too
+# coarse for their finite differences.
 NO_SECOND_ORDER = {"mlx"}
 
 # Moved to the thorough job (conftest's SLOW_CASES): JAX's eager second order re-traces each nested transform;
@@ -181,48 +181,151 @@ def loss_by_fixed_point(lam):
 
 _ROUTES = {"linear_solve": loss_by_linear_solve, "custom_root": loss_by_root, "custom_fixed_point": loss_by_fixed_point}
 _ONE = np.array(1.0)
-# every way of nesting two derivatives, the nesting the refusal names (outer transform first), what it gave
-# before it was refused (the ridge problem, MLX 0.32, float32)
-_MLX_NESTINGS = {
-    # 73% off:
+# On MLX (docs/implicit.md): second derivatives over one VJP work; the other nestings are refused, with the
+# nesting the error names (outer transform first) and what they gave before they were refused (the ridge
+# problem, MLX 0.32, float32).
+_MLX_SECOND_ORDER = {
+    "hessian": lambda f, x: unigrad.hessian(f, backend="mlx")(x),
+    "hvp": lambda f, x: unigrad.hvp(f, (x,), (_ONE,), backend="mlx")[0],
+    "jacfwd(grad)": lambda f, x: unigrad.jacfwd(unigrad.grad(f, backend="mlx"), backend="mlx")(x),
+    "jacrev(grad)": lambda f, x: unigrad.jacrev(unigrad.grad(f, backend="mlx"), backend="mlx")(x),
+}
+_MLX_REFUSED = {
+    # 73% off: a VJP mapped by vmap inside the enclosing transform
     "jacrev(jacrev)": ("vjp(vjp", lambda f, x: unigrad.jacrev(unigrad.jacrev(f, backend="mlx"), backend="mlx")(x)),
     "jacfwd(jacrev)": ("jvp(vjp", lambda f, x: unigrad.jacfwd(unigrad.jacrev(f, backend="mlx"), backend="mlx")(x)),
-    # 0:
+    # 0: an inner forward mode
     "jvp(jvp)": ("jvp(jvp", lambda f, x: unigrad.jvp(lambda t: unigrad.jvp(f, (t,), (_ONE,), backend="mlx")[1], (x,),
                                                      (_ONE,), backend="mlx")[1]),
     "jacfwd(jacfwd)": ("jvp(jvp", lambda f, x: unigrad.jacfwd(unigrad.jacfwd(f, backend="mlx"), backend="mlx")(x)),
     "jacrev(jacfwd)": ("vjp(jvp", lambda f, x: unigrad.jacrev(unigrad.jacfwd(f, backend="mlx"), backend="mlx")(x)),
     "grad(jvp)": ("vjp(jvp", lambda f, x: unigrad.grad(lambda t: unigrad.jvp(f, (t,), (_ONE,), backend="mlx")[1],
                                                        backend="mlx")(x)),
-    # right on the ridge problem, for no reason we could establish (docs/implicit.md): refused too
-    "hessian": ("jvp(vjp", lambda f, x: unigrad.hessian(f, backend="mlx")(x)),
+    # 0 through linear_solve: compile=True
     "hessian, compiled": ("jvp(vjp", lambda f, x: unigrad.hessian(f, backend="mlx", compile=True)(x)),
-    "hvp": ("jvp(vjp", lambda f, x: unigrad.hvp(f, (x,), (_ONE,), backend="mlx")[0]),
-    "jacfwd(grad)": ("jvp(vjp", lambda f, x: unigrad.jacfwd(unigrad.grad(f, backend="mlx"), backend="mlx")(x)),
-    "jacrev(grad)": ("vjp(vjp", lambda f, x: unigrad.jacrev(unigrad.grad(f, backend="mlx"), backend="mlx")(x)),
 }
 
 
+def _second_derivative(route):
+    if route == "custom_fixed_point":
+        return float(_np(unigrad.hessian(_ROUTES[route], backend="numpy")(np.array(LAM))))
+    return _ridge_closed_form(LAM)[2]
+
+
 @pytest.mark.parametrize("route", sorted(_ROUTES))
-@pytest.mark.parametrize("nesting", sorted(_MLX_NESTINGS))
-def test_mlx_refuses_every_second_derivative(route, nesting):
-    """On MLX a rule's derivative pass differentiated by an enclosing transform gave zeros or wrong numbers
-    (docs/implicit.md): each nesting raises, naming MLX, the nesting and the reason."""
+@pytest.mark.parametrize("nesting", sorted(_MLX_SECOND_ORDER))
+def test_mlx_second_derivatives_over_one_vjp(route, nesting):
+    """On MLX the second derivatives whose inner derivative is one VJP -- hessian, hvp, jacfwd(grad), jacrev(grad)
+    -- agree with the closed form (the ridge routes) or the tape's (the fixed point), in float32: the VJP rule's
+    residuals come from the outputs MLX hands it, it reads no value when an enclosing transform differentiates it,
+    and the solvers' forward computations run on copies of their arrays' values (docs/implicit.md)."""
     _mlx_or_skip()
-    named, nested = _MLX_NESTINGS[nesting]
-    pattern = (r"on the mlx backend: second derivatives through linear_solve / custom_root / custom_fixed_point are "
-               rf"not supported on MLX.*the nesting {re.escape(named)}\(f\)\).*cuts what it reads off")
+    got = float(np.ravel(_np(_MLX_SECOND_ORDER[nesting](_ROUTES[route], np.array(LAM))))[0])
+    np.testing.assert_allclose(got, _second_derivative(route), rtol=2e-5)
+
+
+@pytest.mark.parametrize("route", sorted(_ROUTES))
+@pytest.mark.parametrize("nesting", sorted(_MLX_REFUSED))
+def test_mlx_refuses_the_other_second_derivatives(route, nesting):
+    """The nestings measured wrong on MLX raise, naming MLX, the nesting, why, and the nestings that work."""
+    _mlx_or_skip()
+    named, nested = _MLX_REFUSED[nesting]
+    pattern = (r"on the mlx backend: this second derivative through linear_solve / custom_root / custom_fixed_point "
+               rf"is not supported on MLX.*the nesting {re.escape(named)}\(f\)\).*so the result would be wrong, "
+               r"not an error. On MLX second derivatives work as hessian, hvp, jacfwd\(grad\) and jacrev\(grad\)")
     with pytest.raises(NotImplementedError, match=pattern):
         nested(_ROUTES[route], np.array(LAM))
 
 
+def test_mlx_a_gradient_runs_the_solver_no_more_than_its_forward_passes():
+    """On MLX the VJP rule takes the solution from the outputs MLX hands it (``Rule.residuals``), not from the
+    solver run again: a gradient runs the solver once per forward pass of f (two: the plugin's VJP records f
+    again when it pulls back), where running ``fwd`` again made it three."""
+    _mlx_or_skip()
+    calls = []
+
+    def solver(init, lam):
+        calls.append(1)
+        return _ridge_solver(init, lam)
+
+    def loss(lam):
+        return _validation_loss(unigrad.custom_root(_ridge_gradient, solve="cg", symmetric=True)(solver)(None, lam))
+
+    g = unigrad.grad(loss, backend="mlx")
+    for _ in range(2):
+        del calls[:]
+        np.testing.assert_allclose(float(_np(g(np.array(LAM)))), _ridge_closed_form(LAM)[1], rtol=1e-4)
+        assert len(calls) == 2
+
+
+def _cubic(x, a, b):  # x^3 + a x - b = 0, one equation per entry
+    return x ** 3 + a * x - b
+
+
+def _newton(init, a, b):
+    """A solver that differentiates its optimality (a unigrad transform closing over the params) and reads
+    values to stop: on MLX, such a forward lost the enclosing derivative (zeros) before it ran on copies."""
+    xp = unigrad.namespace(a)
+    x = xp.ones_like(a) if init is None else init
+    for _ in range(50):
+        slope = xp.sum(unigrad.jacobian(lambda x: _cubic(x, a, b))(x), axis=-1)  # (diagonal)
+        step = _cubic(x, a, b) / slope
+        x = x - step
+        if float(xp.max(xp.abs(step))) < 1e-7:
+            break
+    return x
+
+
+@pytest.mark.parametrize("nesting", sorted(_MLX_SECOND_ORDER))
+def test_mlx_second_order_through_a_solver_that_differentiates_and_reads(nesting):
+    """A Newton solver that takes a unigrad Jacobian of the optimality (closing over the params) and reads its
+    step: the Hessian of a loss of its root in (a, b) on MLX equals the tape's. With the solver run on the
+    params themselves rather than copies of their values, this came out 100% off (zeros), silently."""
+    _mlx_or_skip()
+    root = unigrad.custom_root(_cubic, solve="cg")(_newton)
+
+    def loss(p):
+        xp = unigrad.namespace(p)
+        x = root(None, p[:2], p[2:])
+        return xp.sum(xp.sin(x) * x)
+
+    p = np.array([0.5, 1.5, 2.0, 3.0])
+    want = _np(unigrad.hessian(loss, backend="numpy")(p))
+    p32 = p.astype(np.float32)
+    if nesting == "hvp":  # (along a vector: H v)
+        v = np.array([1.0, -2.0, 0.5, 3.0])
+        got, want = _np(unigrad.hvp(loss, (p32,), (v.astype(np.float32),), backend="mlx")[0]), want @ v
+    else:
+        got = _np(_MLX_SECOND_ORDER[nesting](loss, p32))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("solve", ["gmres", "lu", "bicgstab", "normal_cg"])
+def test_mlx_second_order_in_a_non_symmetric_closed_over_matrix(solve):
+    """The Hessian (16 x 16) of sum(sin(A^-1 b)) in the matrix matvec closes over, forward and reverse over one
+    VJP, on MLX against the tape (normal_cg: its products are a pullback of matvec, read in its loop)."""
+    _mlx_or_skip()
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((4, 4)) + 4 * np.eye(4), rng.standard_normal(4)
+
+    def f(a):
+        xp = unigrad.namespace(a)
+        return xp.sum(xp.sin(unigrad.linear_solve(lambda v: a @ v, xp.asarray(b, dtype=a.dtype), solve=solve)))
+
+    want = _np(unigrad.hessian(f, backend="numpy")(a))
+    for nesting in ("hessian", "jacrev(grad)"):
+        got = _np(_MLX_SECOND_ORDER[nesting](f, a.astype(np.float32)))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)), err_msg=nesting)
+
+
 @pytest.mark.parametrize("closure", [True, False])
-def test_mlx_defect_behind_the_refusal(closure):
-    """The cause of the refusal above, in MLX alone (docs/implicit.md): a custom function's forward that runs an
-    ``mx.vjp`` of a function closing over the custom function's input, then reads the result, loses the outer
-    derivative: ``grad(grad)`` of ``lam^2`` gives 0, not 2. With the input a primal of the nested ``mx.vjp``
-    instead, 2. unigrad's solvers do the first (a pullback of ``matvec`` at its operands, then reads). When this
-    test fails with closure=True, MLX has fixed it: the refusal may be revisited."""
+def test_mlx_defect_behind_the_copies(closure):
+    """Why the solvers' forward computations run on copies of their arrays' values on MLX (docs/implicit.md), in
+    MLX alone: a custom function's forward that runs an ``mx.vjp`` of a function closing over the custom
+    function's input, then reads the result, loses the outer derivative: ``grad(grad)`` of ``lam^2`` gives 0,
+    not 2. With the input a primal of the nested ``mx.vjp`` instead, 2. unigrad's solvers do the first (a
+    pullback of ``matvec`` at its operands, then reads). When this test fails with closure=True, MLX has fixed
+    it: the copies may go."""
     _mlx_or_skip()
     import mlx.core as mx
 

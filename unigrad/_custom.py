@@ -183,10 +183,19 @@ class _Call:
                             + (f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""))
         out, res = result
         outs = self.outputs(out, "fwd")
+        return outs, self._residual_arrays(res)
+
+    def _residual_arrays(self, res):
         leaves, self.res_tree = optree.tree_flatten(res)
         b = self.b
         self.res_static = tuple((k, x) for k, x in enumerate(leaves) if not b.is_array(x))
-        return outs, tuple(x for x in leaves if b.is_array(x))
+        return tuple(x for x in leaves if b.is_array(x))
+
+    def flat_residuals(self, arrays, outputs):
+        """What :meth:`flat_fwd` gives as residuals, from the (flat) outputs the forward computation gave:
+        ``user_residuals(out, *args)`` (``Rule.residuals``)."""
+        out = optree.tree_unflatten(self.out_tree, list(outputs))
+        return self._residual_arrays(self.run(self.user_residuals, out, *self.rebuild(arrays)))
 
     def flat_bwd(self, residuals, cotangents):
         leaves = list(residuals)

@@ -749,6 +749,10 @@ class Rule:
         Linear in ``cotangents``.
       jvp: ``jvp(primals, tangents) -> (outputs, tangents_out)``; ``tangents``: one per array (None may
         stand for zeros); linear in ``tangents``.
+      residuals: ``residuals(arrays, outputs) -> residuals``, what ``fwd(*arrays)[1]`` gives, from the
+        outputs the forward computation gave (None: run ``fwd``). A backend whose engine hands its VJP rule
+        the outputs (MLX) may take the residuals from there instead of running ``fwd`` again: no second
+        forward computation (an implicit rule's solver), and no value read in a derivative pass.
 
     At least one of the pairs (``fwd``, ``bwd``) and ``jvp`` is given; both may be. Every callable
     may be called with the backend's traced values, any number of times, and is differentiable code.
@@ -759,6 +763,7 @@ class Rule:
     fwd: Callable | None = None
     bwd: Callable | None = None
     jvp: Callable | None = None
+    residuals: Callable | None = None
 
     def __post_init__(self):
         if (self.fwd is None) != (self.bwd is None):

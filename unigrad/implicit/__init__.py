@@ -2,7 +2,7 @@
 
 The derivative of a solver's result comes from the equation it solves (the implicit function
 theorem), not from its iterations: written once, on unigrad's custom rules, so it runs on every
-backend in both modes and to any order (MLX: first order, second derivatives raise; docs/implicit.md).
+backend in both modes and to any order (MLX: first order, and second order over one VJP; docs/implicit.md).
 """
 
 from ._linear_solve import ConvergenceError, ConvergenceWarning, linear_solve

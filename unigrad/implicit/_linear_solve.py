@@ -16,6 +16,7 @@ the transpose of the solver's iterations, which are not linear in ``b``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from typing import Any, Callable
@@ -31,7 +32,7 @@ from .._custom import _Call, backend_for
 from ..backend import Rule
 from . import _closure
 from ._flat import Flat, is_single
-from ._solvers import SOLVERS, NoValue, dense_solve, looped_cg, norm, scalar
+from ._solvers import SOLVERS, NoValue, dense_solve, looped_cg, no_reads, norm, reads_allowed, scalar
 
 __all__ = ["linear_solve", "ConvergenceError", "ConvergenceWarning"]
 
@@ -99,30 +100,84 @@ _NESTING_EXAMPLES = {("jvp", "vjp"): "hessian, hvp, jacfwd(grad)", ("vjp", "vjp"
                      ("jvp", "jvp"): "jvp of jvp, jacfwd(jacfwd)", ("vjp", "jvp"): "jacrev(jacfwd), grad of jvp"}
 
 
+def _tracing(backend):
+    """The entries of ``backend.transforms_tracing()`` now (the MLX plugin: ``"vjp"``, ``"jvp"``, ``"vmap"``,
+    ``"compile"``, outermost first); empty elsewhere."""
+    tracing = getattr(backend, "transforms_tracing", None)
+    return tuple(tracing()) if tracing is not None else ()
+
+
+def derivative_pass(backend, name, mode):
+    """The context a rule's derivative pass runs in (``mode``: ``"jvp"`` for the JVP rule, ``"vjp"`` for the VJP
+    rule). Elsewhere than on a backend with ``transforms_tracing()`` (MLX), and at first order, nothing changes.
+    On MLX, where an enclosing transform differentiates the pass (a second derivative): the VJP rule runs with
+    its residuals taken from the outputs MLX hands it (``Rule.residuals``: the solution, no solver run again)
+    and reads no value (:func:`no_reads`: dense solves, residuals made NaN rather than read), which gives
+    ``hessian``, ``hvp``, ``jacfwd(grad)`` and ``jacrev(grad)`` (docs/implicit.md); the nestings that stay
+    refused (:func:`check_not_differentiated`): an inner forward mode (the JVP rule must run the solver again,
+    and reads values in a pass the outer transform differentiates), a VJP mapped by ``vmap`` inside the outer
+    transform (``jacrev(jacrev)``: measured 73% off), and ``compile=True`` (measured 0 through ``linear_solve``)."""
+    entries = _tracing(backend)
+    outer = tuple(e for e in entries if e in ("vjp", "jvp"))
+    if not outer:
+        return contextlib.nullcontext()
+    if mode == "jvp" or entries[-1] == "vmap" or "compile" in entries:
+        check_not_differentiated(backend, name, mode)
+    return no_reads()
+
+
+@contextlib.contextmanager
+def on_values(backend, tree):
+    """The arrays a rule's primal computation (a solver: plain code that reads values) runs on: on a backend
+    whose transforms are tracing now (``transforms_tracing()``: MLX), fresh arrays of their values. MLX loses an
+    enclosing transform's derivative through a custom function's input when the forward runs a transform
+    closing over that input and then reads a value (``tests/test_implicit.py::test_mlx_defect_behind_the_copies``:
+    the symmetric solvers' pullback of ``matvec``, a user's solver that differentiates its optimality); on
+    copies the forward touches no array of the enclosing graph. Where a copy cannot be made (symbolic values:
+    ``mx.compile``, ``vmap``) the forward reads nothing either (:func:`no_reads`)."""
+    if not _tracing(backend) or not reads_allowed():
+        yield tree
+        return
+    try:
+        copied = optree.tree_map(
+            lambda a: backend.asarray(np.asarray(backend.to_numpy(a)), dtype=backend.dtype(a)) if backend.is_array(a)
+            else a, tree, none_is_leaf=True)
+    except Exception:
+        with no_reads():
+            yield tree
+        return
+    yield copied
+
+
 def check_not_differentiated(backend, name, mode):
     """Refuse a derivative pass (``mode``: ``"jvp"`` for the JVP rule, ``"vjp"`` for the VJP rule) that an
-    enclosing transform differentiates, on a backend that cannot differentiate it: one that offers
-    ``transforms_tracing()`` (the MLX plugin), the modes of its transforms tracing the code that runs now.
-    There ``mx.eval``, which the solvers' loops and the residual checks call, detaches what it evaluates in
-    a derivative pass from the enclosing transform's graph: second derivatives were measured zero (inner
-    forward mode) or 73% off (``jacrev(jacrev)``), and the nestings measured right were right by accident of
-    which arrays had been evaluated when, so every one is refused (docs/implicit.md)."""
-    tracing = getattr(backend, "transforms_tracing", None)
-    outer = tuple(tracing()) if tracing is not None else ()
+    enclosing transform differentiates in a nesting the backend cannot give (see :func:`derivative_pass`): on
+    MLX an inner forward mode, a VJP mapped by ``vmap`` inside the enclosing transform, ``compile=True``."""
+    entries = _tracing(backend)
+    outer = tuple(e for e in entries if e in ("vjp", "jvp"))
     if not outer:
         return
     nesting = "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
     examples = _NESTING_EXAMPLES.get((outer[-1], mode))
+    if mode == "vjp" and entries[-1] == "vmap":
+        examples = "jacrev(jacrev), jacfwd(jacrev)"
     examples = f" (as in {examples})" if examples else ""
     kind = "forward-mode (JVP)" if mode == "jvp" else "reverse-mode (VJP)"
+    if mode == "jvp":
+        why = ("the JVP rule must run the solver again to have the solution, and the values it reads in a pass the "
+               "enclosing transform differentiates are cut off from it by MLX's evaluation (measured: zeros)")
+    elif "compile" in entries:
+        why = "inside mx.compile it was measured wrong (zeros through linear_solve), for reasons not established"
+    else:
+        why = ("the VJP is mapped by vmap inside the enclosing transform, and that was measured wrong (73% off), "
+               "for reasons not established")
     raise NotImplementedError(
-        f"{name} on the {backend.name} backend: second derivatives through linear_solve / custom_root / "
-        f"custom_fixed_point are not supported on MLX, in any nesting: this rule's {kind} derivative is being "
-        f"differentiated by an enclosing {outer[-1]}, the nesting {nesting}{examples}. The rule reads values in "
-        f"its derivative pass (the solver's loop, the residual check), and MLX's evaluation cuts what it reads "
-        f"off from the enclosing transform, so the result would be wrong (zeros, or 73% off, measured), not "
-        f"an error. First derivatives (grad, jacrev, jacfwd, jvp, vjp) work; for a second derivative use "
-        f"another backend (numpy, jax, torch, tensorflow). See docs/implicit.md")
+        f"{name} on the {backend.name} backend: this second derivative through linear_solve / custom_root / "
+        f"custom_fixed_point is not supported on MLX: this rule's {kind} derivative is being differentiated by an "
+        f"enclosing {outer[-1]}, the nesting {nesting}{examples}{' under compile=True' if 'compile' in entries else ''}"
+        f"; {why}, so the result would be wrong, not an error. On MLX second derivatives work as hessian, hvp, "
+        f"jacfwd(grad) and jacrev(grad), eagerly (forward or reverse over one VJP); for other nestings use another "
+        f"backend (numpy, jax, torch, tensorflow). See docs/implicit.md")
 
 
 def report(on_failure, message, residual, tolerance):
@@ -247,6 +302,8 @@ class Operator:
         mv = lambda v: self.matvec(v, operands)  # noqa: E731
         guard = check_nested_transforms(current_backend())
         try:
+            if not reads_allowed():
+                raise NoValue("no reads")
             return self._iterate(b, operands, mv)
         except NoValue:
             # inside vmap (a Jacobian's batch of tangents, a batch of problems) or a compiled program: no value
@@ -316,7 +373,8 @@ def apply_solve(op: Operator, b, operands):
     ``operands``, both modes, any order)."""
 
     def linear_solve(b, operands):  # (the name errors show)
-        return op.primal(b, operands)
+        with on_values(backend, (b, operands)) as (b, operands):
+            return op.primal(b, operands)
 
     call = _Call("jvp", linear_solve, (), (b, operands))
     call.name = op.name
@@ -339,25 +397,29 @@ def apply_solve(op: Operator, b, operands):
         return x, (x, operands)
 
     def bwd(residuals, g):
-        check_not_differentiated(backend, op.name, "vjp")
-        guard = check_nested_transforms(backend)
-        x, operands = residuals
-        u = guard(apply_solve(op.T, g, operands))
-        if not optree.tree_leaves(operands):
-            return u, operands
-        _, pullback = _vjp(lambda operands: op.apply(x, operands), operands, backend=backend)
-        (ct,) = pullback(u)
-        return u, optree.tree_map(lambda c: -c, ct)
+        with derivative_pass(backend, op.name, "vjp"):
+            guard = check_nested_transforms(backend)
+            x, operands = residuals
+            u = guard(apply_solve(op.T, g, operands))
+            if not optree.tree_leaves(operands):
+                return u, operands
+            _, pullback = _vjp(lambda operands: op.apply(x, operands), operands, backend=backend)
+            (ct,) = pullback(u)
+            return u, optree.tree_map(lambda c: -c, ct)
 
-    call.user_jvp, call.user_fwd, call.user_bwd = jvp_rule, fwd, bwd
-    return call.apply(Rule(op.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd, jvp=call.flat_jvp))
+    def residuals(x, b, operands):  # fwd's residuals from the solution the forward computation gave
+        return x, operands
+
+    call.user_jvp, call.user_fwd, call.user_bwd, call.user_residuals = jvp_rule, fwd, bwd, residuals
+    return call.apply(Rule(op.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd, jvp=call.flat_jvp,
+                           residuals=call.flat_residuals))
 
 
 def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = None, maxiter: int | None = None,
                  symmetric: bool = False, transpose_solve: Any = None, on_failure: str = "raise"):
     """``x`` with ``matvec(x) = b``, matrix-free, differentiable with respect to ``b`` and to the arrays
-    ``matvec`` closes over, in both modes and to any order, on every backend (MLX: first order; a
-    second derivative raises NotImplementedError there, docs/implicit.md).
+    ``matvec`` closes over, in both modes and to any order, on every backend (MLX: first order, and second
+    order over one VJP; other nestings raise NotImplementedError there, docs/implicit.md).
 
     The derivative does not go through the solver's iterations: it is a linear solve itself,
     ``dx = A^{-1} (db - dA x)`` in forward mode and the transposed system ``A^T u = g`` in reverse

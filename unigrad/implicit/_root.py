@@ -40,7 +40,7 @@ from .._dtypes import INEXACT
 from ..backend import Rule
 from ._flat import Flat, is_single
 from ._linear_solve import (Operator, apply_solve, check_nested_transforms, check_not_differentiated, check_on_failure,
-                            check_solve, current_backend, report)
+                            check_solve, current_backend, derivative_pass, on_values, report)
 
 __all__ = ["custom_root", "custom_fixed_point"]
 
@@ -51,7 +51,8 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
                 ) -> Callable:
     """A decorator: ``solver(init, *params) -> x`` with ``optimality(x, *params) = 0`` at its result,
     differentiated with respect to ``params`` by the implicit function theorem, in both modes and to any
-    order, on every backend (MLX: first order; a second derivative raises NotImplementedError there).
+    order, on every backend (MLX: first order, and second order over one VJP; other nestings raise
+    NotImplementedError there, docs/implicit.md).
 
     The solver runs as plain code -- no derivative goes through its iterations, and it may use any
     operations on the values it is given (NumPy, SciPy: its result is converted to the backend's
@@ -299,8 +300,9 @@ def _solve_root(root: _Solution, init, params):
     with_aux = root.root.has_aux
 
     def custom_root_call(init, *params):  # (the name errors show)
-        x = root.primal(backend, init, params)
-        return (x, root.aux_arrays) if with_aux else x
+        with on_values(backend, (init, params)) as (init, params):
+            x = root.primal(backend, init, params)
+            return (x, root.aux_arrays) if with_aux else x
 
     call = _Call("jvp", custom_root_call, (), args)
     call.name = root.name
@@ -339,20 +341,24 @@ def _solve_root(root: _Solution, init, params):
         return ((x, arrays) if with_aux else x), (x, params)
 
     def bwd(residuals, g):
-        check_not_differentiated(backend, f"custom_root ({root.name})", "vjp")
-        guard = check_nested_transforms(backend)
-        x, params = residuals
-        if with_aux:
-            g = g[0]  # (aux has no derivative)
-        if not split.wrt_at:
-            return (None,) * (1 + len(params))
-        u = guard(apply_solve(op.T, g, (x, split.arrays(params))))
-        f, p = d_params(x, params)
-        _, pullback = _vjp(f, *p, backend=backend)
-        return (None, *split.cotangents([-c for c in pullback(u)]))
+        with derivative_pass(backend, f"custom_root ({root.name})", "vjp"):
+            guard = check_nested_transforms(backend)
+            x, params = residuals
+            if with_aux:
+                g = g[0]  # (aux has no derivative)
+            if not split.wrt_at:
+                return (None,) * (1 + len(params))
+            u = guard(apply_solve(op.T, g, (x, split.arrays(params))))
+            f, p = d_params(x, params)
+            _, pullback = _vjp(f, *p, backend=backend)
+            return (None, *split.cotangents([-c for c in pullback(u)]))
 
-    call.user_jvp, call.user_fwd, call.user_bwd = jvp_rule, fwd, bwd
-    return call.apply(Rule(root.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd, jvp=call.flat_jvp))
+    def residuals(out, init, *params):  # fwd's residuals from the solution the forward computation gave
+        return (out[0] if with_aux else out), tuple(params)
+
+    call.user_jvp, call.user_fwd, call.user_bwd, call.user_residuals = jvp_rule, fwd, bwd, residuals
+    return call.apply(Rule(root.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd, jvp=call.flat_jvp,
+                           residuals=call.flat_residuals))
 
 
 class _Params:

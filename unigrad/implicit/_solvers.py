@@ -15,20 +15,46 @@ caller checks the true residual afterwards, whatever the solver says.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 
 from .._api import namespace, to_numpy
 
-__all__ = ["SOLVERS", "NoValue", "scalar", "dot", "norm", "dense_solve", "looped_cg"]
+__all__ = ["SOLVERS", "NoValue", "scalar", "dot", "norm", "dense_solve", "looped_cg", "no_reads", "reads_allowed"]
 
 
 class NoValue(NotImplementedError):
     """A value the solvers would read is symbolic (inside ``vmap`` or a compiled program)."""
 
 
+# True while values must not be read: a derivative pass an enclosing transform differentiates, on an engine
+# whose evaluation would cut what it reads off from that transform (MLX). A ContextVar: per thread and task.
+_NO_READS: contextvars.ContextVar = contextvars.ContextVar("unigrad_implicit_no_reads", default=False)
+
+
+@contextlib.contextmanager
+def no_reads():
+    """Within: :func:`scalar` raises :class:`NoValue`, so the solvers take their symbolic path (the backend's
+    compiled loop, else a dense solve; a residual made NaN, never read), as inside a compiled program."""
+    token = _NO_READS.set(True)
+    try:
+        yield
+    finally:
+        _NO_READS.reset(token)
+
+
+def reads_allowed() -> bool:
+    return not _NO_READS.get()
+
+
 def scalar(value) -> float:
     """A 0-d array's value as a Python float (the solvers' loop tests need one); :class:`NoValue` where
-    it has none (JAX's tracers and TensorFlow's graph tensors, a value inside torch's or MLX's vmap)."""
+    it has none (JAX's tracers and TensorFlow's graph tensors, a value inside torch's or MLX's vmap), or
+    where values must not be read (:func:`no_reads`)."""
+    if _NO_READS.get():
+        raise NoValue("linear_solve: no value is read in this derivative pass (no_reads)")
     try:  # float(): a tensor's own read (torch's item(); JAX's, TensorFlow's, MLX's), without a host copy
         return float(value)
     except Exception:

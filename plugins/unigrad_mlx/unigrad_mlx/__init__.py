@@ -167,13 +167,12 @@ class MlxBackend(unigrad.Backend):
         return mx.stop_gradient(x)
 
     def transforms_tracing(self):
-        """The modes (``"vjp"``, ``"jvp"``) of this backend's transforms that differentiate the code running
-        now, outermost first (empty at first order: a custom rule's derivative pass runs after its transform's
-        function has returned). ``unigrad.implicit`` reads it: its rules read values in their derivative
-        passes (solver loops, residual checks), and ``mx.eval`` detaches what it evaluates there from an
-        enclosing transform's graph, so a derivative pass traced by one would give a wrong second derivative;
-        they raise instead (docs/implicit.md). MLX's own transforms called directly (``mx.grad``) are not
-        seen."""
+        """The kinds (``"vjp"``, ``"jvp"``, ``"vmap"``, ``"compile"``) of this backend's transforms tracing the
+        code that runs now, outermost first (no ``"vjp"`` or ``"jvp"`` at first order: a custom rule's
+        derivative pass runs after its transform's function has returned). ``unigrad.implicit`` reads it: in a
+        derivative pass an enclosing ``"vjp"`` / ``"jvp"`` differentiates, its VJP rules read no value, and its
+        JVP rules, a VJP mapped by ``vmap`` there and ``compile`` are refused (docs/implicit.md). MLX's own
+        transforms called directly (``mx.grad``) are not seen."""
         return _rules.TRACING.get()
 
     def apply_rule(self, rule, arrays):
@@ -218,7 +217,7 @@ class MlxBackend(unigrad.Backend):
         def run(*args):
             return tuple(f(*args))
 
-        mapped = mx.vmap(run, in_axes=in_axes, out_axes=out_axes)
+        mapped = mx.vmap(_rules.traced_by("vmap", run), in_axes=in_axes, out_axes=out_axes)
         if chunk_size is None:
             def whole(*args):
                 with _LOCK:
@@ -244,7 +243,7 @@ class MlxBackend(unigrad.Backend):
     def compile(self, fn, weak_scalars=()):
         # mx.compile traces fn once per signature (shapes, dtypes); Python numbers among the arguments
         # are constants of the program (MLX compiles again for a new value: the answer stays right).
-        compiled = mx.compile(fn)
+        compiled = mx.compile(_rules.traced_by("compile", fn))
 
         def run(*args):
             try:

@@ -5,11 +5,13 @@ The missing mode is the transpose of the given one (``bwd`` is linear in its cot
 its tangents): a VJP from the JVP rule is ``mx.vjp`` of ``t -> jvp(primals, t)``, a JVP from ``bwd`` is
 ``mx.vjp`` of ``g -> bwd(residuals, g)``. MLX treats what a custom function closes over as constants,
 so the residuals are recomputed from the primals inside each rule (``fwd`` again): they then carry the
-derivatives of outer transforms (second order).
+derivatives of outer transforms (second order). Where the rule says its residuals from its outputs
+(``Rule.residuals``: the implicit rules' solution), the VJP takes them from the outputs MLX hands it,
+which carry those derivatives too, and no solver runs again.
 
-``TRACING`` records which of this backend's differentiating transforms are tracing the code that runs
-now (``MlxBackend.transforms_tracing``): every ``mx.vjp`` / ``mx.jvp`` the backend calls runs its function
-through :func:`traced_by`.
+``TRACING`` records which of this backend's transforms are tracing the code that runs now
+(``MlxBackend.transforms_tracing``): every ``mx.vjp`` / ``mx.jvp`` / ``mx.vmap`` / ``mx.compile`` the backend
+calls runs its function through :func:`traced_by`.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import mlx.core as mx
 
 __all__ = ["apply_rule", "traced_by", "TRACING"]
 
-# The modes ("vjp", "jvp") of this backend's mx.vjp / mx.jvp calls whose function is running now, outermost
-# first: what runs now is differentiated by each of them. A transform's derivative pass (a custom rule's
-# vjp or jvp, called once the function has returned) is not in its own entry. A ContextVar: each thread and
+# The kinds ("vjp", "jvp", "vmap", "compile") of this backend's mx.vjp / mx.jvp / mx.vmap / mx.compile calls
+# whose function is running now, outermost first: what runs now is differentiated by each "vjp" and "jvp". A
+# transform's derivative pass (a custom rule's vjp or jvp, called once the function has returned) is not in its
+# own entry. A ContextVar: each thread and
 # each asyncio task sees its own (no global state).
 TRACING: contextvars.ContextVar = contextvars.ContextVar("unigrad_mlx_tracing", default=())
 
@@ -64,7 +67,8 @@ def apply_rule(rule, arrays):
         cotangents = [mx.zeros_like(o) if c is None else c for c, o in zip(_tuple(cotangents), outputs)]
         if rule.bwd is not None:
             # MLX's cotangents follow its (conjugate) complex convention, the rule's unigrad's
-            cts = tuple(_conj(c) for c in rule.bwd(residuals(primals), tuple(_conj(c) for c in cotangents)))
+            res = rule.residuals(primals, outputs) if rule.residuals is not None else residuals(primals)
+            cts = tuple(_conj(c) for c in rule.bwd(res, tuple(_conj(c) for c in cotangents)))
         else:
             zeros = [mx.zeros_like(p) for p in primals]
             _, cts = mx.vjp(traced_by("vjp", lambda *t: list(_tuple(rule.jvp(primals, tuple(t))[1]))), zeros,

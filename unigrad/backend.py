@@ -453,6 +453,10 @@ class Backend(abc.ABC):
     #: solves densely there instead of iterating
     while_loop = None
 
+    #: the namespace's ``linalg.solve`` maps under ``vmap``; False (MLX: its LU has no batching rule, its inverse
+    #: has): ``unigrad.linear_solve``'s dense solve on symbolic values multiplies by ``linalg.inv`` instead
+    solve_under_vmap = True
+
     #: ``linear_products(f, point) -> (matvec, rmatvec)``, or None: ``v -> J v`` and ``u -> J^T u`` with ``J`` the
     #: Jacobian of ``f`` at ``point`` (``f``, ``point`` and the products of one shape), for products on VALUES
     #: that nothing differentiates (``unigrad.linear_solve``'s iterative solvers run them every step: ``f`` the

@@ -313,7 +313,7 @@ class Operator:
             looped = self._looped(b, operands)
             if looped is not None:
                 return guard(looped)
-            return guard(dense_solve(mv, b, current_backend()))
+            return guard(dense_solve(mv, b, current_backend(), symbolic=True))
 
     def _looped(self, b, operands):
         """The solution by :func:`looped_cg` (``"cg"``, or ``"normal_cg"`` on the normal equations), where the

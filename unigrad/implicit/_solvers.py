@@ -229,11 +229,17 @@ def looped_cg(matvec, b, *, tol, maxiter, loop):
     return x, residual
 
 
-def dense_solve(matvec, b, backend=None):
-    """``A`` materialised, then the namespace's ``linalg.solve`` (an LU factorisation)."""
+def dense_solve(matvec, b, backend=None, symbolic=False):
+    """``A`` materialised, then the namespace's ``linalg.solve`` (an LU factorisation); on ``symbolic`` values
+    (``vmap``, a compiled program) of a backend whose ``linalg.solve`` does not map (``solve_under_vmap``
+    False: MLX), ``linalg.inv(A) @ b``."""
     xp = namespace(b)
     matrix, size = _dense(matvec, b, backend)
-    x = xp.linalg.solve(matrix, xp.reshape(b, (size, 1)))
+    column = xp.reshape(b, (size, 1))
+    if symbolic and not getattr(backend, "solve_under_vmap", True):
+        x = xp.linalg.inv(matrix) @ column
+    else:
+        x = xp.linalg.solve(matrix, column)
     return xp.reshape(x, _shape(b))
 
 

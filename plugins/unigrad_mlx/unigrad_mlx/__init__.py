@@ -122,6 +122,8 @@ class MlxBackend(unigrad.Backend):
                                         complex=False, float64=False, custom_rules=True)
     # An mx.array can be written in place (x[...] = v), so the core hands vjp copies.
     mutable_arrays = True
+    # MLX's LU (LUF) has no batching rule, its inverse has: unigrad.linear_solve's symbolic dense solve inverts
+    solve_under_vmap = False
 
     def namespace(self):
         return _namespace

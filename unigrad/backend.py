@@ -679,13 +679,14 @@ class Backend(abc.ABC):
 
         ``make_rows(start, stop)`` builds the arguments' rows ``start:stop`` (a tuple of arrays), so at most
         ``chunk_size`` rows exist at a time. Each chunk is vmapped when the backend has a vectorising
-        ``vmap``, else looped.
+        ``vmap``, else looped; a chunk of one row is one call (no ``vmap`` around it: a Jacobian of a scalar
+        output is one VJP, which a transform around it then differentiates as such).
         """
         xp = self.namespace()
         pieces = []
         for start, stop in chunks(n, chunk_size):
             rows = make_rows(start, stop)
-            if self.capabilities.vmap:
+            if self.capabilities.vmap and stop - start > 1:
                 pieces.append(tuple(self.vmap_rows(lambda *r: tuple(fn(*r)), len(rows))(*rows)))
             else:
                 results = [tuple(fn(*(r[k] for r in rows))) for k in range(stop - start)]

@@ -113,10 +113,11 @@ def derivative_pass(backend, name, mode):
     On MLX, where an enclosing transform differentiates the pass (a second derivative): the VJP rule runs with
     its residuals taken from the outputs MLX hands it (``Rule.residuals``: the solution, no solver run again)
     and reads no value (:func:`no_reads`: dense solves, residuals made NaN rather than read), which gives
-    ``hessian``, ``hvp``, ``jacfwd(grad)`` and ``jacrev(grad)`` (docs/implicit.md); the nestings that stay
-    refused (:func:`check_not_differentiated`): an inner forward mode (the JVP rule must run the solver again,
-    and reads values in a pass the outer transform differentiates), a VJP mapped by ``vmap`` inside the outer
-    transform (``jacrev(jacrev)``: measured 73% off), and ``compile=True`` (measured 0 through ``linear_solve``)."""
+    ``hessian``, ``hvp``, ``jacfwd(grad)`` and ``jacrev(grad)`` (and ``jacrev(jacrev)`` of a scalar ``f``: one VJP,
+    docs/implicit.md); the nestings that stay refused (:func:`check_not_differentiated`): an inner forward mode
+    (the JVP rule must run the solver again, and reads values in a pass the outer transform differentiates), a
+    VJP mapped by ``vmap`` inside the outer transform (``jacrev(jacrev)`` of several outputs: measured 73% off),
+    and ``compile=True`` (measured 0 through ``linear_solve``)."""
     entries = _tracing(backend)
     outer = tuple(e for e in entries if e in ("vjp", "jvp"))
     if not outer:
@@ -160,7 +161,7 @@ def check_not_differentiated(backend, name, mode):
     nesting = "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
     examples = _NESTING_EXAMPLES.get((outer[-1], mode))
     if mode == "vjp" and entries[-1] == "vmap":
-        examples = "jacrev(jacrev), jacfwd(jacrev)"
+        examples = "jacrev(jacrev), jacfwd(jacrev) of a function with several outputs"
     examples = f" (as in {examples})" if examples else ""
     kind = "forward-mode (JVP)" if mode == "jvp" else "reverse-mode (VJP)"
     if mode == "jvp":
@@ -176,8 +177,8 @@ def check_not_differentiated(backend, name, mode):
         f"custom_fixed_point is not supported on MLX: this rule's {kind} derivative is being differentiated by an "
         f"enclosing {outer[-1]}, the nesting {nesting}{examples}{' under compile=True' if 'compile' in entries else ''}"
         f"; {why}, so the result would be wrong, not an error. On MLX second derivatives work as hessian, hvp, "
-        f"jacfwd(grad) and jacrev(grad), eagerly (forward or reverse over one VJP); for other nestings use another "
-        f"backend (numpy, jax, torch, tensorflow). See docs/implicit.md")
+        f"jacfwd(grad) and jacrev(grad) (and jacrev or jacfwd of jacrev of a scalar f), eagerly: forward or reverse "
+        f"over one VJP; for other nestings use another backend (numpy, jax, torch, tensorflow). See docs/implicit.md")
 
 
 def report(on_failure, message, residual, tolerance):

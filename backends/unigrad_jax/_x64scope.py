@@ -68,9 +68,11 @@ def copying(fn, copies, x64):
     """``fn`` called with a copy of its arguments at positions ``copies`` (NumPy arrays the caller owns),
     inside the scoped x64 mode where ``x64``: one Python frame between a compiled repeat and its program."""
     state = _X64_STATE if x64 else None
-    if x64 and state is None:
+    if x64 and state is None:  # (the public context manager around the copying call, made once)
+        copied = copying(fn, copies, False)
+
         def in_scope(*args):
-            return in_x64(copying(fn, copies, False), args)
+            return in_x64(copied, args)
         return in_scope
     if copies == (0,):  # (the common case: the differentiated NumPy array first)
         if state is None:

@@ -13,7 +13,7 @@ import optree
 from ._caches import BoundedCache
 from ._call import _LEAF, Call, Seen, flat_function
 from ._signature import _leaf_owners, _static_token
-from .backend import uses_traced_value
+from .backend import numpy_copies, uses_traced_value
 
 PROGRAMS_WHY = ("compile=True: one program per signature, which reads f's Python state when it is traced, as "
                 "jax.jit does (pass what changes as an argument; docs/conventions.md)")
@@ -143,7 +143,7 @@ class Program:
         else:
             fn, translate = specialize(tuple([call.args[p] for p in order]))
         if copies:
-            fn = _on_numpy_copies(fn, copies)
+            fn = numpy_copies(fn, copies)
         f, has_aux, fname = call.f, call.has_aux, call.fname
         in_order = order == tuple(range(len(order)))
 
@@ -174,22 +174,6 @@ class Program:
                     flat = (flat,)
                 return flat if index is None else flat[index]
         return run
-
-
-
-def _on_numpy_copies(fn, positions):
-    """``fn`` called with a copy of its arguments at ``positions`` (NumPy arrays the caller owns)."""
-    if positions == (0,):  # (the common differentiated NumPy array, first)
-        def run(x, *rest):
-            return fn(x.copy(), *rest)
-        return run
-
-    def run(*args):
-        args = list(args)
-        for k in positions:
-            args[k] = args[k].copy()
-        return fn(*args)
-    return run
 
 
 

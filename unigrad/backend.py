@@ -830,6 +830,22 @@ def chunks(n: int, chunk_size: int | None) -> list[tuple[int, int]]:
 _chunks = chunks  # the name adapters used before it was public
 
 
+def numpy_copies(fn, positions):
+    """``fn`` called with a copy of its arguments at ``positions`` (NumPy arrays the caller owns): what a
+    compiled repeat hands a program that may read a NumPy argument in place after returning (``jax.jit``)."""
+    if positions == (0,):  # (the common differentiated NumPy array, first)
+        def run(x, *rest):
+            return fn(x.copy(), *rest)
+        return run
+
+    def run(*args):
+        args = list(args)
+        for k in positions:
+            args[k] = args[k].copy()
+        return fn(*args)
+    return run
+
+
 _FFT_NORMS = ("backward", "ortho", "forward")
 _FFT_NORM_SWAP = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
 

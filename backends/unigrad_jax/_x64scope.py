@@ -12,6 +12,8 @@ import contextlib
 import jax
 import numpy as np
 
+from unigrad.backend import numpy_copies
+
 # Dtypes JAX truncates to 32 bits outside the x64 context, by type code (hashing a dtype costs more
 # than the rest of the test; two codes can name one dtype, e.g. 'l' and 'q' for int64 on Linux).
 # _WIDE_CHARS: every 64-bit dtype (conversions keep them all); _WIDE_FLOAT_CHARS: the floating and
@@ -65,36 +67,26 @@ _X64_STATE = _thread_local_x64()
 
 
 def copying(fn, copies, x64):
-    """``fn`` called with a copy of its arguments at positions ``copies`` (NumPy arrays the caller owns),
-    inside the scoped x64 mode where ``x64``: one Python frame between a compiled repeat and its program."""
-    state = _X64_STATE if x64 else None
-    if x64 and state is None:  # (the public context manager around the copying call, made once)
-        copied = copying(fn, copies, False)
-
+    """``fn`` called with a copy of its arguments at positions ``copies`` (NumPy arrays the caller owns,
+    ``unigrad.backend.numpy_copies``), inside the scoped x64 mode where ``x64``; the common case (one float64
+    NumPy array first) in one Python frame between a compiled repeat and its program."""
+    copied = numpy_copies(fn, copies)
+    if not x64:
+        return copied
+    state = _X64_STATE
+    if state is None or copies != (0,):
         def in_scope(*args):
             return in_x64(copied, args)
         return in_scope
-    if copies == (0,):  # (the common case: the differentiated NumPy array first)
-        if state is None:
-            def copy_first(x, *rest):
-                return fn(x.copy(), *rest)
-            return copy_first
-        swap, restore = state.swap_local, state.set_local
+    swap, restore = state.swap_local, state.set_local
 
-        def copy_first_x64(x, *rest):
-            prev = swap(True)
-            try:
-                return fn(x.copy(), *rest)
-            finally:
-                restore(prev)
-        return copy_first_x64
-
-    def copy_some(*args):
-        args = list(args)
-        for k in copies:
-            args[k] = args[k].copy()
-        return fn(*args) if not x64 else in_x64(fn, args)
-    return copy_some
+    def copy_first_x64(x, *rest):
+        prev = swap(True)
+        try:
+            return fn(x.copy(), *rest)
+        finally:
+            restore(prev)
+    return copy_first_x64
 
 
 def in_x64(fn, args):

@@ -327,25 +327,23 @@ class Backend(abc.ABC):
             return outputs, self.jacobian_of_jvp(outputs, push_f, primals, chunk_size), aux
         first = tuple(r[0] for r in self.unit_basis(primals, 0, 1))
         outputs, column, aux = self.jvp(f, primals, first, has_aux=has_aux)
-        outputs, column = tuple(outputs), tuple(column)
         push_f = (lambda *p: f(*p)[0]) if has_aux else f
-        xp = self.namespace()
-        cols = tuple(xp.stack([c]) for c in column)  # per output: (1, *out.shape)
-        if n_in > 1:
-            rest = self.map_chunks(lambda *t: self.jvp(push_f, primals, t, has_aux=False)[1],
-                                   lambda a, b: self.unit_basis(primals, a + 1, b + 1), n_in - 1, chunk_size,
-                                   self._specs(outputs))
-            cols = tuple(xp.concat([c, r], axis=0) for c, r in zip(cols, rest))
-        return outputs, self._split_rows(cols, primals, outputs, rows_are_outputs=False), aux
+        outputs = tuple(outputs)
+        return outputs, self.jacobian_of_jvp(outputs, push_f, primals, chunk_size, first=tuple(column)), aux
 
-    def jacobian_of_jvp(self, outputs, push_f, primals, chunk_size=None):
+    def jacobian_of_jvp(self, outputs, push_f, primals, chunk_size=None, first=None):
         """The blocks ``jac[i][j]`` of :meth:`jacfwd` after its plain evaluation (``outputs`` of ``f`` at
         ``primals``; ``push_f``: ``f`` without its aux): the input basis pushed through :meth:`jvp`. A
-        transform that evaluated ``f`` to learn its output shapes (``mode="auto"``) finishes from there."""
+        transform that evaluated ``f`` to learn its output shapes (``mode="auto"``) finishes from there.
+        ``first``: the first column's JVP already taken (one per output), the basis pushed from the second."""
         n_in = sum(math.prod(self.shape(p)) for p in primals)
+        skip = 0 if first is None else 1
         cols = self.map_chunks(lambda *t: self.jvp(push_f, primals, t, has_aux=False)[1],
-                               lambda a, b: self.unit_basis(primals, a, b), n_in, chunk_size,
-                               self._specs(outputs))  # per output: (n_in, *out.shape)
+                               lambda a, b: self.unit_basis(primals, a + skip, b + skip), n_in - skip, chunk_size,
+                               self._specs(outputs))  # per output: (n_in - skip, *out.shape)
+        if first is not None:
+            xp = self.namespace()
+            cols = tuple(xp.concat([xp.stack([c]), r], axis=0) for c, r in zip(first, cols))
         return self._split_rows(cols, primals, outputs, rows_are_outputs=False)
 
     def batched_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False):

@@ -227,8 +227,7 @@ def parameter_rows(uses, rec, gs, param, batch, norms, direction=None):
                     "shared": pe.SHARED}[kind]
             dot = None
             if isinstance(direction, tuple) and left.shape[1] == 1 and (a, c) == shape:
-                u, w = (t.detach().to(left.dtype) for t in direction)  # a matrix's V = u w^T: (L_i u) (R_i w)
-                dot = ((left @ u) * (right @ w)).sum((1, 2))
+                dot = _factor_dots(left[:, 0], right[:, 0], direction)  # a matrix's V = u w^T: (L_i u) (R_i w)
             elif direction is not None:  # example i's gradient is L_i^T R_i in the layout (groups, a, c)
                 v = torch.outer(*direction) if isinstance(direction, tuple) else direction
                 v = v.detach().to(left.dtype).reshape(left.shape[1], a, c)

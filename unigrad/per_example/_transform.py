@@ -306,6 +306,7 @@ def _program_kernel(reader, batch, norms, fname, found, memo):
         floating = all(b.dtype(x) in ("float16", "bfloat16", "float32", "float64") for x in leaves)
         if norms and getattr(reader, "directions", False) and floating:
             directions, weights = random_directions(b, leaves), norm_weights(b, batch, leaves[0])
+
         def read(as_norms, directions, weights):
             return _unless_custom_rules(lambda: reader(b, flat_f, leaves, batch, as_norms, fname, memo,
                                                        directions=directions, weights=weights))

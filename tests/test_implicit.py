@@ -20,10 +20,10 @@ X_VALID, Y_VALID = RNG.standard_normal((10, 4)), RNG.standard_normal(10)
 LAM = 0.7
 W_MIX = RNG.standard_normal((3, 3)) * 0.3
 
-# MLX: first order in both modes agrees with the closed forms; of second derivatives, those over one VJP (hessian,
-# hvp, jacfwd(grad), jacrev(grad)) do, and the other nestings raise NotImplementedError (docs/implicit.md;
-# test_mlx_*). The generic second-order tests below skip MLX: they take the refused nestings, or float32 is too
-# coarse for their finite differences.
+# MLX: first order in both modes agrees with the closed forms, and so does every second derivative through
+# linear_solve and those over one VJP through custom_root (an inner forward mode through custom_root raises
+# NotImplementedError: docs/implicit.md; test_mlx_*). The generic second-order tests below skip MLX: MLX computes in
+# float32, too coarse for their float64 tolerances and their finite differences.
 NO_SECOND_ORDER = {"mlx"}
 
 # Moved to the thorough job (conftest's SLOW_CASES): JAX's eager second order re-traces each nested transform;
@@ -181,9 +181,15 @@ def loss_by_fixed_point(lam):
 
 _ROUTES = {"linear_solve": loss_by_linear_solve, "custom_root": loss_by_root, "custom_fixed_point": loss_by_fixed_point}
 _ONE = np.array(1.0)
-# On MLX (docs/implicit.md): second derivatives over one VJP work; the other nestings are refused, with the
-# nesting the error names (outer transform first) and what they gave before they were refused (the ridge
-# problem, MLX 0.32, float32).
+
+
+def _two_outputs(f):
+    return lambda x: unigrad.namespace(x).stack([f(x), 2.0 * f(x)])
+
+
+# On MLX (docs/implicit.md) every second derivative over one VJP works, eagerly and compiled; inner forward mode
+# works through linear_solve, and is refused through custom_root / custom_fixed_point (its JVP rule must run the
+# user's solver, which may read values). Each nesting's value at the first output (the two-output ones: f and 2 f).
 _MLX_SECOND_ORDER = {
     "hessian": lambda f, x: unigrad.hessian(f, backend="mlx")(x),
     "hvp": lambda f, x: unigrad.hvp(f, (x,), (_ONE,), backend="mlx")[0],
@@ -192,28 +198,32 @@ _MLX_SECOND_ORDER = {
     # (a scalar f: the inner jacrev is one VJP, not mapped by vmap)
     "jacrev(jacrev)": lambda f, x: unigrad.jacrev(unigrad.jacrev(f, backend="mlx"), backend="mlx")(x),
     "jacfwd(jacrev)": lambda f, x: unigrad.jacfwd(unigrad.jacrev(f, backend="mlx"), backend="mlx")(x),
+    # the inner Jacobian of two outputs: a VJP mapped by vmap inside the enclosing transform (73% off before the
+    # VJP rule read nothing and took the solution from MLX's outputs)
+    "jacrev(jacrev), two outputs": lambda f, x: unigrad.jacrev(unigrad.jacrev(_two_outputs(f), backend="mlx"),
+                                                               backend="mlx")(x)[0],
+    "jacfwd(jacrev), two outputs": lambda f, x: unigrad.jacfwd(unigrad.jacrev(_two_outputs(f), backend="mlx"),
+                                                               backend="mlx")(x)[0],
 }
-
-
-def _two_outputs(f):
-    return lambda x: unigrad.namespace(x).stack([f(x), 2.0 * f(x)])
-
-
-_MLX_REFUSED = {
-    # 73% off: a VJP mapped by vmap inside the enclosing transform (the inner Jacobian of two outputs)
-    "jacrev(jacrev), two outputs": ("vjp(vjp", lambda f, x: unigrad.jacrev(unigrad.jacrev(_two_outputs(f), backend="mlx"),
-                                                                          backend="mlx")(x)),
-    "jacfwd(jacrev), two outputs": ("jvp(vjp", lambda f, x: unigrad.jacfwd(unigrad.jacrev(_two_outputs(f), backend="mlx"),
-                                                                          backend="mlx")(x)),
-    # 0: an inner forward mode
+# compile=True: zeros through linear_solve while the solvers' forwards tried to read inside mx.compile's trace
+# (some reads of constants succeed there); right since no forward reads under a transform that traces
+_MLX_COMPILED = {
+    "hessian": lambda f, x: unigrad.hessian(f, backend="mlx", compile=True)(x),
+    "jacrev(grad)": lambda f, x: unigrad.jacrev(unigrad.grad(f, backend="mlx"), backend="mlx", compile=True)(x),
+    "jacrev(jacrev), two outputs": lambda f, x: unigrad.jacrev(unigrad.jacrev(_two_outputs(f), backend="mlx"),
+                                                               backend="mlx", compile=True)(x)[0],
+}
+# an inner forward mode: the JVP rule differentiated (zeros while it read: MLX drops the enclosing derivative of
+# a rule that reads; linear_solve's now reads nothing there)
+_MLX_INNER_FORWARD = {
     "jvp(jvp)": ("jvp(jvp", lambda f, x: unigrad.jvp(lambda t: unigrad.jvp(f, (t,), (_ONE,), backend="mlx")[1], (x,),
                                                      (_ONE,), backend="mlx")[1]),
     "jacfwd(jacfwd)": ("jvp(jvp", lambda f, x: unigrad.jacfwd(unigrad.jacfwd(f, backend="mlx"), backend="mlx")(x)),
     "jacrev(jacfwd)": ("vjp(jvp", lambda f, x: unigrad.jacrev(unigrad.jacfwd(f, backend="mlx"), backend="mlx")(x)),
     "grad(jvp)": ("vjp(jvp", lambda f, x: unigrad.grad(lambda t: unigrad.jvp(f, (t,), (_ONE,), backend="mlx")[1],
                                                        backend="mlx")(x)),
-    # 0 through linear_solve: compile=True
-    "hessian, compiled": ("jvp(vjp", lambda f, x: unigrad.hessian(f, backend="mlx", compile=True)(x)),
+    "jacfwd(jacfwd), compiled": ("jvp(jvp", lambda f, x: unigrad.jacfwd(unigrad.jacfwd(f, backend="mlx"), backend="mlx",
+                                                                       compile=True)(x)),
 }
 
 
@@ -224,26 +234,36 @@ def _second_derivative(route):
 
 
 @pytest.mark.parametrize("route", sorted(_ROUTES))
-@pytest.mark.parametrize("nesting", sorted(_MLX_SECOND_ORDER))
+@pytest.mark.parametrize("nesting", sorted(_MLX_SECOND_ORDER) + [f"{k}, compiled" for k in sorted(_MLX_COMPILED)])
 def test_mlx_second_derivatives_over_one_vjp(route, nesting):
-    """On MLX the second derivatives whose inner derivative is one VJP -- hessian, hvp, jacfwd(grad), jacrev(grad),
-    and jacrev(jacrev) / jacfwd(jacrev) of a scalar f -- agree with the closed form (the ridge routes) or the tape's (the fixed point), in float32: the VJP rule's
-    residuals come from the outputs MLX hands it, it reads no value when an enclosing transform differentiates it,
-    and the solvers' forward computations run on copies of their arrays' values (docs/implicit.md)."""
+    """On MLX the second derivatives whose inner derivative is a VJP -- hessian, hvp, jacfwd(grad), jacrev(grad),
+    jacrev(jacrev) / jacfwd(jacrev), of a scalar f and of two outputs (the VJP mapped by vmap), eagerly and with
+    compile=True -- agree with the closed form (the ridge routes) or the tape's (the fixed point), in float32: the
+    VJP rule's residuals come from the outputs MLX hands it, it reads no value when an enclosing transform
+    differentiates it, and the solvers' forward computations run on copies of their arrays' values, or read
+    nothing where there are no values (docs/implicit.md)."""
     _mlx_or_skip()
-    got = float(np.ravel(_np(_MLX_SECOND_ORDER[nesting](_ROUTES[route], np.array(LAM))))[0])
+    compiled = nesting.endswith(", compiled")
+    nested = _MLX_COMPILED[nesting[:-len(", compiled")]] if compiled else _MLX_SECOND_ORDER[nesting]
+    got = float(np.ravel(_np(nested(_ROUTES[route], np.array(LAM))))[0])
     np.testing.assert_allclose(got, _second_derivative(route), rtol=2e-5)
 
 
 @pytest.mark.parametrize("route", sorted(_ROUTES))
-@pytest.mark.parametrize("nesting", sorted(_MLX_REFUSED))
-def test_mlx_refuses_the_other_second_derivatives(route, nesting):
-    """The nestings measured wrong on MLX raise, naming MLX, the nesting, why, and the nestings that work."""
+@pytest.mark.parametrize("nesting", sorted(_MLX_INNER_FORWARD))
+def test_mlx_inner_forward_mode(route, nesting):
+    """An inner forward mode (jvp of jvp, jacfwd(jacfwd), jacrev(jacfwd), grad of jvp, compiled too) through
+    linear_solve agrees with the closed form on MLX; through custom_root / custom_fixed_point it raises, naming MLX,
+    the nesting, why (the JVP rule must run the solver, which reads), and the nestings that work."""
     _mlx_or_skip()
-    named, nested = _MLX_REFUSED[nesting]
-    pattern = (r"on the mlx backend: this second derivative through linear_solve / custom_root / custom_fixed_point "
-               rf"is not supported on MLX.*the nesting {re.escape(named)}\(f\)\).*so the result would be wrong, "
-               r"not an error. On MLX second derivatives work as hessian, hvp, jacfwd\(grad\) and jacrev\(grad\)")
+    named, nested = _MLX_INNER_FORWARD[nesting]
+    if route == "linear_solve":
+        got = float(np.ravel(_np(nested(_ROUTES[route], np.array(LAM))))[0])
+        np.testing.assert_allclose(got, _second_derivative(route), rtol=2e-5)
+        return
+    pattern = (r"on the mlx backend: this second derivative through custom_root / custom_fixed_point is not "
+               rf"supported on MLX.*the nesting {re.escape(named)}\(f\)\).*must run your solver again.*so the "
+               r"result would be wrong, not an error. On MLX second derivatives through custom_root work over one VJP")
     with pytest.raises(NotImplementedError, match=pattern):
         nested(_ROUTES[route], np.array(LAM))
 
@@ -314,19 +334,31 @@ def test_mlx_second_order_through_a_solver_that_differentiates_and_reads(nesting
 @pytest.mark.parametrize("solve", ["gmres", "lu", "bicgstab", "normal_cg"])
 def test_mlx_second_order_in_a_non_symmetric_closed_over_matrix(solve):
     """The Hessian (16 x 16) of sum(sin(A^-1 b)) in the matrix matvec closes over, forward and reverse over one
-    VJP, on MLX against the tape (normal_cg: its products are a pullback of matvec, read in its loop)."""
+    VJP, eagerly and compiled, and the second derivatives (4 x 16 x 16) of the solution itself, sin(A^-1 b) (the
+    inner Jacobian a VJP mapped by vmap; an inner forward mode), on MLX against the tape (normal_cg: its products
+    are a pullback of matvec, read in its loop)."""
     _mlx_or_skip()
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((4, 4)) + 4 * np.eye(4), rng.standard_normal(4)
 
-    def f(a):
+    def solution(a):
         xp = unigrad.namespace(a)
-        return xp.sum(xp.sin(unigrad.linear_solve(lambda v: a @ v, xp.asarray(b, dtype=a.dtype), solve=solve)))
+        return xp.sin(unigrad.linear_solve(lambda v: a @ v, xp.asarray(b, dtype=a.dtype), solve=solve))
 
+    def f(a):
+        return unigrad.namespace(a).sum(solution(a))
+
+    a32 = a.astype(np.float32)
     want = _np(unigrad.hessian(f, backend="numpy")(a))
-    for nesting in ("hessian", "jacrev(grad)"):
-        got = _np(_MLX_SECOND_ORDER[nesting](f, a.astype(np.float32)))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)), err_msg=nesting)
+    got = {nesting: _MLX_SECOND_ORDER[nesting](f, a32) for nesting in ("hessian", "jacrev(grad)")}
+    got.update({f"{nesting}, compiled": _MLX_COMPILED[nesting](f, a32) for nesting in ("hessian", "jacrev(grad)")})
+    for nesting, value in got.items():
+        np.testing.assert_allclose(_np(value), want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)), err_msg=nesting)
+    want = _np(unigrad.jacrev(unigrad.jacrev(solution, backend="numpy"), backend="numpy")(a))
+    for outer, inner in (("jacrev", "jacrev"), ("jacfwd", "jacrev"), ("jacfwd", "jacfwd")):
+        value = getattr(unigrad, outer)(getattr(unigrad, inner)(solution, backend="mlx"), backend="mlx")(a32)
+        np.testing.assert_allclose(_np(value), want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)),
+                                   err_msg=f"{outer}({inner})")
 
 
 @pytest.mark.parametrize("closure", [True, False])
@@ -381,7 +413,8 @@ def test_mlx_first_derivatives_in_every_mode(route):
 
 def test_mlx_a_linear_solve_in_a_custom_jvp_rule_is_first_order():
     """grad of a custom_jvp function transposes its rule with mx.vjp inside the plugin (counted as a
-    transform): a linear_solve the rule calls is differentiated once there, and is not refused."""
+    transform): a linear_solve the rule calls is differentiated once there, and a JVP the rule takes through
+    linear_solve is differentiated by that transpose; both agree with the closed form."""
     _mlx_or_skip()
 
     def solved(s, b):  # (A + s I)^-1 b
@@ -404,6 +437,18 @@ def test_mlx_a_linear_solve_in_a_custom_jvp_rule_is_first_order():
     np.testing.assert_allclose(float(_np(unigrad.grad(h, backend="mlx")(np.array(s0)))), want, rtol=1e-4)
     np.testing.assert_allclose(float(_np(unigrad.jvp(h, (np.array(s0),), (_ONE,), backend="mlx")[1])), want,
                                rtol=1e-4)
+
+    @unigrad.custom_jvp
+    def h2(s):
+        return h(s)
+
+    @h2.defjvp
+    def h2_jvp(primals, tangents):  # a rule that takes a JVP through linear_solve: its JVP rule, transposed by
+        (s,), (ds,) = primals, tangents  # the plugin's mx.vjp, is differentiated (refused while it read values)
+        _, dx = unigrad.jvp(lambda s: solved(s, _data(s, B_RHS)[0]), (s,), (ds,))
+        return h2(s), unigrad.namespace(s).sum(dx)
+
+    np.testing.assert_allclose(float(_np(unigrad.grad(h2, backend="mlx")(np.array(s0)))), want, rtol=1e-4)
 
 
 SOLVES = ["cg", "gmres", "bicgstab", "normal_cg", "lu", "cholesky"]

@@ -96,8 +96,8 @@ def check_nested_transforms(backend):
     return _unguarded
 
 
-_NESTING_EXAMPLES = {("jvp", "vjp"): "hessian, hvp, jacfwd(grad)", ("vjp", "vjp"): "jacrev(grad), jacrev(jacrev)",
-                     ("jvp", "jvp"): "jvp of jvp, jacfwd(jacfwd)", ("vjp", "jvp"): "jacrev(jacfwd), grad of jvp"}
+#: the nestings in which an enclosing transform differentiates a JVP rule (the outer transform's mode: jvp, vjp)
+_NESTING_EXAMPLES = {("jvp", "jvp"): "jvp of jvp, jacfwd(jacfwd)", ("vjp", "jvp"): "jacrev(jacfwd), grad of jvp"}
 
 
 def _tracing(backend):
@@ -107,22 +107,22 @@ def _tracing(backend):
     return tuple(tracing()) if tracing is not None else ()
 
 
-def derivative_pass(backend, name, mode):
+def derivative_pass(backend, name, mode, runs_solver=False):
     """The context a rule's derivative pass runs in (``mode``: ``"jvp"`` for the JVP rule, ``"vjp"`` for the VJP
     rule). Elsewhere than on a backend with ``transforms_tracing()`` (MLX), and at first order, nothing changes.
-    On MLX, where an enclosing transform differentiates the pass (a second derivative): the VJP rule runs with
-    its residuals taken from the outputs MLX hands it (``Rule.residuals``: the solution, no solver run again)
-    and reads no value (:func:`no_reads`: dense solves, residuals made NaN rather than read), which gives
-    ``hessian``, ``hvp``, ``jacfwd(grad)`` and ``jacrev(grad)`` (and ``jacrev(jacrev)`` of a scalar ``f``: one VJP,
-    docs/implicit.md); the nestings that stay refused (:func:`check_not_differentiated`): an inner forward mode
-    (the JVP rule must run the solver again, and reads values in a pass the outer transform differentiates), a
-    VJP mapped by ``vmap`` inside the outer transform (``jacrev(jacrev)`` of several outputs: measured 73% off),
-    and ``compile=True`` (measured 0 through ``linear_solve``)."""
+    On MLX, where an enclosing transform differentiates the pass (a second derivative), the pass reads no value
+    (:func:`no_reads`: dense solves, residuals made NaN rather than read, the solution computed again by a
+    dense solve in a JVP rule): MLX drops the enclosing derivative of a rule that reads (docs/implicit.md). The
+    VJP rule also takes its residuals from the outputs MLX hands it (``Rule.residuals``: the solution, no solver
+    run again). That gives every nesting of ``linear_solve``'s rules, under ``vmap`` and ``compile=True`` too.
+    ``runs_solver``: the pass must run the user's solver (``custom_root``'s JVP rule: MLX hands a JVP rule no
+    outputs), which is plain code that may read; such a pass, differentiated, is refused
+    (:func:`check_not_differentiated`)."""
     entries = _tracing(backend)
     outer = tuple(e for e in entries if e in ("vjp", "jvp"))
     if not outer:
         return contextlib.nullcontext()
-    if mode == "jvp" or entries[-1] == "vmap" or "compile" in entries:
+    if runs_solver:
         check_not_differentiated(backend, name, mode)
     return no_reads()
 
@@ -151,34 +151,25 @@ def on_values(backend, tree):
 
 
 def check_not_differentiated(backend, name, mode):
-    """Refuse a derivative pass (``mode``: ``"jvp"`` for the JVP rule, ``"vjp"`` for the VJP rule) that an
-    enclosing transform differentiates in a nesting the backend cannot give (see :func:`derivative_pass`): on
-    MLX an inner forward mode, a VJP mapped by ``vmap`` inside the enclosing transform, ``compile=True``."""
+    """Refuse a derivative pass that must run the user's solver (``custom_root``'s JVP rule) where an enclosing
+    transform differentiates it (see :func:`derivative_pass`): on MLX an inner forward mode through
+    ``custom_root`` / ``custom_fixed_point``."""
     entries = _tracing(backend)
     outer = tuple(e for e in entries if e in ("vjp", "jvp"))
     if not outer:
         return
     nesting = "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
     examples = _NESTING_EXAMPLES.get((outer[-1], mode))
-    if mode == "vjp" and entries[-1] == "vmap":
-        examples = "jacrev(jacrev), jacfwd(jacrev) of a function with several outputs"
     examples = f" (as in {examples})" if examples else ""
-    kind = "forward-mode (JVP)" if mode == "jvp" else "reverse-mode (VJP)"
-    if mode == "jvp":
-        why = ("the JVP rule must run the solver again to have the solution, and the values it reads in a pass the "
-               "enclosing transform differentiates are cut off from it by MLX's evaluation (measured: zeros)")
-    elif "compile" in entries:
-        why = "inside mx.compile it was measured wrong (zeros through linear_solve), for reasons not established"
-    else:
-        why = ("the VJP is mapped by vmap inside the enclosing transform, and that was measured wrong (73% off), "
-               "for reasons not established")
     raise NotImplementedError(
-        f"{name} on the {backend.name} backend: this second derivative through linear_solve / custom_root / "
-        f"custom_fixed_point is not supported on MLX: this rule's {kind} derivative is being differentiated by an "
-        f"enclosing {outer[-1]}, the nesting {nesting}{examples}{' under compile=True' if 'compile' in entries else ''}"
-        f"; {why}, so the result would be wrong, not an error. On MLX second derivatives work as hessian, hvp, "
-        f"jacfwd(grad) and jacrev(grad) (and jacrev or jacfwd of jacrev of a scalar f), eagerly: forward or reverse "
-        f"over one VJP; for other nestings use another backend (numpy, jax, torch, tensorflow). See docs/implicit.md")
+        f"{name} on the {backend.name} backend: this second derivative through custom_root / custom_fixed_point "
+        f"is not supported on MLX: this rule's forward-mode (JVP) derivative is being differentiated by an "
+        f"enclosing {outer[-1]}, the nesting {nesting}{examples}; MLX hands a JVP rule no outputs, so it must run "
+        f"your solver again to have the solution, and MLX drops the enclosing derivative of a rule that reads a "
+        f"value (measured: zeros), so the result would be wrong, not an error. On MLX second derivatives through "
+        f"custom_root work over one VJP (hessian, hvp, jacfwd(grad), jacrev(grad), jacrev(jacrev), "
+        f"jacfwd(jacrev)), eagerly and with compile=True, and linear_solve's in every nesting; for this one use "
+        f"another backend (numpy, jax, torch, tensorflow). See docs/implicit.md")
 
 
 def report(on_failure, message, residual, tolerance):
@@ -382,16 +373,16 @@ def apply_solve(op: Operator, b, operands):
     backend = call.b
 
     def jvp_rule(primals, tangents):
-        check_not_differentiated(backend, op.name, "jvp")
-        guard = check_nested_transforms(backend)
-        b, operands = primals
-        db, doperands = tangents
-        x = apply_solve(op, b, operands)
-        rhs = db
-        if optree.tree_leaves(operands):
-            _, change = _jvp(lambda operands: op.apply(x, operands), (operands,), (doperands,), backend=backend)
-            rhs = rhs - change
-        return x, guard(apply_solve(op, rhs, operands))
+        with derivative_pass(backend, op.name, "jvp"):
+            guard = check_nested_transforms(backend)
+            b, operands = primals
+            db, doperands = tangents
+            x = apply_solve(op, b, operands)
+            rhs = db
+            if optree.tree_leaves(operands):
+                _, change = _jvp(lambda operands: op.apply(x, operands), (operands,), (doperands,), backend=backend)
+                rhs = rhs - change
+            return x, guard(apply_solve(op, rhs, operands))
 
     def fwd(b, operands):
         x = apply_solve(op, b, operands)
@@ -419,8 +410,8 @@ def apply_solve(op: Operator, b, operands):
 def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = None, maxiter: int | None = None,
                  symmetric: bool = False, transpose_solve: Any = None, on_failure: str = "raise"):
     """``x`` with ``matvec(x) = b``, matrix-free, differentiable with respect to ``b`` and to the arrays
-    ``matvec`` closes over, in both modes and to any order, on every backend (MLX: first order, and second
-    order over one VJP; other nestings raise NotImplementedError there, docs/implicit.md).
+    ``matvec`` closes over, in both modes and to any order, on every backend (MLX: first and second order in
+    every nesting, compiled too, docs/implicit.md).
 
     The derivative does not go through the solver's iterations: it is a linear solve itself,
     ``dx = A^{-1} (db - dA x)`` in forward mode and the transposed system ``A^T u = g`` in reverse

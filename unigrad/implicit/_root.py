@@ -39,7 +39,7 @@ from .._custom import _Call, _stop_one, backend_for
 from .._dtypes import INEXACT
 from ..backend import Rule
 from ._flat import Flat, is_single
-from ._linear_solve import (Operator, apply_solve, check_nested_transforms, check_not_differentiated, check_on_failure,
+from ._linear_solve import (Operator, apply_solve, check_nested_transforms, check_on_failure,
                             check_solve, current_backend, derivative_pass, on_values, report)
 
 __all__ = ["custom_root", "custom_fixed_point"]
@@ -51,8 +51,8 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
                 ) -> Callable:
     """A decorator: ``solver(init, *params) -> x`` with ``optimality(x, *params) = 0`` at its result,
     differentiated with respect to ``params`` by the implicit function theorem, in both modes and to any
-    order, on every backend (MLX: first order, and second order over one VJP; other nestings raise
-    NotImplementedError there, docs/implicit.md).
+    order, on every backend (MLX: first order, and second order over one VJP, compiled too; an inner forward
+    mode raises NotImplementedError there, docs/implicit.md).
 
     The solver runs as plain code -- no derivative goes through its iterations, and it may use any
     operations on the values it is given (NumPy, SciPy: its result is converted to the backend's
@@ -321,20 +321,20 @@ def _solve_root(root: _Solution, init, params):
         return (lambda *w: optimality(x, *split.rebuild_wrt(leaves, w))), primals
 
     def jvp_rule(primals, tangents):
-        check_not_differentiated(backend, f"custom_root ({root.name})", "jvp")
-        guard = check_nested_transforms(backend)
-        init, *params = primals
-        _, *dparams = tangents
-        params = tuple(params)
-        x, arrays = solution(init, params)
-        if split.wrt_at:
-            f, p = d_params(x, params)
-            dleaves = split.leaves(tuple(dparams))
-            _, change = _jvp(f, p, tuple(dleaves[k] for k in split.wrt_at), backend=backend)
-            dx = guard(apply_solve(op, -change, (x, split.arrays(params))))
-        else:  # nothing differentiated: (a call with argnums naming only params without floating-point arrays)
-            dx = None
-        return ((x, arrays), (dx, tuple(None for _ in arrays))) if with_aux else (x, dx)
+        with derivative_pass(backend, f"custom_root ({root.name})", "jvp", runs_solver=True):
+            guard = check_nested_transforms(backend)
+            init, *params = primals
+            _, *dparams = tangents
+            params = tuple(params)
+            x, arrays = solution(init, params)
+            if split.wrt_at:
+                f, p = d_params(x, params)
+                dleaves = split.leaves(tuple(dparams))
+                _, change = _jvp(f, p, tuple(dleaves[k] for k in split.wrt_at), backend=backend)
+                dx = guard(apply_solve(op, -change, (x, split.arrays(params))))
+            else:  # nothing differentiated: (a call with argnums naming only params without floating-point arrays)
+                dx = None
+            return ((x, arrays), (dx, tuple(None for _ in arrays))) if with_aux else (x, dx)
 
     def fwd(init, *params):
         x, arrays = solution(init, params)

@@ -20,10 +20,9 @@ X_VALID, Y_VALID = RNG.standard_normal((10, 4)), RNG.standard_normal(10)
 LAM = 0.7
 W_MIX = RNG.standard_normal((3, 3)) * 0.3
 
-# MLX: first order in both modes agrees with the closed forms, and so does every second derivative through
-# linear_solve and those over one VJP through custom_root (an inner forward mode through custom_root raises
-# NotImplementedError: docs/implicit.md; test_mlx_*). The generic second-order tests below skip MLX: MLX computes in
-# float32, too coarse for their float64 tolerances and their finite differences.
+# MLX: first order in both modes agrees with the closed forms, and so does every nesting of second derivatives
+# (docs/implicit.md; test_mlx_*). The generic second-order tests below skip MLX: MLX computes in float32, too coarse
+# for their float64 tolerances and their finite differences.
 NO_SECOND_ORDER = {"mlx"}
 
 # Moved to the thorough job (conftest's SLOW_CASES): JAX's eager second order re-traces each nested transform;
@@ -187,9 +186,8 @@ def _two_outputs(f):
     return lambda x: unigrad.namespace(x).stack([f(x), 2.0 * f(x)])
 
 
-# On MLX (docs/implicit.md) every second derivative over one VJP works, eagerly and compiled; inner forward mode
-# works through linear_solve, and is refused through custom_root / custom_fixed_point (its JVP rule must run the
-# user's solver, which may read values). Each nesting's value at the first output (the two-output ones: f and 2 f).
+# On MLX (docs/implicit.md) every second derivative works, eagerly and compiled: over one VJP, and an inner forward
+# mode. Each nesting's value at the first output (the two-output ones: f and 2 f).
 _MLX_SECOND_ORDER = {
     "hessian": lambda f, x: unigrad.hessian(f, backend="mlx")(x),
     "hvp": lambda f, x: unigrad.hvp(f, (x,), (_ONE,), backend="mlx")[0],
@@ -214,7 +212,7 @@ _MLX_COMPILED = {
                                                                backend="mlx", compile=True)(x)[0],
 }
 # an inner forward mode: the JVP rule differentiated (zeros while it read: MLX drops the enclosing derivative of
-# a rule that reads; linear_solve's now reads nothing there)
+# a rule that reads; now it reads nothing there, and custom_root's is given the forward's solution)
 _MLX_INNER_FORWARD = {
     "jvp(jvp)": ("jvp(jvp", lambda f, x: unigrad.jvp(lambda t: unigrad.jvp(f, (t,), (_ONE,), backend="mlx")[1], (x,),
                                                      (_ONE,), backend="mlx")[1]),
@@ -252,26 +250,68 @@ def test_mlx_second_derivatives_over_one_vjp(route, nesting):
 @pytest.mark.parametrize("route", sorted(_ROUTES))
 @pytest.mark.parametrize("nesting", sorted(_MLX_INNER_FORWARD))
 def test_mlx_inner_forward_mode(route, nesting):
-    """An inner forward mode (jvp of jvp, jacfwd(jacfwd), jacrev(jacfwd), grad of jvp, compiled too) through
-    linear_solve agrees with the closed form on MLX; through custom_root / custom_fixed_point it raises, naming MLX,
-    the nesting, why (the JVP rule must run the solver, which reads), and the nestings that work."""
+    """An inner forward mode (jvp of jvp, jacfwd(jacfwd), jacrev(jacfwd), grad of jvp, compiled too) agrees with
+    the closed form on MLX on every route: the JVP rule reads nothing when differentiated, and custom_root's is
+    given the solution the forward computation gave (``Rule.jvp_given``) and takes one Newton step from it."""
     _mlx_or_skip()
-    named, nested = _MLX_INNER_FORWARD[nesting]
-    if route == "linear_solve":
-        got = float(np.ravel(_np(nested(_ROUTES[route], np.array(LAM))))[0])
-        np.testing.assert_allclose(got, _second_derivative(route), rtol=2e-5)
-        return
+    _, nested = _MLX_INNER_FORWARD[nesting]
+    got = float(np.ravel(_np(nested(_ROUTES[route], np.array(LAM))))[0])
+    np.testing.assert_allclose(got, _second_derivative(route), rtol=2e-5)
+
+
+@pytest.mark.parametrize("route", sorted(_ROUTES))
+@pytest.mark.parametrize("mode", ["rev", "fwd"])
+def test_mlx_third_derivatives_are_refused(route, mode):
+    """A rule's derivative pass differentiated by two enclosing transforms (a third derivative) was wrong on MLX
+    (grad of grad of grad: 0 on every route; jvp cubed through the fixed point 2% off), silently: it raises,
+    naming the order and the nesting. The tape gives the third derivative."""
+    _mlx_or_skip()
+    fn, lam = _ROUTES[route], np.array(LAM)
+    if mode == "rev":
+        nested = lambda backend: unigrad.grad(unigrad.grad(unigrad.grad(fn, backend=backend), backend=backend),
+                                              backend=backend)(lam)
+    else:
+        def nested(backend):
+            def first(t):
+                return unigrad.jvp(fn, (t,), (_ONE,), backend=backend)[1]
+
+            def second(t):
+                return unigrad.jvp(first, (t,), (_ONE,), backend=backend)[1]
+            return unigrad.jvp(second, (lam,), (_ONE,), backend=backend)[1]
+    assert np.isfinite(float(_np(nested("numpy"))))
+    with pytest.raises(NotImplementedError, match=r"on the mlx backend: derivatives of order 3 through linear_solve "
+                                                  r"/ custom_root / custom_fixed_point are not supported on MLX.*so "
+                                                  r"the result would be wrong, not an error"):
+        nested("mlx")
+
+
+@pytest.mark.parametrize("route", ["custom_root", "custom_fixed_point"])
+def test_mlx_a_jvp_rule_that_must_run_the_solver_is_refused_when_differentiated(route, monkeypatch):
+    """Where the plugin has no outputs to give custom_root's JVP rule (``Rule.jvp_given`` not taken), the rule
+    must run the solver again, which reads: differentiated, that gave 0 on MLX, so it raises, naming MLX, the
+    nesting, why, and the nestings that work."""
+    _mlx_or_skip()
+    import dataclasses
+
+    from unigrad_mlx import _rules
+    real = _rules.apply_rule
+    monkeypatch.setattr(_rules, "apply_rule", lambda rule, arrays: real(dataclasses.replace(rule, jvp_given=None),
+                                                                        arrays))
+    named, nested = _MLX_INNER_FORWARD["jacfwd(jacfwd)"]
     pattern = (r"on the mlx backend: this second derivative through custom_root / custom_fixed_point is not "
                rf"supported on MLX.*the nesting {re.escape(named)}\(f\)\).*must run your solver again.*so the "
                r"result would be wrong, not an error. On MLX second derivatives through custom_root work over one VJP")
     with pytest.raises(NotImplementedError, match=pattern):
         nested(_ROUTES[route], np.array(LAM))
+    # first order: no enclosing transform, the solver runs again and nothing is refused
+    np.testing.assert_allclose(float(_np(unigrad.jacfwd(_ROUTES[route], backend="mlx")(np.array(LAM)))),
+                               float(_np(unigrad.grad(_ROUTES[route], backend="numpy")(np.array(LAM)))), rtol=1e-4)
 
 
 def test_mlx_a_gradient_runs_the_solver_no_more_than_its_forward_passes():
     """On MLX the VJP rule takes the solution from the outputs MLX hands it (``Rule.residuals``), not from the
     solver run again: a gradient runs the solver once per forward pass of f (two: the plugin's VJP records f
-    again when it pulls back), where running ``fwd`` again made it three."""
+    again when it pulls back), where running ``fwd`` again made it three; a JVP runs it once."""
     _mlx_or_skip()
     calls = []
 
@@ -287,6 +327,12 @@ def test_mlx_a_gradient_runs_the_solver_no_more_than_its_forward_passes():
         del calls[:]
         np.testing.assert_allclose(float(_np(g(np.array(LAM)))), _ridge_closed_form(LAM)[1], rtol=1e-4)
         assert len(calls) == 2
+    # forward mode: the JVP rule is given the solution the forward computation gave (Rule.jvp_given), where it
+    # ran the solver again (two runs)
+    del calls[:]
+    _, tangent = unigrad.jvp(loss, (np.array(LAM),), (_ONE,), backend="mlx")
+    np.testing.assert_allclose(float(_np(tangent)), _ridge_closed_form(LAM)[1], rtol=1e-4)
+    assert len(calls) == 1
 
 
 def _cubic(x, a, b):  # x^3 + a x - b = 0, one equation per entry
@@ -307,7 +353,7 @@ def _newton(init, a, b):
     return x
 
 
-@pytest.mark.parametrize("nesting", sorted(_MLX_SECOND_ORDER))
+@pytest.mark.parametrize("nesting", sorted(_MLX_SECOND_ORDER) + ["jacfwd(jacfwd)", "jacrev(jacfwd)"])
 def test_mlx_second_order_through_a_solver_that_differentiates_and_reads(nesting):
     """A Newton solver that takes a unigrad Jacobian of the optimality (closing over the params) and reads its
     step: the Hessian of a loss of its root in (a, b) on MLX equals the tape's. With the solver run on the
@@ -327,7 +373,7 @@ def test_mlx_second_order_through_a_solver_that_differentiates_and_reads(nesting
         v = np.array([1.0, -2.0, 0.5, 3.0])
         got, want = _np(unigrad.hvp(loss, (p32,), (v.astype(np.float32),), backend="mlx")[0]), want @ v
     else:
-        got = _np(_MLX_SECOND_ORDER[nesting](loss, p32))
+        got = _np((_MLX_SECOND_ORDER.get(nesting) or _MLX_INNER_FORWARD[nesting][1])(loss, p32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)))
 
 

@@ -249,12 +249,26 @@ class _Call:
         return tuple(out)
 
     def flat_jvp(self, primals, tangents):
+        return self._jvp_result(self.run(self.user_jvp, *self.nondiff(), *self._jvp_args(primals, tangents)))
+
+    def flat_jvp_given(self, primals, tangents, outputs):
+        """:meth:`flat_jvp` by ``user_jvp_given(*nondiff, primals, tangents, out)``, ``out`` the (flat) outputs the
+        forward computation gave (``Rule.jvp_given``)."""
+        out = optree.tree_unflatten(self.out_tree, list(outputs))
+        return self._jvp_result(self.run(self.user_jvp_given, *self.nondiff(),
+                                         *self._jvp_args(primals, tangents), out))
+
+    def _jvp_args(self, primals, tangents):
+        """The JVP rule's ``(primals, tangents)``: the differentiated arguments, arrays in place (zeros for
+        None tangents)."""
         b = self.b
         tangents = tuple(b.zeros(s, d, device=dev) if t is None else t
                          for t, (s, d, dev) in zip(tangents, self.specs))
-        p = self.diff_only(primals, lambda k, x: x)
-        t = self.diff_only(tangents, lambda k, x: _zero_tangent(x))
-        result = self.run(self.user_jvp, *self.nondiff(), p, t)
+        return self.diff_only(primals, lambda k, x: x), self.diff_only(tangents, lambda k, x: _zero_tangent(x))
+
+    def _jvp_result(self, result):
+        """``(outputs, tangents)``, flat and checked, from what a JVP rule returned."""
+        b = self.b
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise TypeError(f"{self.name}: the JVP rule must return a pair (output, tangent_out); got "
                             f"{type(result).__name__}")

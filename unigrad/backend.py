@@ -756,6 +756,10 @@ class Rule:
         outputs the forward computation gave (None: run ``fwd``). A backend whose engine hands its VJP rule
         the outputs (MLX) may take the residuals from there instead of running ``fwd`` again: no second
         forward computation (an implicit rule's solver), and no value read in a derivative pass.
+      jvp_given: ``jvp_given(primals, tangents, outputs) -> (outputs, tangents_out)``, ``jvp`` given the outputs
+        the forward computation gave (None: ``jvp`` computes them). A backend whose engine hands its JVP rule
+        no outputs (MLX) may keep the outputs of its forward computation and call this instead: an implicit
+        rule's JVP then runs no solver again, and reads no value where an enclosing transform differentiates it.
 
     At least one of the pairs (``fwd``, ``bwd``) and ``jvp`` is given; both may be. Every callable
     may be called with the backend's traced values, any number of times, and is differentiable code.
@@ -767,6 +771,7 @@ class Rule:
     bwd: Callable | None = None
     jvp: Callable | None = None
     residuals: Callable | None = None
+    jvp_given: Callable | None = None
 
     def __post_init__(self):
         if (self.fwd is None) != (self.bwd is None):

@@ -107,6 +107,12 @@ def _tracing(backend):
     return tuple(tracing()) if tracing is not None else ()
 
 
+def differentiated(backend) -> bool:
+    """Does an enclosing transform differentiate the rule pass running now (``transforms_tracing()`` holds a
+    ``"vjp"`` or ``"jvp"``: MLX)? False on backends that do not say."""
+    return any(e in ("vjp", "jvp") for e in _tracing(backend))
+
+
 def derivative_pass(backend, name, mode, runs_solver=False):
     """The context a rule's derivative pass runs in (``mode``: ``"jvp"`` for the JVP rule, ``"vjp"`` for the VJP
     rule). Elsewhere than on a backend with ``transforms_tracing()`` (MLX), and at first order, nothing changes.
@@ -115,16 +121,32 @@ def derivative_pass(backend, name, mode, runs_solver=False):
     dense solve in a JVP rule): MLX drops the enclosing derivative of a rule that reads (docs/implicit.md). The
     VJP rule also takes its residuals from the outputs MLX hands it (``Rule.residuals``: the solution, no solver
     run again). That gives every nesting of ``linear_solve``'s rules, under ``vmap`` and ``compile=True`` too.
-    ``runs_solver``: the pass must run the user's solver (``custom_root``'s JVP rule: MLX hands a JVP rule no
-    outputs), which is plain code that may read; such a pass, differentiated, is refused
-    (:func:`check_not_differentiated`)."""
+    ``runs_solver``: the pass must run the user's solver (``custom_root``'s JVP rule where the backend kept no
+    outputs for it: MLX hands a JVP rule none, ``Rule.jvp_given``), which is plain code that may read; such a
+    pass, differentiated, is refused (:func:`check_not_differentiated`)."""
     entries = _tracing(backend)
     outer = tuple(e for e in entries if e in ("vjp", "jvp"))
     if not outer:
         return contextlib.nullcontext()
+    if len(outer) > 1:
+        _refuse_third_order(backend, name, mode, outer)
     if runs_solver:
         check_not_differentiated(backend, name, mode)
     return no_reads()
+
+
+def _refuse_third_order(backend, name, mode, outer):
+    """A rule's derivative pass differentiated by two or more enclosing transforms (a third derivative) on a
+    backend that says which transforms trace (MLX): measured wrong there (``grad`` of ``grad`` of ``grad``: 0 on
+    every route; ``jvp`` cubed through ``custom_fixed_point``: 2% off), so refused."""
+    nesting = "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
+    raise NotImplementedError(
+        f"{name} on the {backend.name} backend: derivatives of order {len(outer) + 1} through linear_solve / "
+        f"custom_root / custom_fixed_point are not supported on MLX: this rule's derivative pass is being "
+        f"differentiated by {len(outer)} enclosing transforms, the nesting {nesting}; measured wrong there (grad "
+        f"of grad of grad: zeros), so the result would be wrong, not an error. On MLX first and second "
+        f"derivatives work in every nesting; for higher orders use another backend (numpy, jax, torch, "
+        f"tensorflow). See docs/implicit.md")
 
 
 @contextlib.contextmanager
@@ -151,9 +173,9 @@ def on_values(backend, tree):
 
 
 def check_not_differentiated(backend, name, mode):
-    """Refuse a derivative pass that must run the user's solver (``custom_root``'s JVP rule) where an enclosing
-    transform differentiates it (see :func:`derivative_pass`): on MLX an inner forward mode through
-    ``custom_root`` / ``custom_fixed_point``."""
+    """Refuse a derivative pass that must run the user's solver (``custom_root``'s JVP rule without the forward's
+    outputs) where an enclosing transform differentiates it (see :func:`derivative_pass`): on MLX an inner forward
+    mode through ``custom_root`` / ``custom_fixed_point`` where the plugin kept no outputs for the rule."""
     entries = _tracing(backend)
     outer = tuple(e for e in entries if e in ("vjp", "jvp"))
     if not outer:
@@ -164,12 +186,13 @@ def check_not_differentiated(backend, name, mode):
     raise NotImplementedError(
         f"{name} on the {backend.name} backend: this second derivative through custom_root / custom_fixed_point "
         f"is not supported on MLX: this rule's forward-mode (JVP) derivative is being differentiated by an "
-        f"enclosing {outer[-1]}, the nesting {nesting}{examples}; MLX hands a JVP rule no outputs, so it must run "
-        f"your solver again to have the solution, and MLX drops the enclosing derivative of a rule that reads a "
-        f"value (measured: zeros), so the result would be wrong, not an error. On MLX second derivatives through "
-        f"custom_root work over one VJP (hessian, hvp, jacfwd(grad), jacrev(grad), jacrev(jacrev), "
-        f"jacfwd(jacrev)), eagerly and with compile=True, and linear_solve's in every nesting; for this one use "
-        f"another backend (numpy, jax, torch, tensorflow). See docs/implicit.md")
+        f"enclosing {outer[-1]}, the nesting {nesting}{examples}; MLX hands a JVP rule no outputs and none were "
+        f"kept for this call (Rule.jvp_given), so it must run your solver again to have the solution, and MLX "
+        f"drops the enclosing derivative of a rule that reads a value (measured: zeros), so the result would be "
+        f"wrong, not an error. On MLX second derivatives through custom_root work over one VJP (hessian, hvp, "
+        f"jacfwd(grad), jacrev(grad), jacrev(jacrev), jacfwd(jacrev)), and in every nesting where the plugin keeps "
+        f"the forward's outputs for the JVP rule (unigrad_mlx does); otherwise use another backend (numpy, jax, "
+        f"torch, tensorflow). See docs/implicit.md")
 
 
 def report(on_failure, message, residual, tolerance):
@@ -411,7 +434,7 @@ def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = 
                  symmetric: bool = False, transpose_solve: Any = None, on_failure: str = "raise"):
     """``x`` with ``matvec(x) = b``, matrix-free, differentiable with respect to ``b`` and to the arrays
     ``matvec`` closes over, in both modes and to any order, on every backend (MLX: first and second order in
-    every nesting, compiled too, docs/implicit.md).
+    every nesting, compiled too; third order raises NotImplementedError there, docs/implicit.md).
 
     The derivative does not go through the solver's iterations: it is a linear solve itself,
     ``dx = A^{-1} (db - dA x)`` in forward mode and the transposed system ``A^T u = g`` in reverse

@@ -40,7 +40,7 @@ from .._dtypes import INEXACT
 from ..backend import Rule
 from ._flat import Flat, is_single
 from ._linear_solve import (Operator, apply_solve, check_nested_transforms, check_on_failure,
-                            check_solve, current_backend, derivative_pass, on_values, report)
+                            check_solve, current_backend, derivative_pass, differentiated, on_values, report)
 
 __all__ = ["custom_root", "custom_fixed_point"]
 
@@ -51,8 +51,8 @@ def custom_root(optimality: Callable, *, solve: Any = "gmres", tol: float | None
                 ) -> Callable:
     """A decorator: ``solver(init, *params) -> x`` with ``optimality(x, *params) = 0`` at its result,
     differentiated with respect to ``params`` by the implicit function theorem, in both modes and to any
-    order, on every backend (MLX: first order, and second order over one VJP, compiled too; an inner forward
-    mode raises NotImplementedError there, docs/implicit.md).
+    order, on every backend (MLX: first and second order in every nesting, compiled too; third order
+    raises NotImplementedError there, docs/implicit.md).
 
     The solver runs as plain code -- no derivative goes through its iterations, and it may use any
     operations on the values it is given (NumPy, SciPy: its result is converted to the backend's
@@ -320,6 +320,17 @@ def _solve_root(root: _Solution, init, params):
         primals = tuple(leaves[k] for k in split.wrt_at)
         return (lambda *w: optimality(x, *split.rebuild_wrt(leaves, w))), primals
 
+    def tangent(x, arrays, params, dparams, guard):
+        """The JVP rule's ``(outputs, tangents)`` at the solution ``x``: ``dx = -A^{-1} (d_params F) dparams``."""
+        if split.wrt_at:
+            f, p = d_params(x, params)
+            dleaves = split.leaves(tuple(dparams))
+            _, change = _jvp(f, p, tuple(dleaves[k] for k in split.wrt_at), backend=backend)
+            dx = guard(apply_solve(op, -change, (x, split.arrays(params))))
+        else:  # nothing differentiated: (a call with argnums naming only params without floating-point arrays)
+            dx = None
+        return ((x, arrays), (dx, tuple(None for _ in arrays))) if with_aux else (x, dx)
+
     def jvp_rule(primals, tangents):
         with derivative_pass(backend, f"custom_root ({root.name})", "jvp", runs_solver=True):
             guard = check_nested_transforms(backend)
@@ -327,14 +338,22 @@ def _solve_root(root: _Solution, init, params):
             _, *dparams = tangents
             params = tuple(params)
             x, arrays = solution(init, params)
-            if split.wrt_at:
-                f, p = d_params(x, params)
-                dleaves = split.leaves(tuple(dparams))
-                _, change = _jvp(f, p, tuple(dleaves[k] for k in split.wrt_at), backend=backend)
-                dx = guard(apply_solve(op, -change, (x, split.arrays(params))))
-            else:  # nothing differentiated: (a call with argnums naming only params without floating-point arrays)
-                dx = None
-            return ((x, arrays), (dx, tuple(None for _ in arrays))) if with_aux else (x, dx)
+            return tangent(x, arrays, params, dparams, guard)
+
+    def jvp_given(primals, tangents, out):  # (Rule.jvp_given: the solution the forward computation gave, MLX)
+        with derivative_pass(backend, f"custom_root ({root.name})", "jvp"):
+            guard = check_nested_transforms(backend)
+            _, *params = primals
+            _, *dparams = tangents
+            params = tuple(params)
+            x, arrays = out if with_aux else (out, ())
+            if differentiated(backend) and split.wrt_at:
+                # An enclosing transform differentiates this pass, and x (computed on copies of the values) is a
+                # constant to it: one Newton step from x has x's value (F(x) = 0 within the checked tolerance)
+                # and, in the params, the implicit derivative -A^{-1} d_params F (the step's A^{-1} F term
+                # contributes d(A^{-1}) F = 0 at a root).
+                x = x - apply_solve(op, optimality(x, *params), (x, split.arrays(params)))
+            return tangent(x, arrays, params, dparams, guard)
 
     def fwd(init, *params):
         x, arrays = solution(init, params)
@@ -357,8 +376,9 @@ def _solve_root(root: _Solution, init, params):
         return (out[0] if with_aux else out), tuple(params)
 
     call.user_jvp, call.user_fwd, call.user_bwd, call.user_residuals = jvp_rule, fwd, bwd, residuals
+    call.user_jvp_given = jvp_given
     return call.apply(Rule(root.name, fun=call.flat_fun, fwd=call.flat_fwd, bwd=call.flat_bwd, jvp=call.flat_jvp,
-                           residuals=call.flat_residuals))
+                           residuals=call.flat_residuals, jvp_given=call.flat_jvp_given))
 
 
 class _Params:

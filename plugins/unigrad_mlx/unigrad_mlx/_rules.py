@@ -7,7 +7,9 @@ its tangents): a VJP from the JVP rule is ``mx.vjp`` of ``t -> jvp(primals, t)``
 so the residuals are recomputed from the primals inside each rule (``fwd`` again): they then carry the
 derivatives of outer transforms (second order). Where the rule says its residuals from its outputs
 (``Rule.residuals``: the implicit rules' solution), the VJP takes them from the outputs MLX hands it,
-which carry those derivatives too, and no solver runs again.
+which carry those derivatives too, and no solver runs again. MLX hands a JVP rule no outputs: where the rule
+takes them (``Rule.jvp_given``), the JVP is given the outputs this call's forward computation gave (kept by the
+custom function of this call, made for it alone), so no solver runs again there either.
 
 ``TRACING`` records which of this backend's transforms are tracing the code that runs now
 (``MlxBackend.transforms_tracing``): every ``mx.vjp`` / ``mx.jvp`` / ``mx.vmap`` / ``mx.compile`` the backend
@@ -57,9 +59,14 @@ def apply_rule(rule, arrays):
     def residuals(primals):
         return tuple(rule.fwd(*primals)[1])
 
+    given = []  # the outputs of this call's forward computation (for Rule.jvp_given)
+
     @mx.custom_function
     def apply(*xs):
-        return tuple(rule.primal(*xs))
+        outputs = tuple(rule.primal(*xs))
+        if rule.jvp_given is not None:
+            given[:] = [outputs]
+        return outputs
 
     @apply.vjp
     def apply_vjp(primals, cotangents, outputs):
@@ -79,6 +86,8 @@ def apply_rule(rule, arrays):
     def apply_jvp(primals, tangents):
         primals = _tuple(primals)
         tangents = tuple(mx.zeros_like(p) if t is None else t for t, p in zip(_tuple(tangents), primals))
+        if rule.jvp_given is not None and given:
+            return tuple(_tuple(rule.jvp_given(primals, tangents, given[0])[1]))
         if rule.jvp is not None:
             return tuple(_tuple(rule.jvp(primals, tangents)[1]))
         # the transpose of bwd (unigrad's convention: no conjugation), from MLX's conjugating vjp

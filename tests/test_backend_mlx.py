@@ -302,6 +302,22 @@ def test_indices_made_by_mlxs_own_operators_get_an_error_that_says_what_to_write
                                                    backend="numpy")(x.astype(np.float64)), rtol=1e-6)
 
 
+def test_an_operation_without_a_jvp_rule_gets_an_error_that_names_reverse_mode():
+    # forward over reverse of an indexing meets MLX's scatter, which has no JVP rule: a NotImplementedError (a
+    # RuntimeError, as MLX's was) naming the operation and reverse mode; mode="auto" falls back to it by itself
+    def f(v):
+        xp = unigrad.namespace(v)
+        return xp.sum(xp.stack([xp.sin(v[0]) * v[1], xp.cos(v[1]), v[0] + v[1]]))
+
+    x = np.array([0.7, 1.1], np.float32)
+    with pytest.raises(NotImplementedError, match=r"forward mode cannot differentiate f on MLX .*: MLX has no JVP rule "
+                                                  r"for scatter.*hessian\(mode='rev-rev'\), or mode='auto'"):
+        unigrad.hessian(f, backend="mlx")(x)
+    want = unigrad.hessian(f, backend="numpy")(x.astype(np.float64))
+    for mode in ("auto", "rev-rev"):
+        np.testing.assert_allclose(_np(unigrad.hessian(f, backend="mlx", mode=mode)(x)), want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_cast_to_integers_carries_no_derivative():
     # MLX's astype passes the derivative through a cast to int32 and back: grad of int(3 x) * x was
     # int(3 x) + 3 x ([7, 12] at [1.5, 2]); the tape and JAX give int(3 x) ([4, 6])

@@ -93,7 +93,9 @@ def _joined(traced):
 def _indices_said_plainly():
     """MLX's gather and scatter refuse to differentiate through indices that depend on a differentiated
     value. The namespace's integer results and ``take`` indices carry no derivative, so only indices made
-    by MLX's own operators reach this: the ValueError says what to write instead."""
+    by MLX's own operators reach this: the ValueError says what to write instead. An operation without a JVP
+    rule in MLX (scatter: the VJP of an indexing, which forward over reverse meets) raises a
+    NotImplementedError (a RuntimeError, as MLX's) that names it and reverse mode as the way out."""
     try:
         yield
     except ValueError as exc:
@@ -104,6 +106,15 @@ def _indices_said_plainly():
             "(x[i], mx.take, x.at[i]); indices carry no derivative, but MLX cannot differentiate through "
             "them: compute them with the namespace (xp.argsort, xp.astype, ...), index with xp.take / "
             f"xp.take_along_axis, or write mx.stop_gradient(i). MLX said: {exc}") from exc
+    except RuntimeError as exc:
+        if "JVP not yet implemented" not in str(exc):
+            raise
+        op = str(exc).split("]")[0].lstrip("[") if str(exc).startswith("[") else "an operation"
+        raise NotImplementedError(
+            f"forward mode cannot differentiate f on MLX {mx.__version__}: MLX has no JVP rule for {op} (an indexing "
+            f"x[i] in f scatters in its VJP, so forward over reverse meets a scatter). Use reverse mode: jacrev or "
+            f"jacobian(mode='rev'), hessian(mode='rev-rev'), or mode='auto', which falls back to reverse mode by "
+            f"itself. MLX said: {exc}") from exc
 
 
 class MlxBackend(unigrad.Backend):
@@ -172,9 +183,9 @@ class MlxBackend(unigrad.Backend):
         """The kinds (``"vjp"``, ``"jvp"``, ``"vmap"``, ``"compile"``) of this backend's transforms tracing the
         code that runs now, outermost first (no ``"vjp"`` or ``"jvp"`` at first order: a custom rule's
         derivative pass runs after its transform's function has returned). ``unigrad.implicit`` reads it: in a
-        derivative pass an enclosing ``"vjp"`` / ``"jvp"`` differentiates, its VJP rules read no value, and its
-        JVP rules, a VJP mapped by ``vmap`` there and ``compile`` are refused (docs/implicit.md). MLX's own
-        transforms called directly (``mx.grad``) are not seen."""
+        derivative pass an enclosing ``"vjp"`` / ``"jvp"`` differentiates, its rules read no value, and a third
+        derivative is refused (docs/implicit.md). MLX's own transforms called directly (``mx.grad``) are not
+        seen."""
         return _rules.TRACING.get()
 
     def apply_rule(self, rule, arrays):

@@ -3,7 +3,8 @@
 
 The missing mode is the transpose of the given one (``bwd`` is linear in its cotangents, a JVP rule in
 its tangents): a VJP from the JVP rule is ``mx.vjp`` of ``t -> jvp(primals, t)``, a JVP from ``bwd`` is
-``mx.vjp`` of ``g -> bwd(residuals, g)``. MLX treats what a custom function closes over as constants,
+``mx.vjp`` of ``g -> bwd(residuals, g)``, the primals (residuals) passed to that ``mx.vjp`` as primals too, not
+closed over (:func:`_transposed`). MLX treats what a custom function closes over as constants,
 so the residuals are recomputed from the primals inside each rule (``fwd`` again): they then carry the
 derivatives of outer transforms (second order). Where the rule says its residuals from its outputs
 (``Rule.residuals``: the implicit rules' solution), the VJP takes them from the outputs MLX hands it,
@@ -76,10 +77,9 @@ def apply_rule(rule, arrays):
             # MLX's cotangents follow its (conjugate) complex convention, the rule's unigrad's
             res = rule.residuals(primals, outputs) if rule.residuals is not None else residuals(primals)
             cts = tuple(_conj(c) for c in rule.bwd(res, tuple(_conj(c) for c in cotangents)))
-        else:
-            zeros = [mx.zeros_like(p) for p in primals]
-            _, cts = mx.vjp(traced_by("vjp", lambda *t: list(_tuple(rule.jvp(primals, tuple(t))[1]))), zeros,
-                             cotangents)
+        else:  # the transpose of the JVP rule, the primals passed to mx.vjp too (see _transposed)
+            cts = _transposed(lambda p, t: rule.jvp(p, t)[1], primals, [mx.zeros_like(p) for p in primals],
+                              cotangents)
         return tuple(cts) if n > 1 else cts[0]
 
     @apply.jvp
@@ -90,11 +90,36 @@ def apply_rule(rule, arrays):
             return tuple(_tuple(rule.jvp_given(primals, tangents, given[0])[1]))
         if rule.jvp is not None:
             return tuple(_tuple(rule.jvp(primals, tangents)[1]))
-        # the transpose of bwd (unigrad's convention: no conjugation), from MLX's conjugating vjp
-        res = residuals(primals)
+        # the transpose of bwd (unigrad's convention: no conjugation), from MLX's conjugating vjp, the residuals
+        # passed to mx.vjp too (see _transposed)
         zeros = [mx.zeros_like(o) for o in rule.primal(*primals)]
-        _, out = mx.vjp(traced_by("vjp", lambda *g: list(_tuple(rule.bwd(res, tuple(g))))), zeros,
-                        [_conj(t) for t in tangents])
+        out = _transposed(rule.bwd, residuals(primals), zeros, [_conj(t) for t in tangents])
         return tuple(_conj(o) for o in out)
 
     return tuple(apply(*arrays))
+
+
+def _inexact(x):
+    return isinstance(x, mx.array) and (mx.issubdtype(x.dtype, mx.floating) or
+                                         mx.issubdtype(x.dtype, mx.complexfloating))
+
+
+def _transposed(linear, fixed, zeros, cotangents):
+    """The transpose of ``v -> linear(fixed, v)`` (linear in ``v``), applied to ``cotangents``: ``mx.vjp`` at
+    ``v = zeros``. The floating-point arrays of ``fixed`` (a rule's primals or residuals) are primals of that
+    ``mx.vjp`` too, their cotangents dropped, rather than arrays the function closes over: MLX loses the
+    derivative of enclosing transforms through a closure of a nested ``mx.vjp`` here -- a third derivative in
+    reverse mode, each level evaluating f before it records f again (as ``MlxBackend.vjp`` does), came out 0
+    (``tests/test_backend_mlx.py::test_custom_rules_third_derivatives``)."""
+    fixed = tuple(fixed)
+    at = [k for k, x in enumerate(fixed) if _inexact(x)]
+    m = len(at)
+
+    def function(*args):
+        placed = list(fixed)
+        for k, a in zip(at, args[:m]):
+            placed[k] = a
+        return list(_tuple(linear(tuple(placed), tuple(args[m:]))))
+
+    _, cts = mx.vjp(traced_by("vjp", function), [fixed[k] for k in at] + list(zeros), list(cotangents))
+    return tuple(cts[m:])

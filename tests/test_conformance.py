@@ -37,8 +37,12 @@ assert len(set(JAX_THOROUGH_OPS)) == len(JAX_THOROUGH_OPS)
 # NumPy, gradients against the tape): of the per-op conformance cases on TensorFlow, the slowest ops that test
 # also checks run in the thorough job; every other op, all the other decompositions included, stays here.
 TF_THOROUGH_OPS = ("linalg.pinv", "linalg.cholesky", "hypot", "std", "minimum", "prod", "linalg.matrix_norm")
+# Every nesting of three modes over a custom rule on TensorFlow: nested eager tapes and pfor, 75-85 s a rule kind on
+# 2 CPU cores (the other backends take 5 s together): in the thorough job.
 SLOW_CASES = ({f"test_op[jax-{op}]" for op in JAX_THOROUGH_OPS}
-              | {f"test_op[tensorflow-{op}]" for op in TF_THOROUGH_OPS})
+              | {f"test_op[tensorflow-{op}]" for op in TF_THOROUGH_OPS}
+              | {f"test_custom_rules_third_derivatives_in_every_nesting[tensorflow-{kind}]"
+                 for kind in ("custom_vjp", "custom_jvp")})
 assert set(JAX_THOROUGH_OPS + TF_THOROUGH_OPS) <= set(conformance._BY_NAME)
 
 # bug -> the ops of the suite that must catch it

@@ -1004,6 +1004,42 @@ def test_custom_rule_is_what_comes_back(backend, kind):
         _close(unigrad.grad(loss, backend=backend, compile=True)(x), want)
 
 
+_THREE_MODES = [(a, b, c) for a in ("fwd", "rev") for b in ("fwd", "rev") for c in ("fwd", "rev")]
+
+
+@pytest.mark.parametrize("kind", ["custom_vjp", "custom_jvp"])
+def test_custom_rules_third_derivatives_in_every_nesting(backend, kind):
+    """Every nesting of three modes (``jacfwd`` / ``jacrev``) over a custom rule gives the rule's third derivative
+    (``-2 cos`` on the diagonal), or raises NotImplementedError (torch: forward over forward through a custom
+    rule), never another number. A backend transposes a rule's missing mode with a nested transform; on MLX that
+    transform closing over the rule's primals gave wrong third derivatives in half the nestings, silently."""
+    if not _caps(backend).custom_rules or not _caps(backend).higher_order:
+        pytest.skip(f"{backend} declares no custom_rules or no higher_order")
+    f = _sin_with_rule(kind)
+    x = np.array([0.3, -0.5, 1.2])
+    loss = lambda x: unigrad.namespace(x).sum(f(x))  # noqa: E731
+    want = np.zeros((3, 3, 3))
+    want[range(3), range(3), range(3)] = -2 * np.cos(x)
+    worked = []
+    for modes in _THREE_MODES:
+        if "fwd" in modes and not _caps(backend).forward_mode:
+            continue
+        g = loss
+        for m in reversed(modes):
+            g = (unigrad.jacfwd if m == "fwd" else unigrad.jacrev)(g, backend=backend)
+        try:
+            got = g(x)
+        except NotImplementedError:
+            continue
+        try:
+            _close(got, want)
+        except AssertionError as exc:
+            nesting = "(".join("jacfwd" if m == "fwd" else "jacrev" for m in modes)
+            raise AssertionError(f"{backend}: {nesting}(f))) of a {kind} rule: {exc}") from None
+        worked.append(modes)
+    assert ("rev", "rev", "rev") in worked, f"{backend}: reverse over reverse over reverse raised"
+
+
 def test_stop_gradient_has_a_zero_derivative(backend):
     x = np.array([0.3, -0.5, 1.2])
     f = lambda x: unigrad.namespace(x).sum(x ** 2 * unigrad.stop_gradient(x))  # noqa: E731

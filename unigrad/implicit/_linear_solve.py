@@ -107,10 +107,20 @@ def _tracing(backend):
     return tuple(tracing()) if tracing is not None else ()
 
 
+def _outer(backend):
+    """The derivative transforms (``"vjp"``, ``"jvp"``, outermost first) that differentiate the rule pass running
+    now (``transforms_tracing()``: MLX); empty at first order and on backends that do not say."""
+    return tuple(e for e in _tracing(backend) if e in ("vjp", "jvp"))
+
+
+def _nesting(outer, mode):
+    """``jvp(vjp(f))``: the transforms of ``outer`` around a rule's pass in ``mode``."""
+    return "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
+
+
 def differentiated(backend) -> bool:
-    """Does an enclosing transform differentiate the rule pass running now (``transforms_tracing()`` holds a
-    ``"vjp"`` or ``"jvp"``: MLX)? False on backends that do not say."""
-    return any(e in ("vjp", "jvp") for e in _tracing(backend))
+    """Does an enclosing transform differentiate the rule pass running now (MLX says)?"""
+    return bool(_outer(backend))
 
 
 def derivative_pass(backend, name, mode, runs_solver=False):
@@ -124,8 +134,7 @@ def derivative_pass(backend, name, mode, runs_solver=False):
     ``runs_solver``: the pass must run the user's solver (``custom_root``'s JVP rule where the backend kept no
     outputs for it: MLX hands a JVP rule none, ``Rule.jvp_given``), which is plain code that may read; such a
     pass, differentiated, is refused (:func:`check_not_differentiated`)."""
-    entries = _tracing(backend)
-    outer = tuple(e for e in entries if e in ("vjp", "jvp"))
+    outer = _outer(backend)
     if not outer:
         return contextlib.nullcontext()
     if len(outer) > 1:
@@ -139,7 +148,7 @@ def _refuse_third_order(backend, name, mode, outer):
     """A rule's derivative pass differentiated by two or more enclosing transforms (a third derivative) on a
     backend that says which transforms trace (MLX): measured wrong there (``grad`` of ``grad`` of ``grad``: 0 on
     every route; ``jvp`` cubed through ``custom_fixed_point``: 2% off), so refused."""
-    nesting = "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
+    nesting = _nesting(outer, mode)
     raise NotImplementedError(
         f"{name} on the {backend.name} backend: derivatives of order {len(outer) + 1} through linear_solve / "
         f"custom_root / custom_fixed_point are not supported on MLX: this rule's derivative pass is being "
@@ -176,11 +185,10 @@ def check_not_differentiated(backend, name, mode):
     """Refuse a derivative pass that must run the user's solver (``custom_root``'s JVP rule without the forward's
     outputs) where an enclosing transform differentiates it (see :func:`derivative_pass`): on MLX an inner forward
     mode through ``custom_root`` / ``custom_fixed_point`` where the plugin kept no outputs for the rule."""
-    entries = _tracing(backend)
-    outer = tuple(e for e in entries if e in ("vjp", "jvp"))
+    outer = _outer(backend)
     if not outer:
         return
-    nesting = "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
+    nesting = _nesting(outer, mode)
     examples = _NESTING_EXAMPLES.get((outer[-1], mode))
     examples = f" (as in {examples})" if examples else ""
     raise NotImplementedError(

@@ -29,6 +29,7 @@ from .._api import asarray, namespace
 from .._api import vjp as _vjp
 from .. import _registry
 from .._custom import _Call, backend_for
+from .._dtypes import INEXACT
 from ..backend import Rule
 from . import _closure
 from ._flat import Flat, is_single
@@ -123,6 +124,63 @@ def differentiated(backend) -> bool:
     return bool(_outer(backend))
 
 
+def order_above(backend) -> int:
+    """How many enclosing derivative transforms differentiate the rule pass running now (MLX says; 0 elsewhere)."""
+    return len(_outer(backend))
+
+
+# A rule's nested transforms at arrays they are not taken in (the solution x in d/d(operands) A x, the operands in
+# A^T u as a VJP of v -> A v): where an enclosing transform differentiates the pass (MLX), those arrays are more
+# primals of the nested transform (their cotangents dropped, their tangents zero) rather than closed over. MLX
+# loses an enclosing transform's derivative through what a nested transform in a rule closes over: third
+# derivatives through linear_solve came out 0 in every nesting, right once nothing was closed over.
+
+def _held(backend, held):
+    """``(arrays, put)``: the floating-point arrays among ``held``'s leaves, and ``put(arrays)``, ``held`` with
+    others in their places."""
+    leaves, tree = optree.tree_flatten(held, none_is_leaf=True)
+    at = [k for k, a in enumerate(leaves) if backend.is_array(a) and backend.dtype(a) in INEXACT]
+
+    def put(arrays):
+        placed = list(leaves)
+        for k, a in zip(at, arrays):
+            placed[k] = a
+        return optree.tree_unflatten(tree, placed)
+    return tuple(leaves[k] for k in at), put
+
+
+def _zero_like_tangents(tangents):
+    """A 0-d zero computed from the tangents (0 times the first one's sum: no indexing, whose VJP scatters and has
+    no JVP on MLX; 0.0 where there is none)."""
+    for t in optree.tree_leaves(tangents):
+        return 0.0 * namespace(t).sum(t)
+    return 0.0
+
+
+def held_vjp(backend, fn, held, primals):
+    """``(outputs, pullback)`` of ``p -> fn(held, *p)`` (``pullback`` gives one cotangent per primal)."""
+    if not differentiated(backend):
+        return _vjp(lambda *p: fn(held, *p), *primals, backend=backend)
+    arrays, put = _held(backend, held)
+    n = len(arrays)
+    outputs, pullback = _vjp(lambda *a: fn(put(a[:n]), *a[n:]), *arrays, *primals, backend=backend)
+    return outputs, lambda cotangent: tuple(pullback(cotangent))[n:]
+
+
+def held_jvp(backend, fn, held, primals, tangents):
+    """``(outputs, tangents_out)`` of ``p -> fn(held, *p)`` along ``tangents``."""
+    if not differentiated(backend):
+        return _jvp(lambda *p: fn(held, *p), tuple(primals), tuple(tangents), backend=backend)
+    arrays, put = _held(backend, held)
+    n = len(arrays)
+    # zeros made from the tangents, so that under vmap (a Jacobian's batch of tangents) they carry its batch as the
+    # tangents do: MLX's matmul JVP adds the two operands' terms with addmm, which fails under vmap where one term
+    # is batched and the other not ("input c must broadcast to the output shape")
+    scale = _zero_like_tangents(tangents)
+    zeros = tuple(namespace(a).zeros_like(a) * scale for a in arrays)
+    return _jvp(lambda *a: fn(put(a[:n]), *a[n:]), (*arrays, *primals), (*zeros, *tangents), backend=backend)
+
+
 def derivative_pass(backend, name, mode, runs_solver=False):
     """The context a rule's derivative pass runs in (``mode``: ``"jvp"`` for the JVP rule, ``"vjp"`` for the VJP
     rule). Elsewhere than on a backend with ``transforms_tracing()`` (MLX), and at first order, nothing changes.
@@ -137,25 +195,9 @@ def derivative_pass(backend, name, mode, runs_solver=False):
     outer = _outer(backend)
     if not outer:
         return contextlib.nullcontext()
-    if len(outer) > 1:
-        _refuse_third_order(backend, name, mode, outer)
     if runs_solver:
         check_not_differentiated(backend, name, mode)
     return no_reads()
-
-
-def _refuse_third_order(backend, name, mode, outer):
-    """A rule's derivative pass differentiated by two or more enclosing transforms (a third derivative) on a
-    backend that says which transforms trace (MLX): measured wrong there (``grad`` of ``grad`` of ``grad``: 0 on
-    every route; ``jvp`` cubed through ``custom_fixed_point``: 2% off), so refused."""
-    nesting = _nesting(outer, mode)
-    raise NotImplementedError(
-        f"{name} on the {backend.name} backend: derivatives of order {len(outer) + 1} through linear_solve / "
-        f"custom_root / custom_fixed_point are not supported on MLX: this rule's derivative pass is being "
-        f"differentiated by {len(outer)} enclosing transforms, the nesting {nesting}; measured wrong there (grad "
-        f"of grad of grad: zeros), so the result would be wrong, not an error. On MLX first and second "
-        f"derivatives work in every nesting; for higher orders use another backend (numpy, jax, torch, "
-        f"tensorflow). See docs/implicit.md")
 
 
 @contextlib.contextmanager
@@ -192,15 +234,16 @@ def check_not_differentiated(backend, name, mode):
     examples = _NESTING_EXAMPLES.get((outer[-1], mode))
     examples = f" (as in {examples})" if examples else ""
     raise NotImplementedError(
-        f"{name} on the {backend.name} backend: this second derivative through custom_root / custom_fixed_point "
+        f"{name} on the {backend.name} backend: this derivative of order {len(outer) + 1} through custom_root / "
+        f"custom_fixed_point "
         f"is not supported on MLX: this rule's forward-mode (JVP) derivative is being differentiated by an "
         f"enclosing {outer[-1]}, the nesting {nesting}{examples}; MLX hands a JVP rule no outputs and none were "
         f"kept for this call (Rule.jvp_given), so it must run your solver again to have the solution, and MLX "
         f"drops the enclosing derivative of a rule that reads a value (measured: zeros), so the result would be "
-        f"wrong, not an error. On MLX second derivatives through custom_root work over one VJP (hessian, hvp, "
-        f"jacfwd(grad), jacrev(grad), jacrev(jacrev), jacfwd(jacrev)), and in every nesting where the plugin keeps "
-        f"the forward's outputs for the JVP rule (unigrad_mlx does); otherwise use another backend (numpy, jax, "
-        f"torch, tensorflow). See docs/implicit.md")
+        f"wrong, not an error. On MLX derivatives through custom_root work over VJPs (hessian, hvp, jacfwd(grad), "
+        f"jacrev(grad), jacrev(jacrev), jacfwd(jacrev)), and in every nesting where the plugin keeps the forward's "
+        f"outputs for the JVP rule (unigrad_mlx does); otherwise use another backend (numpy, jax, torch, "
+        f"tensorflow). See docs/implicit.md")
 
 
 def report(on_failure, message, residual, tolerance):
@@ -260,7 +303,8 @@ class Operator:
         xp = namespace(u)
         # linear: any point will do, but not zeros: the tape's JVP of power is where(t == 0, 0, ...), whose
         # derivative in t vanishes at t = 0 (a matvec that is a JVP, custom_root's, would transpose to zero)
-        _, pullback = _vjp(lambda v: self.matvec(v, operands), xp.ones_like(u), backend=current_backend())
+        _, pullback = held_vjp(current_backend(), lambda operands, v: self.matvec(v, operands), operands,
+                               (xp.ones_like(u),))
         return pullback(u)[0]
 
     @property
@@ -411,7 +455,7 @@ def apply_solve(op: Operator, b, operands):
             x = apply_solve(op, b, operands)
             rhs = db
             if optree.tree_leaves(operands):
-                _, change = _jvp(lambda operands: op.apply(x, operands), (operands,), (doperands,), backend=backend)
+                _, change = held_jvp(backend, op.apply, x, (operands,), (doperands,))
                 rhs = rhs - change
             return x, guard(apply_solve(op, rhs, operands))
 
@@ -426,7 +470,7 @@ def apply_solve(op: Operator, b, operands):
             u = guard(apply_solve(op.T, g, operands))
             if not optree.tree_leaves(operands):
                 return u, operands
-            _, pullback = _vjp(lambda operands: op.apply(x, operands), operands, backend=backend)
+            _, pullback = held_vjp(backend, op.apply, x, (operands,))
             (ct,) = pullback(u)
             return u, optree.tree_map(lambda c: -c, ct)
 
@@ -442,7 +486,7 @@ def linear_solve(matvec: Callable, b, *, solve: Any = "cg", tol: float | None = 
                  symmetric: bool = False, transpose_solve: Any = None, on_failure: str = "raise"):
     """``x`` with ``matvec(x) = b``, matrix-free, differentiable with respect to ``b`` and to the arrays
     ``matvec`` closes over, in both modes and to any order, on every backend (MLX: first and second order in
-    every nesting, compiled too; third order raises NotImplementedError there, docs/implicit.md).
+    every nesting, compiled too, tested to the fourth order, docs/implicit.md).
 
     The derivative does not go through the solver's iterations: it is a linear solve itself,
     ``dx = A^{-1} (db - dA x)`` in forward mode and the transposed system ``A^T u = g`` in reverse

@@ -183,8 +183,8 @@ class MlxBackend(unigrad.Backend):
         """The kinds (``"vjp"``, ``"jvp"``, ``"vmap"``, ``"compile"``) of this backend's transforms tracing the
         code that runs now, outermost first (no ``"vjp"`` or ``"jvp"`` at first order: a custom rule's
         derivative pass runs after its transform's function has returned). ``unigrad.implicit`` reads it: in a
-        derivative pass an enclosing ``"vjp"`` / ``"jvp"`` differentiates, its rules read no value, and a third
-        derivative is refused (docs/implicit.md). MLX's own transforms called directly (``mx.grad``) are not
+        derivative pass an enclosing ``"vjp"`` / ``"jvp"`` differentiates, its rules read no value and their nested
+        transforms close over nothing (docs/implicit.md). MLX's own transforms called directly (``mx.grad``) are not
         seen."""
         return _rules.TRACING.get()
 

@@ -1001,6 +1001,26 @@ def test_torch_iterates_with_plain_autograd_products_and_checks_them(monkeypatch
     for fn in (loss_by_linear_solve, loss_by_root):
         with pytest.raises(ConvergenceError, match="did not converge"):
             unigrad.grad(functools.partial(fn, solve=solve), backend="torch")(lam)
+    # a transposed solve (a gradient through a non-symmetric d_x F): its residual by the core's own A^T, where it
+    # was checked with the same doubled products and passed
+    with pytest.raises(ConvergenceError, match="did not converge"):
+        unigrad.grad(_fixed_point_loss, backend="torch")(torch.tensor(p))
+
+
+def test_torch_third_derivatives_through_a_non_linear_root():
+    """Reverse over reverse over reverse through custom_fixed_point (d_x F non-symmetric and not constant) on torch
+    against the tape: a transposed operator transposed again kept the Jacobian of the operator two transposes back
+    for torch's linear_products, which then solved with A^T where A was asked (2-4% off, silently); (A^T)^T is now
+    A itself (``Operator.transposed_from``)."""
+    pytest.importorskip("torch")
+    fn, lam = _ROUTES["custom_fixed_point"], np.array(LAM)
+
+    def third(backend):
+        return float(_np(unigrad.jacrev(unigrad.jacrev(unigrad.jacrev(fn, backend=backend), backend=backend),
+                                        backend=backend)(lam)))
+    np.testing.assert_allclose(third("torch"), third("numpy"), rtol=1e-8)
+    grad3 = unigrad.grad(unigrad.grad(unigrad.grad(fn, backend="torch"), backend="torch"), backend="torch")(lam)
+    np.testing.assert_allclose(float(_np(grad3)), third("numpy"), rtol=1e-8)
 
 
 def test_a_batch_of_pytree_root_problems_under_vmap(backend):

@@ -270,6 +270,28 @@ def check_solve(solve, name="solve"):
         raise ValueError(f"{name} must be one of {sorted(SOLVERS)} or a callable solve(matvec, b) -> x; got {solve!r}")
 
 
+def held_to_direct(transposed, direct, like):
+    """``u -> A^T u`` by ``transposed`` (a backend's ``linear_products``), for the residual check of a transposed
+    solve, with its component along one fixed random ``r`` replaced by ``(A r) . u``, ``A r`` by the core's own
+    product ``direct``: ``r . (A^T u) = (A r) . u`` for the true ``A^T``. Where ``transposed`` is right, nothing
+    changes (to rounding); where it is wrong, the solution its iterations found leaves ``r . (A^T x - b)`` in the
+    residual, and the check fails rather than passing on the same products. (``direct`` is a plain call: a user's
+    ``torch.autograd.Function`` without ``torch.func`` support serves as well.)"""
+    rng = np.random.default_rng(20261207)
+    xp = namespace(like)
+    r = asarray(rng.standard_normal(tuple(int(d) for d in like.shape)), backend=current_backend())
+    r = xp.astype(r, like.dtype)
+    rr = xp.sum(r * r)
+    made = []
+
+    def check(u):
+        if not made:
+            made.append(direct(r))
+        product = transposed(u)
+        return product + ((xp.sum(made[0] * u) - xp.sum(r * product)) / rr) * r
+    return check
+
+
 @dataclasses.dataclass(frozen=True)
 class Operator:
     """A linear operator ``v -> matvec(v, operands)`` with how to solve it and its transpose.
@@ -291,6 +313,11 @@ class Operator:
     #: the Jacobian of ``g`` at ``point`` (custom_root: the optimality in ``x``, at the solution), for a backend's
     #: ``linear_products``; None: the matvec itself, at any point (it is linear)
     linearized: Callable | None = None
+    #: the operator ``.T`` was made from: the transpose of a transpose is that operator again. (Made anew, it kept
+    #: ``linearized`` -- the Jacobian of the operator two transposes back -- for an operator that is its
+    #: transpose: torch's ``linear_products`` then solved with A^T where A was asked, and its residual check, on
+    #: the same products, passed; a third derivative through custom_root was 2-4% off, silently.)
+    transposed_from: "Operator | None" = None
 
     def apply(self, v, operands):
         return self.matvec(v, operands)
@@ -311,9 +338,11 @@ class Operator:
     def T(self) -> "Operator":
         if self.symmetric:
             return self
+        if self.transposed_from is not None:  # (A^T)^T is A itself, with its own linearized and names
+            return self.transposed_from
         return dataclasses.replace(self, matvec=self.apply_transpose, rmatvec=self.matvec,
                                    solve=self.transpose_solve or self.solve, transpose_solve=self.solve,
-                                   name=f"{self.name} (transposed)", transposes=self.matvec)
+                                   name=f"{self.name} (transposed)", transposes=self.matvec, transposed_from=self)
 
     def _linear_maps(self, operands, like):
         """``(mv, rmv, check)`` for an iterative solve on values: ``A v``, ``A^T u`` and the ``A v`` the residual
@@ -324,8 +353,9 @@ class Operator:
         may be a JVP), and the residual is still checked with ``matvec`` itself, so a ``symmetric=True`` that
         does not hold is seen there. Where the backend offers ``linear_products`` (torch, outside its transforms),
         both products come from its one recording of the operator (of custom_root's optimality at the solution,
-        ``linearized``) instead, and the residual is checked with ``matvec`` as ever: a wrong product is a failed
-        residual, never a wrong solution."""
+        ``linearized``) instead, and the residual is checked with the core's own product (``matvec``; for a
+        transposed operator held to it along a random direction, :func:`held_to_direct`): a wrong product is a
+        failed residual, never a wrong solution."""
         xp = namespace(like)
         base = self.transposes if self.transposes is not None else self.matvec
         backend = current_backend()
@@ -349,8 +379,8 @@ class Operator:
                     except RuntimeError:
                         failed.append(True)
                 return direct(v)
-            if self.transposes is not None:
-                return transposed, forward, transposed
+            if self.transposes is not None:  # (the residual held to the core's own A: see held_to_direct)
+                return transposed, forward, held_to_direct(transposed, direct, like)
             return (transposed if self.symmetric else forward), transposed, direct
         # linear: any point will do, but not zeros (see apply_transpose)
         _, pullback = _vjp(lambda v: base(v, operands), xp.ones_like(like), backend=backend)

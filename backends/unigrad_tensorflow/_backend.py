@@ -683,6 +683,12 @@ def _tape_jacobian(tape, target, sources, chunk_size, batch=False):
         if not options["experimental_use_pfor"] or "experimental_use_pfor" not in str(exc):
             raise
         cause = _first_line(exc.__cause__ or exc.__context__ or exc)
+    except AttributeError as exc:
+        # pfor differentiating a function that is itself a gradient of custom rules, at third order (jacrev of
+        # jacrev of jacrev through custom_fixed_point): TensorFlow's own error, not f's
+        if not options["experimental_use_pfor"] or "python_grad_func" not in str(exc):
+            raise
+        cause = _first_line(exc)
     rows = _size(target) // max(target.shape[0], 1) if batch else _size(target)
     warnings.warn(f"TensorFlow cannot vectorise the rows of this Jacobian ({cause}), so they are computed one "
                   f"at a time ({rows} in a loop; the same values, more slowly)", SlowMapWarning, stacklevel=4)

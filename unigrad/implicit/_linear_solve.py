@@ -119,11 +119,6 @@ def _nesting(outer, mode):
     return "".join(f"{m}(" for m in outer + (mode,)) + "f" + ")" * (len(outer) + 1)
 
 
-def differentiated(backend) -> bool:
-    """Does an enclosing transform differentiate the rule pass running now (MLX says)?"""
-    return bool(_outer(backend))
-
-
 def order_above(backend) -> int:
     """How many enclosing derivative transforms differentiate the rule pass running now (MLX says; 0 elsewhere)."""
     return len(_outer(backend))
@@ -135,18 +130,19 @@ def order_above(backend) -> int:
 # loses an enclosing transform's derivative through what a nested transform in a rule closes over: third
 # derivatives through linear_solve came out 0 in every nesting, right once nothing was closed over.
 
-def _held(backend, held):
-    """``(arrays, put)``: the floating-point arrays among ``held``'s leaves, and ``put(arrays)``, ``held`` with
-    others in their places."""
+def _held(backend, fn, held):
+    """``(arrays, g)``: the floating-point arrays among ``held``'s leaves, and ``g(*arrays, *p) = fn(held, *p)``
+    with those arrays in their places."""
     leaves, tree = optree.tree_flatten(held, none_is_leaf=True)
     at = [k for k, a in enumerate(leaves) if backend.is_array(a) and backend.dtype(a) in INEXACT]
+    n = len(at)
 
-    def put(arrays):
+    def g(*args):
         placed = list(leaves)
-        for k, a in zip(at, arrays):
+        for k, a in zip(at, args[:n]):
             placed[k] = a
-        return optree.tree_unflatten(tree, placed)
-    return tuple(leaves[k] for k in at), put
+        return fn(optree.tree_unflatten(tree, placed), *args[n:])
+    return tuple(leaves[k] for k in at), g
 
 
 def _zero_like_tangents(tangents):
@@ -159,36 +155,35 @@ def _zero_like_tangents(tangents):
 
 def held_vjp(backend, fn, held, primals):
     """``(outputs, pullback)`` of ``p -> fn(held, *p)`` (``pullback`` gives one cotangent per primal)."""
-    if not differentiated(backend):
+    if not order_above(backend):
         return _vjp(lambda *p: fn(held, *p), *primals, backend=backend)
-    arrays, put = _held(backend, held)
-    n = len(arrays)
-    outputs, pullback = _vjp(lambda *a: fn(put(a[:n]), *a[n:]), *arrays, *primals, backend=backend)
-    return outputs, lambda cotangent: tuple(pullback(cotangent))[n:]
+    arrays, g = _held(backend, fn, held)
+    outputs, pullback = _vjp(g, *arrays, *primals, backend=backend)
+    return outputs, lambda cotangent: tuple(pullback(cotangent))[len(arrays):]
 
 
 def held_jvp(backend, fn, held, primals, tangents):
     """``(outputs, tangents_out)`` of ``p -> fn(held, *p)`` along ``tangents``."""
-    if not differentiated(backend):
+    if not order_above(backend):
         return _jvp(lambda *p: fn(held, *p), tuple(primals), tuple(tangents), backend=backend)
-    arrays, put = _held(backend, held)
-    n = len(arrays)
+    arrays, g = _held(backend, fn, held)
     # zeros made from the tangents, so that under vmap (a Jacobian's batch of tangents) they carry its batch as the
     # tangents do: MLX's matmul JVP adds the two operands' terms with addmm, which fails under vmap where one term
     # is batched and the other not ("input c must broadcast to the output shape")
     scale = _zero_like_tangents(tangents)
     zeros = tuple(namespace(a).zeros_like(a) * scale for a in arrays)
-    return _jvp(lambda *a: fn(put(a[:n]), *a[n:]), (*arrays, *primals), (*zeros, *tangents), backend=backend)
+    return _jvp(g, (*arrays, *primals), (*zeros, *tangents), backend=backend)
 
 
 def derivative_pass(backend, name, mode, runs_solver=False):
     """The context a rule's derivative pass runs in (``mode``: ``"jvp"`` for the JVP rule, ``"vjp"`` for the VJP
     rule). Elsewhere than on a backend with ``transforms_tracing()`` (MLX), and at first order, nothing changes.
-    On MLX, where an enclosing transform differentiates the pass (a second derivative), the pass reads no value
-    (:func:`no_reads`: dense solves, residuals made NaN rather than read, the solution computed again by a
-    dense solve in a JVP rule): MLX drops the enclosing derivative of a rule that reads (docs/implicit.md). The
-    VJP rule also takes its residuals from the outputs MLX hands it (``Rule.residuals``: the solution, no solver
-    run again). That gives every nesting of ``linear_solve``'s rules, under ``vmap`` and ``compile=True`` too.
+    On MLX, where enclosing transforms differentiate the pass (second and higher derivatives), the pass reads no
+    value (:func:`no_reads`: dense solves, residuals made NaN rather than read, the solution computed again by a
+    dense solve in a JVP rule): MLX drops the enclosing derivative of a rule that reads (docs/implicit.md); its
+    nested transforms close over nothing (:func:`held_vjp`, :func:`held_jvp`). The VJP rule also takes its
+    residuals from the outputs MLX hands it (``Rule.residuals``: the solution, no solver run again). That gives
+    every nesting of ``linear_solve``'s rules, under ``vmap`` and ``compile=True`` too.
     ``runs_solver``: the pass must run the user's solver (``custom_root``'s JVP rule where the backend kept no
     outputs for it: MLX hands a JVP rule none, ``Rule.jvp_given``), which is plain code that may read; such a
     pass, differentiated, is refused (:func:`check_not_differentiated`)."""

@@ -184,15 +184,16 @@ class _RootSolver:
         o = self.options
         optimality = self.optimality
 
+        def at(arrays, x):  # F(x, *params), the params' floating-point arrays put in place by split.rebuild
+            return optimality(x, *split.rebuild(arrays))
+
         def linearized(operands):  # d_x F is the Jacobian of x -> F(x, *params) at x*
-            x, arrays = operands  # (the params' floating-point arrays: split.rebuild puts them in place)
-            params = split.rebuild(arrays)
-            return (lambda x: optimality(x, *params)), x
+            x, arrays = operands
+            return (lambda x: at(arrays, x)), x
 
         def matvec(v, operands):  # d_x F(x, *params) v
             x, arrays = operands
-            return held_jvp(current_backend(), lambda arrays, x: optimality(x, *split.rebuild(arrays)), arrays, (x,),
-                            (v,))[1]
+            return held_jvp(current_backend(), at, arrays, (x,), (v,))[1]
 
         return Operator(matvec, solve=o["solve"], symmetric=o["symmetric"], tol=o["linear_tol"],
                         maxiter=o["maxiter"], on_failure=o["on_failure"],

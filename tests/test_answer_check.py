@@ -157,13 +157,11 @@ def test_jax_values_from_the_batch_size_or_positions_are_right(name, compile):
 @pytest.mark.parametrize("mode", ["rev", "fwd"])
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_a_refuted_jax_shortcut_is_remembered(monkeypatch, mode, compile):
-    """An analysis that wrongly lets one example be computed alone (here forced: every f "separable"): the
-    shortcut's answer fails its check, the sum trick gives the right blocks, and later calls of the
-    signature take the sum trick directly (one failed check, no second attempt)."""
+    """The one-example shortcut, taken on JAX only where the user declares separable=True and no proof is
+    exact (here a custom rule), for an f that is not separable (it counts the batch): the shortcut's answer
+    fails its check, the sum trick gives the right blocks, and later calls of the signature take the sum
+    trick directly (one failed check, no second attempt), itself checked on every call (no exact proof)."""
     jax = pytest.importorskip("jax")
-    from unigrad_jax import _proof
-
-    monkeypatch.setattr(_proof, "_separable", lambda *a: True)
     f = _jax_cases()["count"]
     x = jax.numpy.asarray(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
     full = np.asarray(jax.jacfwd(f)(x))
@@ -177,41 +175,40 @@ def test_a_refuted_jax_shortcut_is_remembered(monkeypatch, mode, compile):
         return got
 
     monkeypatch.setattr(_batched, "failed_rows", spy)
-    bj = unigrad.batched_jacobian(f, backend="jax", mode=mode, compile=compile)
+    bj = unigrad.batched_jacobian(lambda x: f(rowmix_big(x)), backend="jax", mode=mode, compile=compile,
+                                  separable=True)  # (x under 10: rowmix_big is the identity there)
     for _ in range(3):
         np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6)
-    # reverse mode over a program proved to keep rows apart takes the exact sum trick, never the shortcut:
-    # nothing to check; forward mode takes the (wrongly allowed) shortcut once, refuted by its check
-    assert failures == ([] if mode == "rev" else [True]), failures
-    if mode == "rev":  # the shortcut in reverse mode where no proof is exact: declared separable, a custom rule
-        bj = unigrad.batched_jacobian(lambda x: f(rowmix_big(x)), backend="jax", mode=mode, compile=compile,
-                                      separable=True)  # (x under 10: rowmix_big is the identity there)
-        for _ in range(3):
-            np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6)
-        # one refuted shortcut; then the sum trick, itself checked on every call (a custom rule: no exact proof)
-        assert failures[0] and not any(failures[1:]) and len(failures) == 4, failures
+    assert failures[0] and not any(failures[1:]) and len(failures) == 4, failures
 
 
-@pytest.mark.parametrize("name", JAX_CASES)
-def test_jax_analysis_sees_values_from_the_batch_size_or_positions(name):
-    """The row analysis itself refuses the one-example shortcut for these (the check is the safety net)."""
-    jax = pytest.importorskip("jax")
-    f = _jax_cases()[name]
-    x = jax.numpy.asarray(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
-    verdict, _, separable = unigrad.get_backend("jax").batch_rows(lambda x: (f(x),), (x,), has_aux=False)
-    assert verdict == "row" and not separable
-
-
-def test_jax_analysis_keeps_the_shortcut_where_it_holds():
-    """An MLP, an MLP divided by the batch size, a custom_jvp (relu) keep their fast forms."""
+@pytest.mark.parametrize("mode", ["rev", "fwd"])
+@pytest.mark.parametrize("name", JAX_CASES + ["mlp", "mlp_mean", "relu"])
+def test_jax_never_computes_one_example_alone_where_a_proof_is_exact(name, mode, monkeypatch):
+    """Where the jaxpr proves the rows independent, JAX takes the exact sum trick in both modes (as fast as
+    ``vmap(jacrev(f_one))``: _broadcasts) and never the one-example shortcut, whose analysis (is ``f`` on one
+    example a row of ``f``?) shipped silent wrong answers for these functions (r15): declared separable or
+    not, nothing to check, and the right blocks."""
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
     w = jnp.ones((2, 4)) / 3
+    f = {"mlp": lambda x: jnp.tanh(x @ w) @ w.T, "mlp_mean": lambda x: jnp.tanh(x @ w) @ w.T / x.shape[0],
+         "relu": lambda x: jax.nn.relu(x) * 2}.get(name) or _jax_cases()[name]
     x = jnp.asarray(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
     b = unigrad.get_backend("jax")
-    assert b.batch_rows(lambda x: (jnp.tanh(x @ w) @ w.T,), (x,), has_aux=False)[2] is True
-    assert b.batch_rows(lambda x: (jnp.tanh(x @ w) / x.shape[0],), (x,), has_aux=False)[2] == "program"
-    assert b.batch_rows(lambda x: (jax.nn.relu(x) * 2,), (x,), has_aux=False)[2] is True
+    assert b.batch_rows(lambda x: (f(x),), (x,), has_aux=False)[::2] == ("row", False)
+    shortcut, checks = [], []
+    monkeypatch.setattr(type(b), "per_example_jacobian", lambda *a, **k: shortcut.append(1))
+    real = _answer_check.failed_rows
+    monkeypatch.setattr(_batched, "failed_rows", lambda *a, **k: checks.append(1) or real(*a, **k))
+    full = np.asarray(jax.jacfwd(f)(x))
+    want = np.stack([full[i, :, i, :] for i in range(3)])
+    for compile in (False, True):
+        for separable in (False, True):
+            bj = unigrad.batched_jacobian(f, backend="jax", mode=mode, compile=compile, separable=separable)
+            for _ in range(2):
+                np.testing.assert_allclose(np.asarray(bj(x)), want, rtol=1e-6, atol=1e-7)
+    assert shortcut == [] and checks == []
 
 
 def test_batched_jacobian_auto_falls_back_to_reverse_where_forward_mode_raises():

@@ -663,13 +663,11 @@ def test_helpers():
     assert t.dtype == jnp.float64
 
 
-def test_per_example_path_when_declared_or_proved_separable():
-    """jax vectorises one-example Jacobians with separable=True, or when the jaxpr proves the rows
-    independent and a trace with a symbolic batch size shows no value made from positions in the batch;
-    f that reads the batch size as a number (x / x.shape[0]) too, one example computed from its program
-    with the batch size kept (_rowprogram). f that uses its position in the batch stays exact (the sum
-    trick), whatever a warm-up call saw. In reverse mode a program proved to keep its rows apart takes the
-    exact sum trick (as fast there, and no check needed), declared separable or not."""
+def test_per_example_path_only_where_declared_and_no_proof_is_exact():
+    """jax vectorises one-example Jacobians (the shortcut) only with separable=True where no proof is exact
+    (check_independence="never": the caller vouches); wherever the jaxpr proves the rows independent it takes
+    the exact sum trick, in both modes, declared separable or not: as fast (_broadcasts), and nothing an
+    analysis of one example could get wrong (f that uses its position, or reads the batch size as a number)."""
     rng = np.random.default_rng(11)
     x, w = rng.standard_normal((5, 3)), rng.standard_normal((3, 3))
     separable = lambda x, w: unigrad.namespace(x).tanh(x @ w)  # noqa: E731
@@ -686,16 +684,18 @@ def test_per_example_path_when_declared_or_proved_separable():
 
     type(backend).per_example_jacobian = spy
     try:
-        for f, declared in ((separable, True), (separable, False), (position, False), (batch_size, False)):
-            calls.clear()
+        for f, declared, check in ((separable, True, "once"), (separable, False, "once"), (position, False, "once"),
+                                   (batch_size, False, "once"), (batch_size, True, "once"),
+                                   (separable, True, "never")):
             for mode in ("fwd", "rev"):
                 calls.clear()
                 for compile in (False, True):
-                    jac = unigrad.batched_jacobian(f, backend="jax", compile=compile, separable=declared, mode=mode)
+                    jac = unigrad.batched_jacobian(f, backend="jax", compile=compile, separable=declared, mode=mode,
+                                                   check_independence=check)
                     jac(x, w)
                     jac(np.zeros_like(x), w)  # a warm-up point must not settle anything that changes results
                     _close(jac(x, w), unigrad.batched_jacobian(f, backend="numpy")(x, w))
-                assert bool(calls) == (f is not position and mode == "fwd"), (mode, declared)
+                assert bool(calls) == (check == "never"), (mode, declared, check)
     finally:
         type(backend).per_example_jacobian = original
 
@@ -815,38 +815,3 @@ def test_abs_clip_vector_norm_follow_the_cross_backend_rules_with_jax_values():
     g = jax.grad(lambda v: jnp.sum(XP.linalg.vector_norm(v, axis=1)))(v)
     np.testing.assert_allclose(g, [[0.6, 0.8], [0.0, 0.0]])
     assert XP.abs(jnp.asarray([-3 + 4j])).tolist() == [5.0] and XP.abs(jnp.asarray([-2])).dtype == jnp.int32
-
-
-def test_one_example_from_the_program_keeps_the_batch_size():
-    """The one-example function built from f's program (_rowprogram) gives row i of f where f reads the
-    batch size (a mean-reduced loss), through nested jit too; positions in the batch and custom rules
-    give None (the sum trick then)."""
-    import jax
-    import jax.numpy as jnp
-
-    from unigrad_jax._rowprogram import row_function
-
-    rng = np.random.default_rng(3)
-    xn, wn = rng.standard_normal((6, 4)), rng.standard_normal((4, 2))
-
-    def f(x):
-        @jax.jit
-        def inner(x):
-            return jnp.tanh(x @ jnp.asarray(wn)) * (x.shape[0] + 1.0)
-
-        return (inner(x) / x.shape[0], jnp.sum(x[:, ::2] ** 2, axis=1) / x.shape[0])
-
-    with jax.enable_x64(True):
-        x = jnp.asarray(xn)
-        one = row_function(f, (x,), 6)
-        assert one is not None
-        full = f(x)
-        for i in range(6):
-            got = one(x[i])
-            for g, want in zip(got, full):
-                np.testing.assert_allclose(np.asarray(g), np.asarray(want[i]), rtol=1e-13)
-        position = lambda x: (x * jnp.arange(x.shape[0])[:, None],)  # noqa: E731
-        assert row_function(position, (x,), 6) is None
-        custom = jax.custom_jvp(lambda x: x * 2.0)
-        custom.defjvp(lambda p, t: (custom(p[0]), t[0] * 2.0))
-        assert row_function(lambda x: (custom(x) / x.shape[0],), (x,), 6) is None

@@ -224,10 +224,12 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
 
         def attempt(m):
             # Reverse mode over a program proved to keep its rows apart: the sum trick, exact, so unchecked (a
-            # one-example shortcut is checked on every call; on JAX, the sum trick laid out batch first is as
-            # fast as the shortcut in reverse mode, docs/performance.md). Forward mode keeps the shortcut, whose
-            # unbatched unit tangents fold into the first product where the sum trick repeats them B times.
-            shortcut = per_example if not (exact and m == "rev") else False
+            # one-example shortcut is checked on every call; on JAX, the sum trick is as fast as the shortcut,
+            # docs/performance.md). Forward mode keeps the shortcut, whose unbatched unit tangents fold into the
+            # first product where the sum trick repeats them B times, unless the backend's sum trick holds them
+            # once too (forward_sum_trick_folds: JAX).
+            folds = m == "rev" or getattr(call.backend, "forward_sum_trick_folds", False)
+            shortcut = per_example if not (exact and folds) else False
             # "always": the proof is checked too (one more product a call), as a probe runs every call
             check = check_independence != "never" and batch >= 2 and (
                 check_independence == "always" or not (exact and not shortcut))

@@ -56,6 +56,7 @@ method                     status    default / note
 ``vmap_rows(fn, n_args)``  optional  ``vmap`` over axis 0, for ``map_chunks``' own basis rows (torch: no copies)
 ``batched_jacobian``       optional  the sum trick over the per-example basis
 ``per_example_jacobian``   optional  ``batched_jacobian`` (used with ``separable=True``)
+``forward_sum_trick_folds``  optional  False: forward mode takes a proved one-example shortcut, checked (JAX: True)
 ``dependence_program``     optional  None: ``f`` in ``unigrad.dependence``'s neutral form (row proofs, sparsity)
 ``batch_rows``             optional  None: the core reads ``dependence_program`` (else portable ``f`` on the tape)
 ``per_example_rows``       optional  None: per-example gradients from ``f``'s program (else materialised)
@@ -142,6 +143,12 @@ class Backend(abc.ABC):
     #: Its eager ``batched_jacobian`` would trace a program on every call anyway (TensorFlow's pfor):
     #: the core then runs eager per-example Jacobians as one compiled program per signature.
     traces_batched_jacobian: bool = False
+    #: Its ``batched_jacobian`` (the sum trick) holds each unit vector of the per-example basis once, not once
+    #: per example, in forward mode too (JAX: ``_broadcasts``), so it is as fast as computing one example
+    #: alone: the core takes that exact method in both modes wherever the rows are proved independent, and
+    #: a one-example shortcut (which must check its answer) only where the user declares ``separable=True``
+    #: or no proof is exact. False: in forward mode the shortcut, checked, is the faster.
+    forward_sum_trick_folds: bool = False
     #: The backend's arrays can be written in place (NumPy, torch); False for immutable ones (JAX,
     #: TensorFlow). ``vjp``'s ``vjp_fn`` outlives the call, so on a mutable backend the core hands the
     #: backend copies of the caller's arrays and the caller copies of the outputs: nothing the caller

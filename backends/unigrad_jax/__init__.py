@@ -51,6 +51,7 @@ from . import _namespace as _jax_namespace
 
 __all__ = ["JaxBackend"]
 
+from ._broadcasts import Broadcast, Mapped, forward_layout, linear_map, reverse_layout
 from ._x64scope import _NO_CONTEXT, _WIDE_CHARS, _WIDE_FLOAT_CHARS, _wide, _x64, _x64_dtypes, copying, in_x64  # noqa: F401
 
 
@@ -384,10 +385,10 @@ class JaxBackend(Backend):
 
         ``f`` is a batch function (the core checks every call maps the whole batch to a batch), so
         the method exact for any ``f`` with independent rows is used; see :func:`_sum_trick`.
-        Cost, measured under jit against JAX's own ``vmap(jacrev(f_single))`` / ``vmap(jacfwd(...))``:
-        reverse mode, laid out batch first, 1.03-1.07x (MLPs, batch 64-512); forward mode repeats the
-        unit tangents over the batch, so the first linear op runs B times where the one-example form
-        runs it once (1.5-3x): there ``per_example_jacobian`` computes one example alone where it may.
+        Under jit, each unit vector is held once, not once per example, and the products run batch-major
+        (``_broadcasts``): measured against JAX's own ``vmap(jacrev(f_one))`` / ``vmap(jacfwd(f_one))`` on
+        MLPs 32-64-16 (batch 256), 0.99-1.09x in both modes (docs/performance.md), so the core takes this
+        exact method wherever the rows are proved independent (``forward_sum_trick_folds``).
         """
         primals = tuple(primals)
         with _x64(f, primals):
@@ -397,19 +398,16 @@ class JaxBackend(Backend):
     #: blocks, the one-example function's JVP (VJP) along them (unigrad._answer_check.probed_kernel checks the
     #: shortcut with it)
     per_example_probe = True
+    #: the sum trick holds each unit tangent once, not once per example (_broadcasts), as fast in forward mode as
+    #: computing one example alone: the core takes it wherever the rows are proved independent
+    forward_sum_trick_folds = True
 
     @_numpy_calls_rejected
-    def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False, proof=None,
-                             probe=None):
-        """``jax.vmap`` over examples of the Jacobian of a batch-of-one call (the core has checked that
-        ``f`` may be evaluated one example at a time), or, where ``batch_rows`` answered ``proof="program"``
-        (``f`` reads the batch size as a number: ``x / x.shape[0]``), of one example computed from ``f``'s
-        program with the batch size kept (``_rowprogram``).
-
-        This is JAX's own ``vmap(jacfwd(f_single))`` (``jacrev`` in reverse mode): the basis is an identity
-        per example, which XLA folds into the first product, where the forward sum trick repeats it over
-        the batch. (The core takes this in reverse mode only where no proof is exact: there the sum trick,
-        laid out batch first, is as fast.) Chunked or with aux: the sum trick.
+    def per_example_jacobian(self, f, primals, *, mode="rev", chunk_size=None, has_aux=False, probe=None):
+        """``jax.vmap`` over examples of the Jacobian of a batch-of-one call: JAX's own
+        ``vmap(jacrev(f_single))`` (``jacfwd`` in forward mode). The core takes it only where the user
+        declares ``separable=True`` and no proof is exact (a custom rule, ``check_independence="never"``),
+        and checks its answer unless told never to. Chunked or with aux: the sum trick.
         """
         primals = tuple(primals)
 
@@ -420,17 +418,9 @@ class JaxBackend(Backend):
         if has_aux or chunk_size is not None:
             return summed()
         n = len(primals)
-        one = None
-        if proof == "program":  # batch_rows: f reads the batch size; one example from its program (_rowprogram)
-            from ._rowprogram import row_function
 
-            with _x64(f, primals):
-                one = row_function(f, primals, primals[0].shape[0])
-            if one is None:  # (not expected: the proof built one) f on one example would be another f
-                return summed()
-        if one is None:  # separable=True, or a proof that f may be called on one example
-            def one(*example):  # one example of every primal -> one example of every output
-                return tuple(o[0] for o in f(*(p[None] for p in example)))
+        def one(*example):  # one example of every primal -> one example of every output
+            return tuple(o[0] for o in f(*(p[None] for p in example)))
 
         def jacobian_one(*example, probe_one=None):
             """One example's outputs and Jacobian; with ``probe_one`` (that example's part of the probe), also
@@ -482,7 +472,7 @@ class JaxBackend(Backend):
         return from_closed_jaxpr(closed, unroll=True, unknown={id(a) for a in unknown})
 
     def batch_rows(self, f, primals, *, has_aux=False):
-        """Rows of ``f`` proved from its jaxpr: ``(verdict, detail, separable)`` (see ``_proof``)."""
+        """Rows of ``f`` proved from its jaxpr: ``(verdict, detail, False)`` (see ``_proof``: never a shortcut)."""
         from ._proof import batch_rows
         return batch_rows(self, f, tuple(primals), has_aux)
 
@@ -647,6 +637,8 @@ def _sum_trick(backend, f, primals, batch, mode, chunk_size, has_aux, traced):
     """
     if mode == "fwd":
         basis = _Basis(backend, _templates(primals, example=True), batch)
+        if traced and (chunk_size is None or chunk_size >= basis.n):
+            return _push_laid_out(backend, f, primals, basis, batch, has_aux)
         outputs, columns, aux = _push_basis(f, primals, basis, chunk_size, has_aux)
         _check_batch(outputs, batch)
         jac = []
@@ -659,11 +651,18 @@ def _sum_trick(backend, f, primals, batch, mode, chunk_size, has_aux, traced):
     outputs, pullback, aux = _jax_vjp(f, primals, has_aux)
     _check_batch(outputs, batch)
     basis = _Basis(backend, _templates(outputs, example=True), batch)
-    if chunk_size is None or chunk_size >= basis.n:
-        # The unit cotangents laid out batch first, (B, n_out, ...), mapped over their second axis, rows
-        # written there too: XLA then keeps the batch as the outer axis of every product and needs no
-        # transpose of the blocks (1.03-1.07x jit(vmap(jacrev(f_one))) on the benchmark's MLPs, against
-        # 1.15x mapping over a leading basis axis and moving it behind the batch)
+    if traced and (chunk_size is None or chunk_size >= basis.n):
+        # The pullback's program evaluated with the basis axis right after the batch (rows written in place,
+        # (B, n_out, *primal[1:])) and each unit cotangent one example's, broadcast over the batch only where
+        # an operation needs it written out (_broadcasts: as JAX's own vmap(jacrev(f_one)) lays it out)
+        pull = linear_map(lambda *g: tuple(pullback(g)), _templates(outputs), reverse_layout)
+        rows = tuple(pull(*(Broadcast(Mapped(jnp.moveaxis(r, 0, reverse_layout(len(shape))), shape), (batch, *shape),
+                                      range(1, 1 + len(shape)))
+                            for r, shape in zip(backend.unit_basis(basis.templates, 0, basis.n), basis.shapes)),
+                          size=basis.n))
+    elif chunk_size is None or chunk_size >= basis.n:
+        # Eager: one vmap of the pullback (an equation at a time would dispatch more). The unit cotangents laid
+        # out batch first, (B, n_out, ...), mapped over their second axis, rows written there too
         rows = tuple(jax.vmap(lambda *g: tuple(pullback(g)), in_axes=1, out_axes=1)(
             *(jnp.broadcast_to(r[None], (batch, basis.n, *shape)) for r, shape in
               zip(backend.unit_basis(basis.templates, 0, basis.n), basis.shapes))))  # (B, n_out, *primal[1:])
@@ -672,6 +671,29 @@ def _sum_trick(backend, f, primals, batch, mode, chunk_size, has_aux, traced):
     jac = tuple(tuple(jnp.reshape(rows[j][:, offset:offset + size], (batch, *shape, *p.shape[1:]))
                       for j, p in enumerate(primals))
                 for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets))
+    return outputs, jac, aux
+
+
+def _push_laid_out(backend, f, primals, basis, batch, has_aux):
+    """The forward sum trick in one pass: the linearized push's program evaluated with the basis axis last
+    (columns written in place, ``(B, *out[1:], n_in)``) and each unit tangent one example's, broadcast over the
+    batch only where an operation needs it written out (_broadcasts: as JAX's own ``vmap(jacfwd(f_one))``
+    lays it out, where a ``vmap`` of the push repeats the first product over the batch, 1.5-3x)."""
+    g, restore = _arrays_only_aux(f) if has_aux else (f, None)
+    if has_aux:
+        outputs, push, aux = jax.linearize(g, *primals, has_aux=True)
+        aux = restore(aux)
+    else:
+        (outputs, push), aux = jax.linearize(g, *primals), None
+    outputs = tuple(outputs)
+    _check_batch(outputs, batch)
+    apply = linear_map(lambda *t: tuple(push(*t)), _templates(primals), forward_layout)
+    columns = apply(*(Broadcast(Mapped(jnp.moveaxis(r, 0, -1), shape), (batch, *shape), range(1, 1 + len(shape)))
+                      for r, shape in zip(backend.unit_basis(basis.templates, 0, basis.n), basis.shapes)),
+                    size=basis.n)  # per output (B, *out[1:], n_in)
+    jac = tuple(tuple(jnp.reshape(column[..., offset:offset + size], (*o.shape, *shape))
+                      for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets))
+                for o, column in zip(outputs, columns))
     return outputs, jac, aux
 
 

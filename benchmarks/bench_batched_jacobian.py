@@ -9,7 +9,8 @@ Native forms (hand-written, the floor):
   tensorflow: tf.function around GradientTape.batch_jacobian
 
 On JAX also the same MLP divided by the batch size, ``f(x) / x.shape[0]`` (a mean-reduced output: rows
-independent, but f on one example is another function), against ``jit(vmap(jacrev(f_one / B)))``.
+independent, but f on one example is another function), against ``jit(vmap(jacrev(f_one / B)))``, and
+forward mode (``mode="fwd"``) against ``jit(vmap(jacfwd(f_one)))``.
 
 Reported: unigrad time / native time per backend (target <= 1.1): the median over interleaved
 rounds of the per-round ratio (and the ratio of the best rounds); absolute times are the best round. Run: python benchmarks/bench_batched_jacobian.py [--quick] [--json] [--backends ...]
@@ -64,6 +65,19 @@ def native_mean(w1, b1, w2, x):
         return jnp.tanh(jnp.tanh(xi @ w1 + b1) @ w2) / batch
 
     fn = jax.jit(jax.vmap(jax.jacrev(one, argnums=3), in_axes=(None, None, None, 0)))
+    args = [jnp.asarray(a) for a in (w1, b1, w2, x)]
+    return (lambda: fn(*args).block_until_ready()), (lambda: np.asarray(fn(*args)))
+
+
+def native_forward(w1, b1, w2, x):
+    """JAX's own compiled per-example Jacobian in forward mode: ``jit(vmap(jacfwd(f_one)))``."""
+    import jax
+    import jax.numpy as jnp
+
+    def one(w1, b1, w2, xi):
+        return jnp.tanh(jnp.tanh(xi @ w1 + b1) @ w2)
+
+    fn = jax.jit(jax.vmap(jax.jacfwd(one, argnums=3), in_axes=(None, None, None, 0)))
     args = [jnp.asarray(a) for a in (w1, b1, w2, x)]
     return (lambda: fn(*args).block_until_ready()), (lambda: np.asarray(fn(*args)))
 
@@ -151,6 +165,15 @@ def run(backends, quick=False):
                 call()
             rounds = timed_rounds([mean_call, ours_mean], number, repeat)
             results[name]["mean_ratio"] = ratio(rounds, 1, 0)
+            # forward mode: the exact sum trick with each unit tangent held once (unigrad_jax._broadcasts)
+            # against jit(vmap(jacfwd(f_one)))
+            fwd_call, fwd_value = native_forward(w1, b1, w2, x)
+            ours_fwd = caller(unigrad.batched_jacobian(mlp, argnums=3, backend=name, compile=True, mode="fwd"))
+            np.testing.assert_allclose(unigrad.to_numpy(ours_fwd()), fwd_value(), rtol=2e-5, atol=2e-6)
+            for call in (fwd_call, ours_fwd):
+                call()
+            rounds = timed_rounds([fwd_call, ours_fwd], number, repeat)
+            results[name]["forward_ratio"] = ratio(rounds, 1, 0)
     return results
 
 
@@ -221,7 +244,8 @@ def report(r):
               f" separable=True {v['separable_seconds'] * 1e3:8.3f} ms ratio {v['separable_ratio']:.2f}"
               f"{'' if v['compiled'] else '  (eager: backend compiles nothing)'}"
               + (f"; eager (compile=False) ratio {v['eager_ratio']:.2f}" if "eager_ratio" in v else "")
-              + (f"; f / x.shape[0] ratio {v['mean_ratio']:.2f}" if "mean_ratio" in v else ""))
+              + (f"; f / x.shape[0] ratio {v['mean_ratio']:.2f}" if "mean_ratio" in v else "")
+              + (f"; forward mode ratio {v['forward_ratio']:.2f}" if "forward_ratio" in v else ""))
     if fresh:
         hp = [t["hand_over_proved"] for t in fresh]
         hn = [t["hand_over_never"] for t in fresh]

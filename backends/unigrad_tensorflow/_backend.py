@@ -21,7 +21,9 @@ Reverse mode is ``tf.GradientTape`` (Jacobians with ``tape.jacobian`` /
 * where TensorFlow's own machinery fails on ``f``, another exact way, never its raw error: forward
   mode over a gradient that holds ``IndexedSlices`` (``tf.scatter_nd``'s) becomes two reverse sweeps
   (real dtypes), and what pfor cannot vectorise (a Jacobian of ``tf.einsum("ii->i")``, the HVPs of a
-  ``tf.scan``) runs one row at a time with a :class:`SlowMapWarning`.
+  ``tf.scan``) runs one row at a time with a :class:`SlowMapWarning`; a reverse-mode Jacobian inside the
+  adapter's own forward pass computes its rows in a loop (pfor's function, differentiated again there,
+  failed with TensorFlow's own errors: ``_tape_jacobian``).
 """
 
 from __future__ import annotations
@@ -673,6 +675,13 @@ def _tape_jacobian(tape, target, sources, chunk_size, batch=False):
     remedy (``experimental_use_pfor=False``), with a :class:`SlowMapWarning`: the same values."""
     jacobian = tape.batch_jacobian if batch else tape.jacobian
     options = _pfor_options(chunk_size)
+    if options["experimental_use_pfor"] and _FORWARD_DEPTH.get():
+        # inside the adapter's forward pass (a ForwardAccumulator): a derivative taken later of pfor's function
+        # makes TensorFlow build that function's forward pass with JVPs, which fails with its own error
+        # (concrete_function: a TypeError constructing InternalError, or "returned too few gradients";
+        # jacfwd(jacfwd(jacrev(f))) and jacrev(jacfwd(jacrev(f))) through linear_solve, TF 2.21): the rows in a
+        # loop, TensorFlow's remedy, the same values
+        options = {"experimental_use_pfor": False, "parallel_iterations": chunk_size}
     if options["experimental_use_pfor"] and not tf.executing_eagerly() and _record.could_possibly_record():
         # in a program, under a tape that may differentiate the Jacobian: pfor in a function of its own, as
         # eagerly (see _pfor_apart)

@@ -293,8 +293,9 @@ def _no_probe(*args, **kwargs):
 
 
 def test_batched_jacobian_of_a_scan_is_proved_and_native(monkeypatch):
-    """A JAX-native RNN-like scan: proved (no probe), equal to vmap(jacrev(one row)); in forward mode computed
-    in that native per-example form (vmap(jacfwd(one row))), in reverse mode by the exact sum trick."""
+    """A JAX-native RNN-like scan: proved (no probe), equal to vmap(jacrev(one row)); in both modes by the exact
+    sum trick (its basis held once: as fast as vmap(jacfwd(one row)), docs/performance.md), never a one-example
+    shortcut that would have to check itself."""
     monkeypatch.setattr(_batched, "_settle_independence", _no_probe)
     used = []
     cls = type(unigrad.get_backend("jax"))
@@ -307,7 +308,7 @@ def test_batched_jacobian_of_a_scan_is_proved_and_native(monkeypatch):
         for compile in (False, True):
             got = np.asarray(unigrad.batched_jacobian(rnn, backend="jax", compile=compile, mode=mode)(x))
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
-        assert bool(used) == (mode == "fwd")  # the native per-example form, taken because the rows were proved
+        assert not used  # the rows were proved: the exact sum trick
 
 
 @pytest.mark.parametrize("name", ["where_min_predicate", "argmax_over_batch", "stop_gradient_of_batch_mean"])

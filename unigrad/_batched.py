@@ -144,14 +144,9 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
     static = static_arguments(f, static_argnums, static_argnames, argnums, "batched_jacobian") if compile else None
 
     def b_method(per_example):
-        # per_example: False (the sum trick), True (declared separable, or a proof that says so) or the
-        # marker a backend's batch_rows gave for how one example is computed alone (handed back as proof=)
+        # per_example: False (the sum trick) or True (declared separable, or a proof that says so)
         def method_of(b):
-            if not per_example:
-                return b.batched_jacobian
-            if per_example is True:
-                return b.per_example_jacobian
-            return lambda *a, **k: b.per_example_jacobian(*a, proof=per_example, **k)
+            return b.per_example_jacobian if per_example else b.batched_jacobian
         return method_of
 
     def kernel_for(chosen, chunk, per_example, recorded=None):
@@ -204,7 +199,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
                 b = call.backend  # arrays f is given with another leading size: the differentiated are parameters?
                 other = any(b.is_array(a) and len(b.shape(a)) and b.shape(a)[0] != batch for a in call.dynamic)
                 raise _mixed_error(detail, _parameter_hint(argnums) if other else "")
-            per_example = True if separable else (verdict == "row" and provable)  # (provable: True or a marker)
+            per_example = separable or (verdict == "row" and bool(provable))
             if per_example and refuted.lookup(call):  # its check failed before: the sum trick
                 per_example = False
         if verdict != "row" and check_independence != "never":

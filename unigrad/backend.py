@@ -414,12 +414,11 @@ class Backend(abc.ABC):
         """A proof about ``f``'s rows read from the backend's own traced program, once per signature and
         Python state: ``(verdict, detail, separable)`` with verdict ``"row"`` (independent), ``"mixed"``
         (detail: a ``unigrad.dependence.Mixed`` naming the operation) or ``"unknown"``, and ``separable``
-        whether each row may be computed alone (``per_example_jacobian``): True, or a hashable marker of how,
-        which the core hands back as ``per_example_jacobian(..., proof=marker)`` (JAX: ``"program"``).
+        whether each row may be computed alone (``per_example_jacobian``): True or False.
 
         Default None: the core reads :meth:`dependence_program` with ``unigrad.dependence.prove_rows``
         (``separable`` False), and where there is none, portable ``f`` on the NumPy tape, or probes.
-        Override to tell separable programs apart (JAX: a trace at a symbolic batch size)."""
+        Override to tell separable programs apart (a program that shows each row computed alone)."""
         return None
 
     def per_example_rows(self, f, primals, batch, *, norms=False, fname="per_example_grad", memo=None):
@@ -483,9 +482,7 @@ class Backend(abc.ABC):
         (``f(x)[i] == f(x[i:i+1])[0]``: the core checks it once per signature when it probes the batch).
 
         A backend may vectorise per-example Jacobians of batch-of-one calls (``jax.vmap`` of
-        ``jax.jacrev``), which its compiler can simplify better; the default is ``batched_jacobian``. Where
-        the backend's ``batch_rows`` answered a marker instead of True for ``separable``, the core passes it
-        as the keyword ``proof`` (only then: an override that never returns markers need not take it).
+        ``jax.jacrev``), which its compiler can simplify better; the default is ``batched_jacobian``.
         """
         return self.batched_jacobian(f, primals, mode=mode, chunk_size=chunk_size, has_aux=has_aux)
 

@@ -148,3 +148,7 @@ def test_unified_api_compiled_batched_jacobian_takes_the_laid_out_path(monkeypat
             got = unigrad.batched_jacobian(f, backend="jax", compile=compile, mode=mode)(x)
             np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
             assert bool(used) == compile, (mode, compile)
+            got, aux = unigrad.batched_jacobian(lambda x: (f(x), {"tag": "kept", "mean": jnp.mean(x)}), backend="jax",
+                                                compile=compile, mode=mode, has_aux=True)(x)  # aux through linearize
+            np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+            assert aux["tag"] == "kept" and float(aux["mean"]) == pytest.approx(float(jnp.mean(x)))

@@ -51,7 +51,7 @@ from . import _namespace as _jax_namespace
 
 __all__ = ["JaxBackend"]
 
-from ._broadcasts import Broadcast, Mapped, forward_layout, linear_map, reverse_layout
+from ._broadcasts import forward_layout, linear_map, repeated_basis, reverse_layout
 from ._x64scope import _NO_CONTEXT, _WIDE_CHARS, _WIDE_FLOAT_CHARS, _wide, _x64, _x64_dtypes, copying, in_x64  # noqa: F401
 
 
@@ -620,12 +620,18 @@ def _push_basis(f, primals, basis, chunk_size, has_aux):
                           out_axes=(None, 0, None) if has_aux else (None, 0))(*basis.rows(0, basis.n))
         return tuple(result[0]), tuple(result[1]), restore(result[2]) if has_aux else None
     # Chunks: linearize once (one forward pass), then push each chunk through the linear map.
+    outputs, push, aux = _linearized(f, primals, has_aux)
+    return outputs, basis.map(lambda *t: tuple(push(*t)), chunk_size, _traced(primals)), aux
+
+
+def _linearized(f, primals, has_aux):
+    """``(outputs, push, aux)``: ``jax.linearize`` of ``f`` (one forward pass), its aux's non-array leaves kept."""
+    g, restore = _arrays_only_aux(f) if has_aux else (f, None)
     if has_aux:
         outputs, push, aux = jax.linearize(g, *primals, has_aux=True)
-        aux = restore(aux)
-    else:
-        (outputs, push), aux = jax.linearize(g, *primals), None
-    return tuple(outputs), basis.map(lambda *t: tuple(push(*t)), chunk_size, _traced(primals)), aux
+        return tuple(outputs), push, restore(aux)
+    outputs, push = jax.linearize(g, *primals)
+    return tuple(outputs), push, None
 
 
 def _sum_trick(backend, f, primals, batch, mode, chunk_size, has_aux, traced):
@@ -656,10 +662,8 @@ def _sum_trick(backend, f, primals, batch, mode, chunk_size, has_aux, traced):
         # (B, n_out, *primal[1:])) and each unit cotangent one example's, broadcast over the batch only where
         # an operation needs it written out (_broadcasts: as JAX's own vmap(jacrev(f_one)) lays it out)
         pull = linear_map(lambda *g: tuple(pullback(g)), _templates(outputs), reverse_layout)
-        rows = tuple(pull(*(Broadcast(Mapped(jnp.moveaxis(r, 0, reverse_layout(len(shape))), shape), (batch, *shape),
-                                      range(1, 1 + len(shape)))
-                            for r, shape in zip(backend.unit_basis(basis.templates, 0, basis.n), basis.shapes)),
-                          size=basis.n))
+        rows = tuple(pull(*repeated_basis(backend.unit_basis(basis.templates, 0, basis.n), basis.shapes, batch,
+                                          reverse_layout), size=basis.n))
     elif chunk_size is None or chunk_size >= basis.n:
         # Eager: one vmap of the pullback (an equation at a time would dispatch more). The unit cotangents laid
         # out batch first, (B, n_out, ...), mapped over their second axis, rows written there too
@@ -679,18 +683,11 @@ def _push_laid_out(backend, f, primals, basis, batch, has_aux):
     (columns written in place, ``(B, *out[1:], n_in)``) and each unit tangent one example's, broadcast over the
     batch only where an operation needs it written out (_broadcasts: as JAX's own ``vmap(jacfwd(f_one))``
     lays it out, where a ``vmap`` of the push repeats the first product over the batch, 1.5-3x)."""
-    g, restore = _arrays_only_aux(f) if has_aux else (f, None)
-    if has_aux:
-        outputs, push, aux = jax.linearize(g, *primals, has_aux=True)
-        aux = restore(aux)
-    else:
-        (outputs, push), aux = jax.linearize(g, *primals), None
-    outputs = tuple(outputs)
+    outputs, push, aux = _linearized(f, primals, has_aux)
     _check_batch(outputs, batch)
     apply = linear_map(lambda *t: tuple(push(*t)), _templates(primals), forward_layout)
-    columns = apply(*(Broadcast(Mapped(jnp.moveaxis(r, 0, -1), shape), (batch, *shape), range(1, 1 + len(shape)))
-                      for r, shape in zip(backend.unit_basis(basis.templates, 0, basis.n), basis.shapes)),
-                    size=basis.n)  # per output (B, *out[1:], n_in)
+    columns = apply(*repeated_basis(backend.unit_basis(basis.templates, 0, basis.n), basis.shapes, batch,
+                                    forward_layout), size=basis.n)  # per output (B, *out[1:], n_in)
     jac = tuple(tuple(jnp.reshape(column[..., offset:offset + size], (*o.shape, *shape))
                       for shape, size, offset in zip(basis.shapes, basis.sizes, basis.offsets))
                 for o, column in zip(outputs, columns))

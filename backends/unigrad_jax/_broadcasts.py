@@ -75,6 +75,15 @@ class Broadcast:
         self.base, self.shape, self.dims = base, tuple(shape), tuple(dims)
 
 
+def repeated_basis(rows, shapes, batch, layout):
+    """Unit vectors ``rows`` (per block ``(n, *shape)``: ``Backend.unit_basis``'s) as the arguments of
+    :func:`linear_map`'s ``apply``: each one example's, repeated over a leading batch of ``batch`` (not written
+    out), the basis axis at the layout's place."""
+    return tuple(Broadcast(Mapped(jax.numpy.moveaxis(r, 0, layout(len(shape))), shape), (batch, *shape),
+                           range(1, 1 + len(shape)))
+                 for r, shape in zip(rows, shapes))
+
+
 def linear_map(fun, specs, layout):
     """``apply(*args) -> outputs``: ``fun`` (a linear function of arrays shaped as ``specs``) traced once and
     evaluated with ``args`` each an array, a :class:`Mapped` or a :class:`Broadcast`; every output comes back

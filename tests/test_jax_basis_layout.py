@@ -65,14 +65,17 @@ def _args(shapes):
     return [jnp.asarray(rng.standard_normal((B, *s)), jnp.float32) for s in shapes]
 
 
+def _outputs(f):
+    """``f`` returning a tuple of outputs."""
+    return lambda *a: (lambda o: o if isinstance(o, tuple) else (o,))(f(*a))
+
+
 def _dense_blocks(f, args):
     """Per output, per input: the dense Jacobian's diagonal blocks ``(B, *out[1:], *in[1:])``."""
-    outs = f(*args)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs = _outputs(f)(*args)
     blocks = []
     for k in range(len(outs)):
-        full = jax.jacrev(lambda *a: (f(*a) if isinstance(f(*a), tuple) else (f(*a),))[k],
-                          argnums=tuple(range(len(args))))(*args)
+        full = jax.jacrev(lambda *a: _outputs(f)(*a)[k], argnums=tuple(range(len(args))))(*args)
         blocks.append([np.stack([np.asarray(j)[(b,) + (slice(None),) * (outs[k].ndim - 1) + (b,)]
                                  for b in range(B)]) for j in full])
     return blocks
@@ -88,11 +91,7 @@ def test_laid_out_blocks_are_the_mapped_ones(name, mode):
     args = _args(shapes)
 
     def blocks(*a):
-        outs = f(*a)
-        return b.batched_jacobian(lambda *p: outs_of(f(*p)), a, mode=mode)[1]
-
-    def outs_of(o):
-        return o if isinstance(o, tuple) else (o,)
+        return b.batched_jacobian(_outputs(f), a, mode=mode)[1]
 
     laid_out = jax.jit(blocks)(*args)  # traced: the evaluator of _broadcasts
     mapped = blocks(*args)  # eager: one vmap of the pullback (push)

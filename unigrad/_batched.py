@@ -223,7 +223,7 @@ def batched_jacobian(f: Callable, argnums=0, *, mode: str = "auto", chunk_size: 
             # docs/performance.md). Forward mode keeps the shortcut, whose unbatched unit tangents fold into the
             # first product where the sum trick repeats them B times, unless the backend's sum trick holds them
             # once too (forward_sum_trick_folds: JAX).
-            folds = m == "rev" or getattr(call.backend, "forward_sum_trick_folds", False)
+            folds = m == "rev" or call.backend.forward_sum_trick_folds
             shortcut = per_example if not (exact and folds) else False
             # "always": the proof is checked too (one more product a call), as a probe runs every call
             check = check_independence != "never" and batch >= 2 and (

@@ -107,20 +107,21 @@ class _Evaluator:
         """A broadcast written out (a mapped value stays mapped)."""
         if not isinstance(x, Broadcast):
             return x
-        if not isinstance(x.base, Mapped):
-            return lax.broadcast_in_dim(x.base, x.shape, x.dims)
         shape, dims = x.shape, x.dims
         return self.map_call(lambda b: [lax.broadcast_in_dim(b, shape, dims)], [x.base], [shape])[0]
+
+    def repeated(self, x, shape):
+        """An unmapped array of logical ``shape`` repeated over the basis, the basis axis at the layout's place."""
+        axis = self.layout(len(shape))
+        full = tuple(shape[:axis]) + (self.size,) + tuple(shape[axis:])
+        return lax.broadcast_in_dim(x, full, tuple(a + (a >= axis) for a in range(len(shape))))
 
     def mapped_array(self, x, aval):
         """An output as an array with the basis axis at the layout's place."""
         x = self.written(x)
         if isinstance(x, Mapped):
             return x.array
-        x = jax.numpy.broadcast_to(jax.numpy.asarray(x, aval.dtype), aval.shape)  # (a zero, a literal)
-        axis = self.layout(len(aval.shape))
-        return jax.numpy.broadcast_to(jax.numpy.expand_dims(x, axis),
-                                      aval.shape[:axis] + (self.size,) + aval.shape[axis:])
+        return self.repeated(jax.numpy.broadcast_to(jax.numpy.asarray(x, aval.dtype), aval.shape), tuple(aval.shape))
 
     def map_call(self, fn, invals, out_shapes):
         """``fn(*arrays) -> list`` applied to every basis vector by ``jax.vmap``, outputs at the layout's axis."""
@@ -136,9 +137,7 @@ class _Evaluator:
         """An unmapped operand of an elementwise operation, mapped (repeated) as its mapped operands are."""
         if isinstance(x, Mapped) or jax.numpy.ndim(x) == 0 or tuple(jax.numpy.shape(x)) != tuple(shape):
             return x
-        axis = self.layout(len(shape))
-        full = shape[:axis] + (self.size,) + shape[axis:]
-        return Mapped(lax.broadcast_in_dim(x, full, tuple(a + (a >= axis) for a in range(len(shape)))), shape)
+        return Mapped(self.repeated(x, shape), shape)
 
     # -- the program ---------------------------------------------------------------------------------
     def evaluate(self, jaxpr, consts, args):
@@ -197,8 +196,7 @@ class _Evaluator:
 
     def on_base(self, primitive, params, bases, like):
         """``primitive`` applied to bases of broadcasts laid out as ``like``: the same broadcast of the result."""
-        base_shape = tuple(like.base.shape if isinstance(like.base, Mapped) else jax.numpy.shape(like.base))
-        (out,) = self.map_call(lambda *a: _bind(primitive, params, a), bases, [base_shape])
+        (out,) = self.map_call(lambda *a: _bind(primitive, params, a), bases, [tuple(_logical(like.base))])
         return Broadcast(out, like.shape, like.dims)
 
     def binary(self, eqn, invals):
@@ -221,7 +219,7 @@ class _Evaluator:
         order = tuple(sorted(range(len(landed)), key=landed.__getitem__))
         base = x.base
         if order != tuple(range(len(order))):
-            shape = tuple((base.shape if isinstance(base, Mapped) else jax.numpy.shape(base))[i] for i in order)
+            shape = tuple(_logical(base)[i] for i in order)
             (base,) = self.map_call(lambda b: [lax.transpose(b, order)], [base], [shape])
         return Broadcast(base, tuple(x.shape[p] for p in permutation), tuple(sorted(landed)))
 
